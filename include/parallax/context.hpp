@@ -1,0 +1,205 @@
+#pragma once
+/// @file
+/// The process's place in the job: MPI start-up, ranks, and which ranks share
+/// a host (real hosts from MPI_Comm_split_type, or emulated groups for tests).
+
+#include <parallax/detail/mpi.hpp>
+#include <parallax/error.hpp>
+
+#include <mpi.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace parallax {
+
+/// Settings of a Context. Every field has a working default.
+struct ContextOptions {
+  /// Ranks that count as one host, for local aggregation and for splitting
+  /// byte counts into intra- and inter-host. 0: the real hosts
+  /// (MPI_COMM_TYPE_SHARED), unless the environment sets
+  /// PARALLAX_RANKS_PER_HOST. Ranks r with equal r / ranks_per_host share a host.
+  int ranks_per_host = 0;
+  /// OpenMP threads per rank for HostSpace kernels. 0: OMP_NUM_THREADS if set,
+  /// else the host's hardware threads divided among the ranks on it (at least 1).
+  int threads = 0;
+  /// Make an exception that escapes main abort the whole job (MPI_Abort) with
+  /// its message, instead of leaving the other ranks waiting.
+  bool abort_on_uncaught_exception = true;
+};
+
+/// Who is where: rank, size, and the host of every rank. Immutable.
+class Topology {
+ public:
+  Topology() = default;
+  Topology(int rank, std::vector<int> host_of) : rank_(rank), host_of_(std::move(host_of)) {
+    local_size_ = 0;
+    num_hosts_ = host_of_.empty() ? 0 : *std::max_element(host_of_.begin(), host_of_.end()) + 1;
+    for (int r = 0; r < size(); ++r) {
+      if (host_of_[r] == host()) {
+        if (r < rank_) ++local_rank_;
+        ++local_size_;
+      }
+    }
+  }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return static_cast<int>(host_of_.size()); }
+  /// Host of a rank, numbered 0..num_hosts()-1 in order of each host's lowest rank.
+  int host_of(int rank) const noexcept { return host_of_[static_cast<std::size_t>(rank)]; }
+  int host() const noexcept { return host_of(rank_); }
+  int num_hosts() const noexcept { return num_hosts_; }
+  /// This rank's index among the ranks of its host, and how many there are.
+  int local_rank() const noexcept { return local_rank_; }
+  int local_size() const noexcept { return local_size_; }
+  bool same_host(int peer) const noexcept { return host_of(peer) == host(); }
+  /// The ranks on host h, ascending.
+  std::vector<int> ranks_of_host(int h) const {
+    std::vector<int> out;
+    for (int r = 0; r < size(); ++r)
+      if (host_of_[r] == h) out.push_back(r);
+    return out;
+  }
+  const std::vector<int>& hosts() const noexcept { return host_of_; }
+
+ private:
+  int rank_ = 0;
+  std::vector<int> host_of_{0};
+  int num_hosts_ = 1;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+};
+
+/// The job as parallax sees it. Construct one per process, before any
+/// variable: `px::Context ctx(argc, argv);`.
+///
+/// The context holds a duplicate of the given communicator with
+/// MPI_ERRORS_RETURN, so MPI failures surface as parallax::mpi_error.
+class Context {
+ public:
+  /// Initialises MPI (MPI_THREAD_FUNNELED) if nobody has yet, and finalises
+  /// it on destruction if it did.
+  Context(int& argc, char**& argv, ContextOptions options = {}) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      PARALLAX_MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided));
+      owns_mpi_ = true;
+    }
+    setup(MPI_COMM_WORLD, options);
+  }
+
+  /// Joins an already initialised MPI over `comm` (MPI_COMM_WORLD by default).
+  explicit Context(MPI_Comm comm = MPI_COMM_WORLD, ContextOptions options = {}) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    PARALLAX_EXPECTS(initialized, "parallax::Context(comm) needs MPI to be initialised; use Context(argc, argv)");
+    setup(comm, options);
+  }
+
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  ~Context() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    if (host_comm_ != MPI_COMM_NULL) MPI_Comm_free(&host_comm_);
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    if (owns_mpi_) MPI_Finalize();
+  }
+
+  int rank() const noexcept { return topology_.rank(); }
+  int size() const noexcept { return topology_.size(); }
+  bool is_root() const noexcept { return rank() == 0; }
+  const Topology& topology() const noexcept { return topology_; }
+  /// The job's communicator (a duplicate owned by the context).
+  MPI_Comm comm() const noexcept { return comm_; }
+  /// The ranks of this rank's host (real or emulated), ordered by rank.
+  MPI_Comm host_comm() const noexcept { return host_comm_; }
+  int threads() const noexcept { return threads_; }
+
+ private:
+  void setup(MPI_Comm comm, const ContextOptions& options) {
+    PARALLAX_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+    PARALLAX_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    int rank = 0, size = 0;
+    PARALLAX_MPI_CHECK(MPI_Comm_rank(comm_, &rank));
+    PARALLAX_MPI_CHECK(MPI_Comm_size(comm_, &size));
+
+    int per_host = options.ranks_per_host;
+    if (per_host == 0) {
+      if (const char* env = std::getenv("PARALLAX_RANKS_PER_HOST")) per_host = std::atoi(env);
+    }
+    PARALLAX_EXPECTS(per_host >= 0, "ContextOptions::ranks_per_host must be >= 0, got ", per_host);
+
+    // Host key: the lowest rank of each host; then numbered densely.
+    int key = 0;
+    if (per_host > 0) {
+      key = (rank / per_host) * per_host;
+    } else {
+      MPI_Comm shared = MPI_COMM_NULL;
+      PARALLAX_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared));
+      PARALLAX_MPI_CHECK(MPI_Allreduce(&rank, &key, 1, MPI_INT, MPI_MIN, shared));
+      MPI_Comm_free(&shared);
+    }
+    std::vector<int> keys(static_cast<std::size_t>(size));
+    PARALLAX_MPI_CHECK(MPI_Allgather(&key, 1, MPI_INT, keys.data(), 1, MPI_INT, comm_));
+    std::vector<int> sorted = keys;
+    std::sort(sorted.begin(), sorted.end());
+    sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+    std::vector<int> host_of(keys.size());
+    for (std::size_t r = 0; r < keys.size(); ++r)
+      host_of[r] = static_cast<int>(std::lower_bound(sorted.begin(), sorted.end(), keys[r]) - sorted.begin());
+    topology_ = Topology(rank, std::move(host_of));
+    PARALLAX_MPI_CHECK(MPI_Comm_split(comm_, topology_.host(), rank, &host_comm_));
+    PARALLAX_MPI_CHECK(MPI_Comm_set_errhandler(host_comm_, MPI_ERRORS_RETURN));
+
+    threads_ = options.threads;
+    if (threads_ <= 0 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+      const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      threads_ = std::max(1, hw / std::max(1, topology_.local_size()));
+    }
+    if (threads_ > 0) omp_set_num_threads(threads_);
+    threads_ = omp_get_max_threads();
+
+    if (options.abort_on_uncaught_exception) std::set_terminate(&Context::abort_job);
+  }
+
+  /// std::terminate handler: print what escaped and bring the whole job down,
+  /// so no other rank waits forever in a collective.
+  [[noreturn]] static void abort_job() {
+    int rank = -1, initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (auto current = std::current_exception()) {
+      try {
+        std::rethrow_exception(current);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "parallax: rank %d: uncaught exception: %s\n", rank, e.what());
+      } catch (...) {
+        std::fprintf(stderr, "parallax: rank %d: uncaught exception of unknown type\n", rank);
+      }
+    } else {
+      std::fprintf(stderr, "parallax: rank %d: std::terminate called\n", rank);
+    }
+    std::fflush(stderr);
+    if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
+    std::abort();
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm host_comm_ = MPI_COMM_NULL;
+  Topology topology_;
+  int threads_ = 1;
+  bool owns_mpi_ = false;
+};
+
+}  // namespace parallax

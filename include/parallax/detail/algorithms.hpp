@@ -1,0 +1,141 @@
+#pragma once
+// Row algorithms shared by every space: coalescing (sort rows, sum
+// duplicates), gathers and scatters of rows, id validation. Written once over
+// Exec<Space> (Thrust policy + for_each); kernels are named functors so no
+// extended-lambda flag is needed under nvcc.
+
+#include <parallax/space.hpp>
+#include <parallax/types.hpp>
+
+#include <thrust/binary_search.h>
+#include <thrust/find.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/sequence.h>
+#include <thrust/sort.h>
+#include <thrust/unique.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+namespace parallax::detail {
+
+/// Scratch buffers for coalesce_rows, kept across steps.
+template <class Space>
+struct CoalesceScratch {
+  Buffer<index_t, Space> keys;
+  Buffer<index_t, Space> order;
+  Buffer<index_t, Space> starts;
+};
+
+template <class T>
+struct SumSegments {
+  const T* values;
+  const index_t* order;
+  const index_t* starts;
+  T* out;
+  std::size_t cols;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
+    const std::size_t seg = j / cols, col = j % cols;
+    T acc = T(0);
+    for (index_t k = starts[seg]; k < starts[seg + 1]; ++k)
+      acc += values[static_cast<std::size_t>(order[k]) * cols + col];
+    out[j] = acc;
+  }
+};
+
+struct SetValue {
+  index_t* where;
+  index_t value;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t) const { *where = value; }
+};
+
+/// Sorts `n` (id, row) pairs by id and sums the rows of equal ids, in the
+/// order the pairs appear (so the result is deterministic and, for input
+/// concatenated by rank, summed by row and then by rank). Writes the m unique
+/// ids, ascending, to out_ids and their summed rows to out_values; returns m.
+/// Output buffers must not alias the input.
+template <class T, class Space>
+std::size_t coalesce_rows(const Exec<Space>& ex, const index_t* ids, const T* values, std::size_t n,
+                          std::size_t cols, Buffer<index_t, Space>& out_ids, Buffer<T, Space>& out_values,
+                          CoalesceScratch<Space>& scratch) {
+  out_ids.resize_discard(n);
+  if (n == 0) {
+    out_values.resize_discard(0);
+    out_ids.resize_discard(0);
+    return 0;
+  }
+  auto policy = ex.thrust_policy();
+  scratch.keys.resize_discard(n);
+  scratch.order.resize_discard(n);
+  scratch.starts.resize_discard(n + 1);
+  space_traits<Space>::copy(scratch.keys.data(), ids, n * sizeof(index_t));
+  thrust::sequence(policy, scratch.order.data(), scratch.order.data() + n);
+  thrust::stable_sort_by_key(policy, scratch.keys.data(), scratch.keys.data() + n, scratch.order.data());
+  auto ends = thrust::unique_by_key_copy(policy, scratch.keys.data(), scratch.keys.data() + n,
+                                         thrust::counting_iterator<index_t>(0), out_ids.data(),
+                                         scratch.starts.data());
+  const auto m = static_cast<std::size_t>(ends.first - out_ids.data());
+  for_each(ex, 1, SetValue{scratch.starts.data() + m, static_cast<index_t>(n)});
+  out_ids.resize(m);
+  out_values.resize_discard(m * cols);
+  for_each(ex, m * cols, SumSegments<T>{values, scratch.order.data(), scratch.starts.data(), out_values.data(), cols});
+  return m;
+}
+
+struct OutOfRange {
+  index_t rows;
+  PARALLAX_HOST_DEVICE bool operator()(index_t id) const { return id < 0 || id >= rows; }
+};
+
+/// The position of the first id outside [0, rows), if any.
+template <class Space>
+std::optional<std::size_t> find_out_of_range(const Exec<Space>& ex, const index_t* ids, std::size_t n,
+                                             std::size_t rows) {
+  if (n == 0) return std::nullopt;
+  const index_t* hit = thrust::find_if(ex.thrust_policy(), ids, ids + n, OutOfRange{static_cast<index_t>(rows)});
+  if (hit == ids + n) return std::nullopt;
+  return static_cast<std::size_t>(hit - ids);
+}
+
+/// Reads one element of a buffer in any space.
+template <class T, class Space>
+T read_one(const T* p) {
+  T v{};
+  space_traits<Space>::copy_to_host(&v, p, sizeof(T));
+  return v;
+}
+
+/// out[i*cols + c] = table[rows[i]*cols + c]
+template <class T>
+struct GatherRows {
+  const T* table;
+  const index_t* rows;
+  T* out;
+  std::size_t cols;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
+    out[j] = table[static_cast<std::size_t>(rows[j / cols]) * cols + j % cols];
+  }
+};
+
+/// table[rows[i]*cols + c] += values[i*cols + c]; rows must be unique.
+template <class T>
+struct ScatterAddRows {
+  T* table;
+  const index_t* rows;
+  const T* values;
+  std::size_t cols;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
+    table[static_cast<std::size_t>(rows[j / cols]) * cols + j % cols] += values[j];
+  }
+};
+
+/// out[i] = base[i] - offset
+struct Subtract {
+  const index_t* in;
+  index_t* out;
+  index_t offset;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t i) const { out[i] = in[i] - offset; }
+};
+
+}  // namespace parallax::detail

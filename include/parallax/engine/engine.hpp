@@ -1,0 +1,77 @@
+#pragma once
+/// @file
+/// What every engine shares: the algorithm choice, the capability trait, and
+/// the options. An engine moves untyped bytes (pointer + count + DataType)
+/// between the ranks of one communicator and books them in its CommStats.
+///
+/// The static interface every engine provides (see engine::Mpi):
+///
+///     using space = ...;                       // where its buffers live
+///     int rank() const; int size() const;
+///     const Topology& topology() const;
+///     CommStats& stats();
+///     Exec<space>& exec();
+///     void allreduce(const void* send, void* recv, size_t count, DataType, ReduceOp);
+///     void reduce_scatter(const void* send, void* recv, const size_t* recv_counts, DataType, ReduceOp);
+///     void allgather(const void* send, void* recv, size_t count, DataType);
+///     void allgatherv(const void* send, size_t count, void* recv, const size_t* counts, const size_t* displs, DataType);
+///     void alltoall(const void* send, void* recv, size_t count, DataType);
+///     void alltoallv(const void* send, const size_t* scounts, const size_t* sdispls,
+///                    void* recv, const size_t* rcounts, const size_t* rdispls, DataType);
+///     void broadcast(void* buf, size_t count, DataType, int root);
+///     void barrier();
+///     void send(const void*, size_t, DataType, int peer); void recv(void*, size_t, DataType, int peer);
+///     Exchange start_sendrecv(const void* s, size_t sc, int dst, void* r, size_t rc, int src, DataType);
+///     void wait(Exchange&);
+///
+/// Counts are elements; displacements are elements. Byte accounting rules are
+/// in docs/design.md ("Byte accounting").
+
+#include <parallax/space.hpp>
+#include <parallax/types.hpp>
+
+#include <chrono>
+#include <type_traits>
+
+namespace parallax::engine {
+
+/// How a policy runs a collective it could do several ways.
+enum class Algorithm {
+  automatic,  ///< the policy picks by size and rank count (see the policy's docs)
+  ring,       ///< parallax's own ring over point-to-point messages
+  native,     ///< the engine's own collective (MPI_Iallreduce, ncclAllReduce)
+};
+
+constexpr const char* to_string(Algorithm a) noexcept {
+  switch (a) {
+    case Algorithm::automatic: return "automatic";
+    case Algorithm::ring: return "ring";
+    case Algorithm::native: return "native";
+  }
+  return "?";
+}
+
+/// Settings common to the engines.
+struct Options {
+  /// How long any single engine call may wait for its peers before it throws
+  /// parallax::timeout_error. Zero waits forever.
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+};
+
+/// Operations an engine may or may not have natively.
+struct op_sendrecv {};
+struct op_alltoallv {};
+struct op_allreduce {};
+
+/// `supports_v<Engine, Op>`: the engine implements Op itself. Specialised by
+/// each engine beside its definition (Aluminum's IsOpSupported).
+template <class Engine, class Op>
+struct supports : std::false_type {};
+template <class Engine, class Op>
+inline constexpr bool supports_v = supports<Engine, Op>::value;
+
+/// The space an engine's buffers live in.
+template <class Engine>
+using space_of_t = typename Engine::space;
+
+}  // namespace parallax::engine

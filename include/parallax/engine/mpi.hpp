@@ -1,0 +1,304 @@
+#pragma once
+/// @file
+/// engine::Mpi: collectives and point-to-point messages over host memory with
+/// MPI. Every call is issued non-blocking and completed by one wait that
+/// honours the engine's deadline, so a missing peer becomes a timeout_error
+/// instead of a hang.
+
+#include <parallax/comm_stats.hpp>
+#include <parallax/context.hpp>
+#include <parallax/detail/mpi.hpp>
+#include <parallax/detail/ring.hpp>
+#include <parallax/engine/engine.hpp>
+#include <parallax/error.hpp>
+#include <parallax/space.hpp>
+#include <parallax/types.hpp>
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace parallax::engine {
+
+/// Host-memory engine over an MPI communicator (a duplicate of the context's).
+///
+/// Byte accounting: point-to-point messages and alltoallv are booked exactly,
+/// per peer. Collectives MPI runs itself are booked as the ring algorithm
+/// would move them (allreduce: reduce-scatter + all-gather ring;
+/// reduce_scatter, allgather(v): one ring pass), since that is what MPICH
+/// does for large messages and what the cost table of docs/design.md assumes.
+class Mpi {
+ public:
+  using space = HostSpace;
+  static constexpr const char* name = "mpi";
+
+  /// A started point-to-point exchange; complete it with wait().
+  class Exchange {
+   public:
+    Exchange() = default;
+
+   private:
+    friend class Mpi;
+    MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  };
+
+  explicit Mpi(const Context& ctx, Options options = {}) : topology_(ctx.topology()), options_(options) {
+    PARALLAX_MPI_CHECK(MPI_Comm_dup(ctx.comm(), &comm_));
+    PARALLAX_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  }
+  Mpi(const Mpi&) = delete;
+  Mpi& operator=(const Mpi&) = delete;
+  ~Mpi() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const noexcept { return topology_.rank(); }
+  int size() const noexcept { return topology_.size(); }
+  const Topology& topology() const noexcept { return topology_; }
+  MPI_Comm comm() const noexcept { return comm_; }
+  CommStats& stats() noexcept { return stats_; }
+  const CommStats& stats() const noexcept { return stats_; }
+  Exec<HostSpace>& exec() noexcept { return exec_; }
+  const Options& options() const noexcept { return options_; }
+  void set_timeout(std::chrono::milliseconds t) noexcept { options_.timeout = t; }
+
+  /// recv = op over all ranks of send, `count` elements. send == recv is in place.
+  void allreduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op) {
+    book_ring_allreduce(count, t);
+    MPI_Request r;
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Iallreduce)(send == recv ? MPI_IN_PLACE : send, recv,
+                                                      detail::to_mpi_count(count), detail::mpi_datatype(t),
+                                                      detail::mpi_op(op), comm_, &r));
+    complete(&r, 1, "allreduce");
+  }
+
+  /// Reduces `send` (sum of recv_counts elements) over all ranks; rank i gets
+  /// block i (recv_counts[i] elements) in recv.
+  void reduce_scatter(const void* send, void* recv, const std::size_t* recv_counts, DataType t, ReduceOp op) {
+    const int n = size(), me = rank();
+    std::size_t total = 0;
+    counts_.resize(static_cast<std::size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      counts_[j] = detail::to_mpi_count(recv_counts[j]);
+      total += recv_counts[j];
+    }
+    // Ring model: every block but our own is sent, every block but our left
+    // neighbour's is received.
+    book_ring(n > 1 ? total - recv_counts[me] : 0, n > 1 ? total - recv_counts[detail::ring::mod(me - 1, n)] : 0, t);
+    MPI_Request r;
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ireduce_scatter)(send, recv, counts_.data(), detail::mpi_datatype(t),
+                                                           detail::mpi_op(op), comm_, &r));
+    complete(&r, 1, "reduce_scatter");
+  }
+
+  /// Every rank contributes `count` elements; recv holds size()*count, rank order.
+  void allgather(const void* send, void* recv, std::size_t count, DataType t) {
+    const auto n = static_cast<std::size_t>(size());
+    book_ring(n > 1 ? (n - 1) * count : 0, n > 1 ? (n - 1) * count : 0, t);
+    MPI_Request r;
+    const auto c = detail::to_mpi_count(count);
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Iallgather)(send, c, detail::mpi_datatype(t), recv, c,
+                                                      detail::mpi_datatype(t), comm_, &r));
+    complete(&r, 1, "allgather");
+  }
+
+  /// Rank j contributes counts[j] elements, placed at recv + displs[j].
+  void allgatherv(const void* send, std::size_t count, void* recv, const std::size_t* counts,
+                  const std::size_t* displs, DataType t) {
+    const int n = size(), me = rank();
+    PARALLAX_EXPECTS(counts[me] == count, "allgatherv: this rank sends ", count, " elements but counts[", me,
+                     "] is ", counts[me]);
+    fill_counts(counts, displs);
+    std::size_t total = 0;
+    for (int j = 0; j < n; ++j) total += counts[j];
+    // Ring model: every block but the right neighbour's is sent, every block
+    // but our own is received.
+    book_ring(n > 1 ? total - counts[detail::ring::mod(me + 1, n)] : 0, n > 1 ? total - count : 0, t);
+    MPI_Request r;
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Iallgatherv)(send, detail::to_mpi_count(count), detail::mpi_datatype(t),
+                                                       recv, counts_.data(), displs_.data(),
+                                                       detail::mpi_datatype(t), comm_, &r));
+    complete(&r, 1, "allgatherv");
+  }
+
+  /// Rank i sends block j (count elements at send + j*count) to rank j.
+  void alltoall(const void* send, void* recv, std::size_t count, DataType t) {
+    const int n = size();
+    for (int p = 0; p < n; ++p) {
+      if (p == rank()) continue;
+      book_send(p, count * size_of(t));
+      book_recv(p, count * size_of(t));
+    }
+    stats_.add_call();
+    MPI_Request r;
+    const auto c = detail::to_mpi_count(count);
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ialltoall)(send, c, detail::mpi_datatype(t), recv, c,
+                                                     detail::mpi_datatype(t), comm_, &r));
+    complete(&r, 1, "alltoall");
+  }
+
+  /// Rank i sends scounts[j] elements at send + sdispls[j] to rank j and
+  /// receives rcounts[j] elements from rank j at recv + rdispls[j].
+  void alltoallv(const void* send, const std::size_t* scounts, const std::size_t* sdispls, void* recv,
+                 const std::size_t* rcounts, const std::size_t* rdispls, DataType t) {
+    const int n = size();
+    const auto un = static_cast<std::size_t>(n);
+    counts_.resize(2 * un);
+    displs_.resize(2 * un);
+    for (int p = 0; p < n; ++p) {
+      counts_[p] = detail::to_mpi_count(scounts[p]);
+      displs_[p] = static_cast<detail::mpi_displ>(sdispls[p]);
+      counts_[un + p] = detail::to_mpi_count(rcounts[p]);
+      displs_[un + p] = static_cast<detail::mpi_displ>(rdispls[p]);
+      if (p == rank()) continue;
+      book_send(p, scounts[p] * size_of(t));
+      book_recv(p, rcounts[p] * size_of(t));
+    }
+    stats_.add_call();
+    MPI_Request r;
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ialltoallv)(send, counts_.data(), displs_.data(), detail::mpi_datatype(t),
+                                                      recv, counts_.data() + n, displs_.data() + n,
+                                                      detail::mpi_datatype(t), comm_, &r));
+    complete(&r, 1, "alltoallv");
+  }
+
+  /// Copies `count` elements of root's buf to every rank's buf.
+  void broadcast(void* buf, std::size_t count, DataType t, int root) {
+    if (rank() == root) {
+      for (int p = 0; p < size(); ++p)
+        if (p != root) book_send(p, count * size_of(t));
+    } else {
+      book_recv(root, count * size_of(t));
+    }
+    stats_.add_call();
+    MPI_Request r;
+    PARALLAX_MPI_CHECK(
+        PARALLAX_MPI_C(MPI_Ibcast)(buf, detail::to_mpi_count(count), detail::mpi_datatype(t), root, comm_, &r));
+    complete(&r, 1, "broadcast");
+  }
+
+  void barrier() {
+    stats_.add_call();
+    MPI_Request r;
+    PARALLAX_MPI_CHECK(MPI_Ibarrier(comm_, &r));
+    complete(&r, 1, "barrier");
+  }
+
+  void send(const void* buf, std::size_t count, DataType t, int peer, int tag = 0) {
+    book_send(peer, count * size_of(t));
+    stats_.add_call();
+    MPI_Request r;
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Isend)(buf, detail::to_mpi_count(count), detail::mpi_datatype(t), peer,
+                                                 tag, comm_, &r));
+    complete(&r, 1, "send");
+  }
+
+  void recv(void* buf, std::size_t count, DataType t, int peer, int tag = 0) {
+    book_recv(peer, count * size_of(t));
+    stats_.add_call();
+    MPI_Request r;
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Irecv)(buf, detail::to_mpi_count(count), detail::mpi_datatype(t), peer,
+                                                 tag, comm_, &r));
+    complete(&r, 1, "recv");
+  }
+
+  /// Starts sending `scount` elements to `dst` while receiving `rcount` from
+  /// `src`. Messages between one pair with one tag arrive in the order sent.
+  Exchange start_sendrecv(const void* sendbuf, std::size_t scount, int dst, void* recvbuf, std::size_t rcount,
+                          int src, DataType t, int tag = 0) {
+    Exchange x;
+    book_send(dst, scount * size_of(t));
+    book_recv(src, rcount * size_of(t));
+    stats_.add_call();
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Irecv)(recvbuf, detail::to_mpi_count(rcount), detail::mpi_datatype(t),
+                                                 src, tag, comm_, &x.requests_[0]));
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Isend)(sendbuf, detail::to_mpi_count(scount), detail::mpi_datatype(t),
+                                                 dst, tag, comm_, &x.requests_[1]));
+    return x;
+  }
+  void wait(Exchange& x) { complete(x.requests_, 2, "sendrecv"); }
+
+  void sendrecv(const void* sendbuf, std::size_t scount, int dst, void* recvbuf, std::size_t rcount, int src,
+                DataType t, int tag = 0) {
+    auto x = start_sendrecv(sendbuf, scount, dst, recvbuf, rcount, src, t, tag);
+    wait(x);
+  }
+
+ private:
+  /// Waits for the requests, polling against the deadline when one is set.
+  void complete(MPI_Request* requests, int n, const char* op) {
+    if (options_.timeout.count() <= 0) {
+      PARALLAX_MPI_CHECK(MPI_Waitall(n, requests, MPI_STATUSES_IGNORE));
+      return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    int done = 0;
+    for (std::uint32_t spins = 0;; ++spins) {
+      PARALLAX_MPI_CHECK(MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE));
+      if (done) return;
+      if ((spins & 63u) == 0 && std::chrono::steady_clock::now() > deadline) break;
+    }
+    // A point-to-point request can be withdrawn; a collective one cannot, and
+    // after a collective times out the communicator is unusable (the job ends).
+    if (std::string_view(op) == "send" || std::string_view(op) == "recv" || std::string_view(op) == "sendrecv") {
+      for (int i = 0; i < n; ++i) {
+        if (requests[i] == MPI_REQUEST_NULL) continue;
+        MPI_Cancel(&requests[i]);
+        MPI_Request_free(&requests[i]);
+      }
+    }
+    const auto& label = stats_.current();
+    throw timeout_error(detail::concat("parallax: ", op, " did not complete within ", options_.timeout.count(),
+                                       " ms on rank ", rank(), " (variable '", label.first, "', policy ",
+                                       label.second.empty() ? "-" : label.second,
+                                       "); a peer failed, was killed, or skipped this call"));
+  }
+
+  void book_send(int peer, std::size_t bytes) { stats_.add_sent(bytes, topology_.same_host(peer)); }
+  void book_recv(int peer, std::size_t bytes) { stats_.add_received(bytes, topology_.same_host(peer)); }
+  /// A ring collective: sends go to the right neighbour, receipts come from the left.
+  void book_ring(std::size_t sent_elems, std::size_t recv_elems, DataType t) {
+    const int n = size(), me = rank();
+    stats_.add_call();
+    if (n <= 1) return;
+    book_send(detail::ring::mod(me + 1, n), sent_elems * size_of(t));
+    book_recv(detail::ring::mod(me - 1, n), recv_elems * size_of(t));
+  }
+  void book_ring_allreduce(std::size_t count, DataType t) {
+    book_ring(detail::ring::allreduce_sent(count, size(), rank()),
+              detail::ring::allreduce_received(count, size(), rank()), t);
+  }
+  void fill_counts(const std::size_t* counts, const std::size_t* displs) {
+    const auto n = static_cast<std::size_t>(size());
+    counts_.resize(n);
+    displs_.resize(n);
+    for (std::size_t j = 0; j < n; ++j) {
+      counts_[j] = detail::to_mpi_count(counts[j]);
+      displs_[j] = static_cast<detail::mpi_displ>(displs[j]);
+    }
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  Topology topology_;
+  Options options_;
+  CommStats stats_;
+  Exec<HostSpace> exec_;
+  std::vector<detail::mpi_count> counts_;
+  std::vector<detail::mpi_displ> displs_;
+};
+
+template <>
+struct supports<Mpi, op_sendrecv> : std::true_type {};
+template <>
+struct supports<Mpi, op_alltoallv> : std::true_type {};
+template <>
+struct supports<Mpi, op_allreduce> : std::true_type {};
+
+}  // namespace parallax::engine

@@ -1,0 +1,228 @@
+#pragma once
+/// @file
+/// Memory spaces (where buffers live and kernels run), execution contexts,
+/// the portable `for_each`, and the owning `Buffer`.
+///
+/// HostSpace runs on the CPU with OpenMP and Thrust's OpenMP backend; CudaSpace
+/// (parallax/cuda/space.cuh, nvcc only) runs CUDA kernels on a stream. Code
+/// written against `Exec<Space>`, `Buffer<T, Space>` and `for_each` serves both.
+
+#include <parallax/config.hpp>
+#include <parallax/error.hpp>
+
+#include <thrust/system/omp/execution_policy.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace parallax {
+
+/// CPU memory; kernels run as OpenMP loops.
+struct HostSpace {
+  static constexpr const char* name = "host";
+};
+
+/// GPU memory from cudaMalloc; kernels run on a CUDA stream. Usable in
+/// translation units compiled by nvcc that include parallax/cuda/space.cuh.
+struct CudaSpace {
+  static constexpr const char* name = "cuda";
+};
+
+template <class Space>
+inline constexpr bool is_space_v = std::is_same_v<Space, HostSpace> || std::is_same_v<Space, CudaSpace>;
+
+/// Allocation and bulk copies in a space. Specialised per space; these calls
+/// are synchronous (set-up work, not the per-step path).
+template <class Space>
+struct space_traits {
+  static_assert(sizeof(Space) == 0,
+                "parallax: no space_traits for this memory space; for CudaSpace include "
+                "<parallax/cuda/space.cuh> and compile with nvcc");
+};
+
+template <>
+struct space_traits<HostSpace> {
+  static constexpr std::size_t alignment = 64;
+  static void* allocate(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    return ::operator new(bytes, std::align_val_t{alignment});
+  }
+  static void deallocate(void* p) noexcept {
+    if (p) ::operator delete(p, std::align_val_t{alignment});
+  }
+  static void copy(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) std::memmove(dst, src, bytes);
+  }
+  static void copy_to_host(void* dst, const void* src, std::size_t bytes) { copy(dst, src, bytes); }
+  static void copy_from_host(void* dst, const void* src, std::size_t bytes) { copy(dst, src, bytes); }
+  static void zero(void* dst, std::size_t bytes) {
+    if (bytes) std::memset(dst, 0, bytes);
+  }
+};
+
+/// Where a space's kernels run. For HostSpace: the calling thread and its
+/// OpenMP team. For CudaSpace: one stream (parallax/cuda/space.cuh).
+template <class Space>
+class Exec;
+
+template <>
+class Exec<HostSpace> {
+ public:
+  using space = HostSpace;
+  /// The Thrust execution policy for sorts, scans and searches in this space.
+  auto thrust_policy() const { return thrust::omp::par; }
+  /// Copies bytes within the space, ordered with this context's kernels.
+  void copy(void* dst, const void* src, std::size_t bytes) const { space_traits<HostSpace>::copy(dst, src, bytes); }
+  /// Waits until every kernel issued on this context has finished.
+  void synchronize() const {}
+};
+
+namespace detail {
+/// Loops shorter than this run on the calling thread: an OpenMP team costs
+/// more than it saves on small loops.
+inline constexpr std::size_t host_parallel_threshold = std::size_t{1} << 15;
+}  // namespace detail
+
+/// Calls `f(i)` for every i in [0, n), in parallel and in no particular order.
+/// `f` must be a `PARALLAX_HOST_DEVICE` functor (or lambda) taking std::size_t,
+/// so the same kernel compiles for every space.
+template <class F>
+void for_each(const Exec<HostSpace>&, std::size_t n, F f) {
+  const auto count = static_cast<std::int64_t>(n);
+#pragma omp parallel for schedule(static) if (n >= detail::host_parallel_threshold)
+  for (std::int64_t i = 0; i < count; ++i) f(static_cast<std::size_t>(i));
+}
+
+/// A contiguous, owning array of `T` in `Space`. Move-only; growing it
+/// reallocates, shrinking keeps the allocation (buffers are reused across steps).
+template <class T, class Space = HostSpace>
+class Buffer {
+  static_assert(std::is_trivially_copyable_v<T>, "parallax::Buffer holds trivially copyable elements");
+
+ public:
+  using value_type = T;
+  using space = Space;
+
+  Buffer() = default;
+  explicit Buffer(std::size_t n) { resize(n); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), capacity_(std::exchange(o.capacity_, 0)) {}
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+      capacity_ = std::exchange(o.capacity_, 0);
+    }
+    return *this;
+  }
+  ~Buffer() { release(); }
+
+  /// A buffer holding a copy of host data.
+  static Buffer from_host(const T* src, std::size_t n) {
+    Buffer b(n);
+    space_traits<Space>::copy_from_host(b.data_, src, n * sizeof(T));
+    return b;
+  }
+  static Buffer from_host(const std::vector<T>& v) { return from_host(v.data(), v.size()); }
+
+  /// Sets the size to n, keeping the first min(size, n) elements. New elements
+  /// are uninitialised.
+  void resize(std::size_t n) {
+    reserve(n);
+    size_ = n;
+  }
+  /// Makes room for n elements, keeping the contents and the size.
+  void reserve(std::size_t n) {
+    if (n <= capacity_) return;
+    const std::size_t keep = size_;
+    T* fresh = static_cast<T*>(space_traits<Space>::allocate(n * sizeof(T)));
+    if (keep) space_traits<Space>::copy(fresh, data_, keep * sizeof(T));
+    release();
+    data_ = fresh;
+    capacity_ = n;
+    size_ = keep;
+  }
+  /// Appends n elements copied from `src` (same space), growing geometrically.
+  void append(const T* src, std::size_t n) {
+    if (n == 0) return;
+    const std::size_t old = size_;
+    if (old + n > capacity_) reserve(std::max(old + n, 2 * capacity_));
+    space_traits<Space>::copy(data_ + old, src, n * sizeof(T));
+    size_ = old + n;
+  }
+  /// Sets the size to n without keeping the contents (cheaper than resize).
+  void resize_discard(std::size_t n) {
+    if (n > capacity_) {
+      release();
+      data_ = static_cast<T*>(space_traits<Space>::allocate(n * sizeof(T)));
+      capacity_ = n;
+    }
+    size_ = n;
+  }
+  void clear() noexcept { size_ = 0; }
+  void zero() { space_traits<Space>::zero(data_, size_ * sizeof(T)); }
+
+  T* data() noexcept { return data_; }
+  const T* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  std::size_t capacity() const noexcept { return capacity_; }
+  std::size_t bytes() const noexcept { return size_ * sizeof(T); }
+  bool empty() const noexcept { return size_ == 0; }
+
+  /// Copies the contents to a host vector.
+  std::vector<T> to_host() const {
+    std::vector<T> out(size_);
+    space_traits<Space>::copy_to_host(out.data(), data_, size_ * sizeof(T));
+    return out;
+  }
+  /// Replaces the contents with n elements copied from host memory.
+  void assign_from_host(const T* src, std::size_t n) {
+    resize_discard(n);
+    space_traits<Space>::copy_from_host(data_, src, n * sizeof(T));
+  }
+
+  /// Element access, HostSpace only.
+  T& operator[](std::size_t i) noexcept {
+    static_assert(std::is_same_v<Space, HostSpace>, "element access is host-only; use to_host()");
+    return data_[i];
+  }
+  const T& operator[](std::size_t i) const noexcept {
+    static_assert(std::is_same_v<Space, HostSpace>, "element access is host-only; use to_host()");
+    return data_[i];
+  }
+  T* begin() noexcept { return data_; }
+  T* end() noexcept { return data_ + size_; }
+  const T* begin() const noexcept { return data_; }
+  const T* end() const noexcept { return data_ + size_; }
+
+ private:
+  void release() noexcept {
+    space_traits<Space>::deallocate(data_);
+    data_ = nullptr;
+    capacity_ = 0;
+    size_ = 0;
+  }
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t capacity_ = 0;
+};
+
+/// A non-owning view of `n` rows of `cols` elements in a space, row-major.
+template <class T, class Space = HostSpace>
+struct Rows {
+  T* data = nullptr;
+  std::size_t rows = 0;
+  std::size_t cols = 0;
+  std::size_t size() const noexcept { return rows * cols; }
+};
+
+}  // namespace parallax

@@ -1,0 +1,92 @@
+#pragma once
+/// @file
+/// Vocabulary shared by every layer: sparsity tags, element types as a runtime
+/// enum (the transport boundary is untyped, as in gloo), reduction operators,
+/// and the shape of a variable.
+
+#include <parallax/config.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace parallax {
+
+/// Every element of the variable is touched each step (MLP, conv, LSTM weights).
+struct Dense {
+  static constexpr const char* name = "dense";
+};
+/// Only some rows are touched each step (embeddings, softmax tables).
+struct Sparse {
+  static constexpr const char* name = "sparse";
+};
+
+template <class S>
+inline constexpr bool is_sparsity_v = std::is_same_v<S, Dense> || std::is_same_v<S, Sparse>;
+
+/// `is_sparse_v<Sparse>` and `is_sparse_v<Variable<Sparse, ...>>` are true.
+template <class V, class = void>
+struct is_sparse : std::is_same<V, Sparse> {};
+template <class V>
+struct is_sparse<V, std::void_t<typename V::sparsity>> : std::is_same<typename V::sparsity, Sparse> {};
+template <class V>
+inline constexpr bool is_sparse_v = is_sparse<V>::value;
+
+/// Element types the engines move. Only the engines see this enum; the rest of
+/// the library is typed.
+enum class DataType : std::uint8_t { f32, f64, i32, i64, u8 };
+
+template <class T>
+struct data_type_of;
+template <>
+struct data_type_of<float> : std::integral_constant<DataType, DataType::f32> {};
+template <>
+struct data_type_of<double> : std::integral_constant<DataType, DataType::f64> {};
+template <>
+struct data_type_of<std::int32_t> : std::integral_constant<DataType, DataType::i32> {};
+template <>
+struct data_type_of<std::int64_t> : std::integral_constant<DataType, DataType::i64> {};
+template <>
+struct data_type_of<std::uint8_t> : std::integral_constant<DataType, DataType::u8> {};
+template <class T>
+inline constexpr DataType data_type_of_v = data_type_of<T>::value;
+
+constexpr std::size_t size_of(DataType t) noexcept {
+  switch (t) {
+    case DataType::f32: return 4;
+    case DataType::f64: return 8;
+    case DataType::i32: return 4;
+    case DataType::i64: return 8;
+    case DataType::u8: return 1;
+  }
+  return 0;
+}
+
+constexpr const char* to_string(DataType t) noexcept {
+  switch (t) {
+    case DataType::f32: return "f32";
+    case DataType::f64: return "f64";
+    case DataType::i32: return "i32";
+    case DataType::i64: return "i64";
+    case DataType::u8: return "u8";
+  }
+  return "?";
+}
+
+enum class ReduceOp : std::uint8_t { sum, max, min };
+
+/// A variable is a `rows x cols` matrix; a vector is `{n}` (n rows, 1 column).
+struct Shape {
+  std::size_t rows = 0;
+  std::size_t cols = 1;
+  constexpr Shape() = default;
+  constexpr Shape(std::size_t r, std::size_t c = 1) : rows(r), cols(c) {}
+  constexpr std::size_t elements() const noexcept { return rows * cols; }
+  friend constexpr bool operator==(Shape a, Shape b) noexcept { return a.rows == b.rows && a.cols == b.cols; }
+  friend constexpr bool operator!=(Shape a, Shape b) noexcept { return !(a == b); }
+};
+
+/// Row index type of sparse gradients and lookups.
+using index_t = std::int64_t;
+
+}  // namespace parallax

@@ -1,0 +1,135 @@
+#pragma once
+/// @file
+/// Variable: a named `rows x cols` parameter and its gradient, as a cheap
+/// handle (copies share one state).
+
+#include <parallax/context.hpp>
+#include <parallax/error.hpp>
+#include <parallax/init.hpp>
+#include <parallax/space.hpp>
+#include <parallax/sparse_grad.hpp>
+#include <parallax/types.hpp>
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace parallax {
+
+/// The default fourth argument of Variable: the trainer's architecture picks
+/// the communicator policy from the variable's sparsity.
+struct use_arch {
+  static constexpr const char* name = "use_arch";
+};
+
+namespace detail {
+
+template <class T, class Space>
+struct VariableState {
+  std::string name;
+  Shape shape;
+  Init init;
+  int rank = 0;
+  Buffer<T, Space> value;  // dense: the replica every rank reads
+  Buffer<T, Space> grad;   // dense: the gradient the user writes
+  SparseGrad<T, Space> sparse_grad;  // sparse: the rows the user touched
+  bool grad_touched = false;
+  const void* trainer = nullptr;  // the trainer it is registered with
+};
+
+}  // namespace detail
+
+/// A model parameter of `shape.rows x shape.cols` elements of T in Space.
+///
+/// Dense variables hold a full replica on every rank (`value()`) and a dense
+/// gradient the user writes (`grad()`). Sparse variables hold no values
+/// until a Trainer places them (sharded for ShardedPS, replicated for
+/// AllGatherv); read their rows with `Trainer::lookup` and give gradients as
+/// rows with `grad().add(ids, rows)`.
+///
+/// @tparam Sparsity px::Dense or px::Sparse
+/// @tparam T        element type (float or double)
+/// @tparam Space    memory space (px::HostSpace, px::CudaSpace)
+/// @tparam Policy   use_arch, or a communicator policy that overrides the
+///                  architecture for this variable (px::AllGatherv, ...)
+template <class Sparsity, class T = float, class Space = HostSpace, class Policy = use_arch>
+class Variable {
+  static_assert(is_sparsity_v<Sparsity>, "parallax::Variable: the first argument must be px::Dense or px::Sparse");
+  static_assert(std::is_floating_point_v<T>, "parallax::Variable: T must be float or double");
+  static_assert(is_space_v<Space>, "parallax::Variable: Space must be px::HostSpace or px::CudaSpace");
+
+ public:
+  using sparsity = Sparsity;
+  using value_type = T;
+  using space = Space;
+  using policy = Policy;
+  using grad_type = std::conditional_t<std::is_same_v<Sparsity, Sparse>, SparseGrad<T, Space>, Buffer<T, Space>>;
+
+  /// Declares the variable. Every rank must declare the same variables in
+  /// the same order with the same shapes; the Trainer checks.
+  /// @param ctx   the job
+  /// @param name  unique name, used in errors, statistics and checkpoints
+  /// @param shape rows x cols
+  /// @param init  initial values (a function of seed, name and element)
+  Variable(const Context& ctx, std::string name, Shape shape, Init init = init::Zeros{})
+      : state_(std::make_shared<detail::VariableState<T, Space>>()) {
+    PARALLAX_EXPECTS(!name.empty(), "a variable needs a non-empty name");
+    PARALLAX_EXPECTS(shape.rows > 0 && shape.cols > 0, "variable '", name, "': shape ", shape.rows, " x ",
+                     shape.cols, " has a zero dimension");
+    state_->name = std::move(name);
+    state_->shape = shape;
+    state_->init = init;
+    state_->rank = ctx.rank();
+    if constexpr (std::is_same_v<Sparsity, Dense>) {
+      state_->value.resize_discard(shape.elements());
+      fill_initial(Exec<Space>{}, state_->value.data(), 0, shape.rows);
+      state_->grad.resize_discard(shape.elements());
+      state_->grad.zero();
+    } else {
+      state_->sparse_grad = SparseGrad<T, Space>(shape, state_->name);
+    }
+  }
+
+  const std::string& name() const noexcept { return state_->name; }
+  Shape shape() const noexcept { return state_->shape; }
+  std::size_t rows() const noexcept { return state_->shape.rows; }
+  std::size_t cols() const noexcept { return state_->shape.cols; }
+  static constexpr bool is_sparse() noexcept { return std::is_same_v<Sparsity, Sparse>; }
+
+  /// Dense: the replica, `rows x cols` row-major. Updated by Trainer::step().
+  const Buffer<T, Space>& value() const {
+    static_assert(!is_sparse(), "a sparse variable has no full value on a rank: use Trainer::lookup or Trainer::fetch");
+    return state_->value;
+  }
+  /// The gradient to fill this step: a dense buffer (zeroed after every step)
+  /// for dense variables, a SparseGrad for sparse ones.
+  grad_type& grad() {
+    state_->grad_touched = true;
+    if constexpr (is_sparse()) return state_->sparse_grad;
+    else return state_->grad;
+  }
+
+  /// Writes the initial values of global rows [first, first + n) to out (in Space).
+  void fill_initial(const Exec<Space>& ex, T* out, std::size_t first, std::size_t n) const {
+    for_each(ex, n * cols(), detail::FillInit<T>{rule(), out, cols(), first, nullptr});
+  }
+  detail::InitRule rule() const { return detail::make_init_rule(state_->init, state_->name, state_->shape); }
+
+  /// The shared state; for the Trainer and policies.
+  detail::VariableState<T, Space>& state() const noexcept { return *state_; }
+  /// True when both handles refer to the same variable.
+  bool same_as(const Variable& o) const noexcept { return state_ == o.state_; }
+
+ private:
+  std::shared_ptr<detail::VariableState<T, Space>> state_;
+};
+
+template <class V>
+struct is_variable : std::false_type {};
+template <class S, class T, class Space, class P>
+struct is_variable<Variable<S, T, Space, P>> : std::true_type {};
+template <class V>
+inline constexpr bool is_variable_v = is_variable<V>::value;
+
+}  // namespace parallax

@@ -1,0 +1,77 @@
+// sparse_grad.hpp: appending rows, coalescing (sorted, duplicates summed in
+// insertion order), and the problems it reports.
+#include "support.hpp"
+
+#include <map>
+#include <random>
+
+TEMPLATE_TEST_CASE("SparseGrad::coalesce sorts rows and sums duplicates", "[sparse_grad]", PARALLAX_TEST_SPACES) {
+  using Space = TestType;
+  const std::size_t n = GENERATE(std::size_t{0}, std::size_t{1}, std::size_t{17}, std::size_t{5000});
+  const std::size_t rows = 50, cols = 3;
+  std::mt19937 rng(static_cast<unsigned>(n));
+  std::vector<px::index_t> ids(n);
+  std::vector<double> vals(n * cols);
+  std::map<px::index_t, std::vector<double>> want;
+  for (std::size_t i = 0; i < n; ++i) {
+    ids[i] = static_cast<px::index_t>(rng() % rows);
+    auto& w = want[ids[i]];
+    w.resize(cols);
+    for (std::size_t c = 0; c < cols; ++c) {
+      vals[i * cols + c] = static_cast<double>(i * 10 + c);
+      w[c] += vals[i * cols + c];
+    }
+  }
+  px::SparseGrad<double, Space> g(px::Shape{rows, cols}, "emb");
+  g.add(ids, vals);
+  CHECK(g.size() == n);
+  CHECK(g.touched());
+  g.coalesce();
+  CHECK(g.is_coalesced());
+  REQUIRE(g.size() == want.size());
+  auto got_ids = g.index_buffer().to_host();
+  auto got_vals = g.value_buffer().to_host();
+  std::size_t k = 0;
+  for (const auto& [id, row] : want) {
+    CHECK(got_ids[k] == id);
+    for (std::size_t c = 0; c < cols; ++c) CHECK(got_vals[k * cols + c] == row[c]);
+    ++k;
+  }
+}
+
+TEST_CASE("SparseGrad sums duplicates in the order they were added", "[sparse_grad]") {
+  // 1e8 + 1 - 1e8 differs from 1e8 - 1e8 + 1 in float: the order shows.
+  px::SparseGrad<float> g(px::Shape{4, 1}, "t");
+  g.add(std::vector<px::index_t>{2, 2, 2}, std::vector<float>{1e8f, 1.f, -1e8f});
+  g.coalesce();
+  CHECK(g.values()[0] == (1e8f + 1.f) - 1e8f);
+}
+
+TEST_CASE("SparseGrad reports wrong shapes and out-of-range rows", "[sparse_grad]") {
+  px::Exec<px::HostSpace> ex;
+  px::SparseGrad<float> g(px::Shape{10, 4}, "emb");
+  g.add(std::vector<px::index_t>{1, 2, 3}, std::vector<float>(10));
+  auto p = g.find_problem(ex);
+  REQUIRE(p);
+  CHECK_THAT(*p, Catch::Contains("'emb'") && Catch::Contains("3 indices but 10 values") && Catch::Contains("3 x 4 = 12"));
+  CHECK_THROWS_AS(g.coalesce(), px::error);
+
+  g.clear();
+  CHECK_FALSE(g.find_problem(ex));
+  g.add(std::vector<px::index_t>{0, 10}, std::vector<float>(8));
+  p = g.find_problem(ex);
+  REQUIRE(p);
+  CHECK_THAT(*p, Catch::Contains("row index 10") && Catch::Contains("[0, 10)"));
+  g.clear();
+  g.add(std::vector<px::index_t>{-1}, std::vector<float>(4));
+  CHECK_THAT(test::error_of([&] { g.validate(ex); }), Catch::Contains("row index -1"));
+}
+
+TEST_CASE("SparseGrad::clear keeps nothing but the allocations", "[sparse_grad]") {
+  px::SparseGrad<float> g(px::Shape{10, 2}, "e");
+  g.add(std::vector<px::index_t>{1}, std::vector<float>{1, 2});
+  g.clear();
+  CHECK(g.empty());
+  CHECK_FALSE(g.touched());
+  CHECK(g.index_buffer().capacity() >= 1);
+}
