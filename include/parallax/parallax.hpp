@@ -17,6 +17,7 @@
 #include <parallax/engine/mpi.hpp>
 #include <parallax/error.hpp>
 #include <parallax/init.hpp>
+#include <parallax/policy/allgatherv.hpp>
 #include <parallax/policy/policy.hpp>
 #include <parallax/policy/ring_allreduce.hpp>
 #include <parallax/space.hpp>

@@ -1,0 +1,82 @@
+// AllGatherv: every rank ends with the global sparse gradient, summed by row
+// then by rank (bit-exact against a sequential reference), and books the
+// ring bytes of DESIGN.md §4.
+#include "support.hpp"
+
+#include <map>
+
+namespace {
+
+// Rank r touches rows (r + 3j) % rows for j < k_r, plus row 0 twice: duplicates
+// within and across ranks. k_r differs per rank; rank 1 has none.
+std::vector<px::index_t> ids_of(int r, std::size_t rows) {
+  const std::size_t k = r == 1 ? 0 : 5 + 4 * static_cast<std::size_t>(r);
+  std::vector<px::index_t> ids;
+  for (std::size_t j = 0; j < k; ++j) ids.push_back(static_cast<px::index_t>((r + 3 * j) % rows));
+  if (k) {
+    ids.push_back(0);
+    ids.push_back(0);
+  }
+  return ids;
+}
+float value_of(int r, std::size_t entry, std::size_t c) { return 0.1f * static_cast<float>(r + 1) + 0.01f * entry + c; }
+
+}  // namespace
+
+TEST_CASE("SparseAllGatherer gives every rank the global rows, summed by row then rank", "[policy][allgatherv]") {
+  px::engine::Mpi mpi(test::world());
+  const int n = mpi.size(), me = mpi.rank();
+  const std::size_t rows = 23, cols = 3;
+  const auto ids = ids_of(me, rows);
+  std::vector<float> vals(ids.size() * cols);
+  for (std::size_t e = 0; e < ids.size(); ++e)
+    for (std::size_t c = 0; c < cols; ++c) vals[e * cols + c] = value_of(me, e, c);
+
+  px::SparseAllGatherer<float, px::engine::Mpi> gatherer(mpi, cols);
+  px::Buffer<px::index_t> out_ids;
+  px::Buffer<float> out_vals;
+  std::vector<std::int64_t> per_rank;
+  const std::size_t m = gatherer.gather(ids.data(), vals.data(), ids.size(), out_ids, out_vals, &per_rank);
+
+  // Sequential reference: ranks in order, entries in order.
+  std::map<px::index_t, std::vector<float>> want;
+  std::size_t total_rows = 0;
+  for (int r = 0; r < n; ++r) {
+    const auto rids = ids_of(r, rows);
+    CHECK(per_rank[r] == static_cast<std::int64_t>(rids.size()));
+    total_rows += rids.size();
+    for (std::size_t e = 0; e < rids.size(); ++e) {
+      auto& w = want[rids[e]];
+      w.resize(cols, 0.f);
+      for (std::size_t c = 0; c < cols; ++c) w[c] += value_of(r, e, c);
+    }
+  }
+  REQUIRE(m == want.size());
+  std::size_t k = 0;
+  bool exact = true;
+  for (const auto& [id, row] : want) {
+    exact = exact && out_ids[k] == id;
+    for (std::size_t c = 0; c < cols; ++c) exact = exact && out_vals[k * cols + c] == row[c];
+    ++k;
+  }
+  CHECK(exact);
+
+  // Bytes: the counts (allgather of one int64) plus the row blocks in a ring.
+  const std::size_t row_bytes = sizeof(px::index_t) + cols * sizeof(float);
+  const std::size_t right_rows = ids_of((me + 1) % n, rows).size();
+  const std::uint64_t want_sent = n == 1 ? 0 : 8 * (n - 1) + row_bytes * (total_rows - right_rows);
+  const std::uint64_t want_recv = n == 1 ? 0 : 8 * (n - 1) + row_bytes * (total_rows - ids.size());
+  CHECK(mpi.stats().total().sent() == want_sent);
+  CHECK(mpi.stats().total().received() == want_recv);
+  CHECK(mpi.stats().total().calls == 2);
+}
+
+TEST_CASE("SparseAllGatherer with no rows anywhere returns nothing", "[policy][allgatherv]") {
+  px::engine::Mpi mpi(test::world());
+  px::SparseAllGatherer<double, px::engine::Mpi> gatherer(mpi, 4);
+  px::Buffer<px::index_t> ids;
+  px::Buffer<double> vals;
+  CHECK(gatherer.gather(nullptr, nullptr, 0, ids, vals) == 0);
+  CHECK(ids.empty());
+  CHECK(vals.empty());
+}
