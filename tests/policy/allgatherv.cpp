@@ -40,11 +40,9 @@ TEST_CASE("SparseAllGatherer gives every rank the global rows, summed by row the
 
   // Sequential reference: ranks in order, entries in order.
   std::map<px::index_t, std::vector<float>> want;
-  std::size_t total_rows = 0;
   for (int r = 0; r < n; ++r) {
     const auto rids = ids_of(r, rows);
     CHECK(per_rank[r] == static_cast<std::int64_t>(rids.size()));
-    total_rows += rids.size();
     for (std::size_t e = 0; e < rids.size(); ++e) {
       auto& w = want[rids[e]];
       w.resize(cols, 0.f);
@@ -61,11 +59,14 @@ TEST_CASE("SparseAllGatherer gives every rank the global rows, summed by row the
   }
   CHECK(exact);
 
-  // Bytes: the counts (allgather of one int64) plus the row blocks in a ring.
-  const std::size_t row_bytes = sizeof(px::index_t) + cols * sizeof(float);
-  const std::size_t right_rows = ids_of((me + 1) % n, rows).size();
-  const std::uint64_t want_sent = n == 1 ? 0 : 8 * (n - 1) + row_bytes * (total_rows - right_rows);
-  const std::uint64_t want_recv = n == 1 ? 0 : 8 * (n - 1) + row_bytes * (total_rows - ids.size());
+  // Bytes: the counts (allgather of one int64) plus the row blocks in a
+  // ring; a block of k rows is k ids and k*cols floats, padded to 8 bytes.
+  auto block = [&](int r) { return px::detail::RowBlock<float>::bytes(ids_of(r, rows).size(), cols); };
+  std::uint64_t all_blocks = 0;
+  for (int r = 0; r < n; ++r) all_blocks += block(r);
+  CHECK(block(0) % 8 == 0);
+  const std::uint64_t want_sent = n == 1 ? 0 : 8 * (n - 1) + all_blocks - block((me + 1) % n);
+  const std::uint64_t want_recv = n == 1 ? 0 : 8 * (n - 1) + all_blocks - block(me);
   CHECK(mpi.stats().total().sent() == want_sent);
   CHECK(mpi.stats().total().received() == want_recv);
   CHECK(mpi.stats().total().calls == 2);

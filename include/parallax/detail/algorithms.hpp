@@ -20,6 +20,22 @@
 
 namespace parallax::detail {
 
+/// Rows on the wire: a block of k rows is k ids (int64) followed by k*cols
+/// values, padded to a multiple of 8 bytes so the next block's ids stay
+/// aligned. One message per block instead of two halves the calls.
+template <class T>
+struct RowBlock {
+  static_assert(alignof(T) <= alignof(index_t), "row values must not need more alignment than the ids");
+  PARALLAX_HOST_DEVICE static std::size_t bytes(std::size_t k, std::size_t cols) {
+    const std::size_t raw = k * (sizeof(index_t) + cols * sizeof(T));
+    return (raw + 7) / 8 * 8;
+  }
+  PARALLAX_HOST_DEVICE static index_t* ids(std::byte* block) { return reinterpret_cast<index_t*>(block); }
+  PARALLAX_HOST_DEVICE static T* values(std::byte* block, std::size_t k) {
+    return reinterpret_cast<T*>(block + k * sizeof(index_t));
+  }
+};
+
 /// Scratch buffers for coalesce_rows, kept across steps.
 template <class Space>
 struct CoalesceScratch {

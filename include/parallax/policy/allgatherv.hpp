@@ -15,20 +15,6 @@
 
 namespace parallax {
 
-namespace detail {
-
-/// Rows on the wire: a block of k rows is k ids (int64) followed by k*cols
-/// values. One message per block instead of two halves the calls.
-template <class T>
-struct RowBlock {
-  static std::size_t bytes(std::size_t k, std::size_t cols) { return k * (sizeof(index_t) + cols * sizeof(T)); }
-  static index_t* ids(std::byte* block) { return reinterpret_cast<index_t*>(block); }
-  static T* values(std::byte* block, std::size_t k) {
-    return reinterpret_cast<T*>(block + k * sizeof(index_t));
-  }
-};
-
-}  // namespace detail
 
 /// Gathers sparse rows from every rank of an engine and sums duplicates.
 ///

@@ -1,0 +1,107 @@
+#pragma once
+// Agreement across ranks: every rank learns the same verdict, so an error
+// found on one rank is thrown on all of them and none waits in a collective
+// that the others have left.
+
+#include <parallax/error.hpp>
+#include <parallax/types.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace parallax::detail {
+
+/// Collective. Throws parallax::error on every rank if any rank has a
+/// problem (the lowest such rank's message, prefixed with its rank), or if no
+/// rank has `has_work` (then with `no_work_message`). One 16-byte all-reduce;
+/// a second call (a broadcast of the message) only on failure.
+template <class Engine>
+void agree(Engine& engine, const std::optional<std::string>& problem, bool has_work, const char* no_work_message) {
+  auto scope = engine.stats().scope("", "control");
+  const int n = engine.size();
+  std::int64_t verdict[2] = {problem ? engine.rank() : n, has_work ? 0 : 1};
+  engine.allreduce(verdict, verdict, 2, DataType::i64, ReduceOp::min);
+  if (verdict[0] < n) {
+    std::array<char, 1024> text{};
+    if (problem) std::strncpy(text.data(), problem->c_str(), text.size() - 1);
+    engine.broadcast(text.data(), text.size(), DataType::u8, static_cast<int>(verdict[0]));
+    throw error(concat("rank ", verdict[0], ": ", text.data()));
+  }
+  if (verdict[1] == 1) throw error(no_work_message);
+}
+
+/// What a rank declares about one variable; compared across ranks.
+struct VarRecord {
+  char name[56] = {};
+  std::uint64_t rows = 0, cols = 0;
+  std::uint8_t type = 0, sparse = 0;
+  std::uint8_t padding[6] = {};
+  char policy[16] = {};
+
+  static VarRecord make(const std::string& name, Shape shape, DataType t, bool is_sparse, const char* policy) {
+    VarRecord r;
+    std::strncpy(r.name, name.c_str(), sizeof(r.name) - 1);
+    r.rows = shape.rows;
+    r.cols = shape.cols;
+    r.type = static_cast<std::uint8_t>(t);
+    r.sparse = is_sparse ? 1 : 0;
+    std::strncpy(r.policy, policy, sizeof(r.policy) - 1);
+    return r;
+  }
+  bool operator==(const VarRecord& o) const { return std::memcmp(this, &o, sizeof(VarRecord)) == 0; }
+  std::string describe() const {
+    return concat("'", name, "' (", rows, " x ", cols, ", ", to_string(static_cast<DataType>(type)), ", ",
+                  sparse ? "sparse" : "dense", ", ", policy, ")");
+  }
+};
+
+inline std::uint64_t hash_records(const std::vector<VarRecord>& records) {
+  std::uint64_t h = 1469598103934665603ull ^ records.size();
+  for (const auto& r : records) {
+    const auto* p = reinterpret_cast<const unsigned char*>(&r);
+    for (std::size_t i = 0; i < sizeof(VarRecord); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+/// Collective. Throws parallax::error on every rank, naming the first
+/// variable and the ranks that differ, unless all ranks declared the same
+/// variables in the same order. One all-reduce when they agree.
+template <class Engine>
+void agree_on_variables(Engine& engine, const std::vector<VarRecord>& mine) {
+  auto scope = engine.stats().scope("", "control");
+  const int n = engine.size();
+  const std::uint64_t h = hash_records(mine);
+  std::int64_t lohi[2] = {static_cast<std::int64_t>(h >> 1), -static_cast<std::int64_t>(h >> 1)};
+  engine.allreduce(lohi, lohi, 2, DataType::i64, ReduceOp::min);
+  if (lohi[0] == -lohi[1]) return;
+
+  // They differ: gather everything and name the first difference.
+  const auto un = static_cast<std::size_t>(n);
+  std::int64_t count = static_cast<std::int64_t>(mine.size());
+  std::vector<std::int64_t> counts(un);
+  engine.allgather(&count, counts.data(), 1, DataType::i64);
+  const auto most = static_cast<std::size_t>(*std::max_element(counts.begin(), counts.end()));
+  std::vector<VarRecord> padded(most), all(most * un);
+  std::copy(mine.begin(), mine.end(), padded.begin());
+  engine.allgather(padded.data(), all.data(), most * sizeof(VarRecord), DataType::u8);
+  for (std::size_t i = 0; i < most; ++i) {
+    for (int r = 1; r < n; ++r) {
+      const auto ur = static_cast<std::size_t>(r);
+      const bool has0 = i < static_cast<std::size_t>(counts[0]), hasr = i < static_cast<std::size_t>(counts[ur]);
+      if (has0 && hasr && all[i] == all[ur * most + i]) continue;
+      const std::string a = has0 ? all[i].describe() : std::string("missing");
+      const std::string b = hasr ? all[ur * most + i].describe() : std::string("missing");
+      throw error(concat("ranks disagree on the model's variables: variable #", i, " is ", a, " on rank 0 but ", b,
+                         " on rank ", r, " (declare the same variables, in the same order, on every rank)"));
+    }
+  }
+  throw error("ranks disagree on the model's variables");  // hash collision of equal lists cannot happen here
+}
+
+}  // namespace parallax::detail

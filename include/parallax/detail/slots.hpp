@@ -1,0 +1,416 @@
+#pragma once
+// The Trainer's per-variable machinery. A slot owns a variable's placement
+// (replica or shard), its optimizer state, and the policy that synchronises
+// it. The slot type is chosen at compile time from the variable's policy
+// (make_slot); the Trainer then drives every slot through one interface.
+
+#include <parallax/detail/agreement.hpp>
+#include <parallax/detail/algorithms.hpp>
+#include <parallax/optim/optimizer.hpp>
+#include <parallax/partition.hpp>
+#include <parallax/policy/allgatherv.hpp>
+#include <parallax/policy/policy.hpp>
+#include <parallax/policy/ring_allreduce.hpp>
+#include <parallax/policy/sharded_ps.hpp>
+#include <parallax/space.hpp>
+#include <parallax/variable.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace parallax::detail {
+
+/// What a step hands every slot.
+struct StepInfo {
+  std::uint64_t step = 0;  // 1-based number of the step being taken
+  double scale = 1.0;      // gradient scale (1/N for the mean over ranks)
+};
+
+template <class Engine, class Optimizer>
+class SlotBase {
+ public:
+  using space = engine::space_of_t<Engine>;
+  virtual ~SlotBase() = default;
+
+  virtual const std::string& name() const = 0;
+  virtual const void* identity() const = 0;
+  virtual const char* policy() const = 0;
+  virtual VarRecord record() const = 0;
+  /// Dense gradients this slot wants summed by the trainer's fused all-reduce.
+  virtual void fused_tensors(std::vector<TensorRef>&) {}
+  /// The first problem with this step's data on this rank, if any.
+  virtual std::optional<std::string> problem() = 0;
+  virtual bool has_gradient() const = 0;
+  /// Communicates (unless fused) and applies the optimizer.
+  virtual void synchronize(const StepInfo& info) = 0;
+  /// Forgets this step's gradient and lookups.
+  virtual void clear() = 0;
+  /// Rows of the variable this rank stores (replica: all of them).
+  virtual std::size_t stored_rows() const = 0;
+  /// The whole variable, row-major, on the host of every rank. Collective.
+  virtual void fetch(void* host_out) = 0;
+};
+
+/// A sparse slot: lookups return rows from wherever they live.
+template <class T, class Engine, class Optimizer>
+class SparseSlot : public SlotBase<Engine, Optimizer> {
+ public:
+  using space = engine::space_of_t<Engine>;
+  /// Rows for n ids (in space), valid until clear(). Collective for sharded slots.
+  virtual Rows<T, space> lookup(const index_t* ids, std::size_t n) = 0;
+
+ protected:
+  /// A fresh output buffer per lookup in a step, so earlier rows stay valid.
+  Buffer<T, space>& next_buffer(std::size_t elements) {
+    if (used_ == buffers_.size()) buffers_.emplace_back();
+    Buffer<T, space>& b = buffers_[used_++];
+    b.resize_discard(elements);
+    return b;
+  }
+  void release_buffers() noexcept { used_ = 0; }
+
+ private:
+  std::vector<Buffer<T, space>> buffers_;
+  std::size_t used_ = 0;
+};
+
+/// Shared by every slot: the variable, the engine, the optimizer.
+template <class Base, class Var, class Engine, class Optimizer, class Policy>
+class SlotCommon : public Base {
+ public:
+  using T = typename Var::value_type;
+  using space = engine::space_of_t<Engine>;
+
+  SlotCommon(Var var, Engine& engine, const Optimizer& opt) : var_(std::move(var)), engine_(&engine), opt_(opt) {}
+  SlotCommon(const SlotCommon&) = delete;
+  SlotCommon& operator=(const SlotCommon&) = delete;
+  /// The variable may join another trainer once this one is gone.
+  ~SlotCommon() override { var_.state().trainer = nullptr; }
+  const std::string& name() const override { return var_.name(); }
+  const void* identity() const override { return &var_.state(); }
+  const char* policy() const override { return Policy::name; }
+  VarRecord record() const override {
+    return VarRecord::make(var_.name(), var_.shape(), data_type_of_v<T>, Var::is_sparse(), Policy::name);
+  }
+
+ protected:
+  Exec<space>& ex() { return engine_->exec(); }
+  auto scope() { return engine_->stats().scope(var_.name(), Policy::name); }
+  static T scale_of(const StepInfo& s) { return static_cast<T>(s.scale); }
+
+  Var var_;
+  Engine* engine_;
+  Optimizer opt_;
+};
+
+/// The partition count of a sharded variable: the configured one, or one per
+/// rank (but no more than the variable has rows).
+inline int partitions_for(const ShardedOptions& so, std::size_t rows, int ranks) {
+  if (so.partitions > 0) return so.partitions;
+  return static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(ranks), std::max<std::size_t>(rows, 1)));
+}
+
+// ---------------------------------------------------------------- dense
+
+/// Dense + RingAllReduce: a replica everywhere; the gradient joins the fused all-reduce.
+template <class Var, class Engine, class Optimizer>
+class DenseRingSlot final : public SlotCommon<SlotBase<Engine, Optimizer>, Var, Engine, Optimizer, RingAllReduce> {
+  using Common = SlotCommon<SlotBase<Engine, Optimizer>, Var, Engine, Optimizer, RingAllReduce>;
+  using typename Common::T;
+
+ public:
+  DenseRingSlot(Var var, Engine& engine, const Optimizer& opt, const ShardedOptions&)
+      : Common(std::move(var), engine, opt), state_(opt, this->var_.shape().elements()) {}
+
+  void fused_tensors(std::vector<TensorRef>& out) override {
+    auto& s = this->var_.state();
+    out.push_back(TensorRef{s.grad.data(), s.grad.size(), data_type_of_v<T>});
+  }
+  std::optional<std::string> problem() override { return std::nullopt; }
+  bool has_gradient() const override { return this->var_.state().grad_touched; }
+  void synchronize(const StepInfo& info) override {
+    auto& s = this->var_.state();
+    optim::apply_dense(this->ex(), this->opt_, info.step, s.value.data(), s.grad.data(), s.value.size(), state_,
+                       this->scale_of(info));
+  }
+  void clear() override {
+    auto& s = this->var_.state();
+    s.grad.zero();
+    s.grad_touched = false;
+  }
+  std::size_t stored_rows() const override { return this->var_.rows(); }
+  void fetch(void* out) override {
+    const auto& v = this->var_.state().value;
+    space_traits<typename Common::space>::copy_to_host(out, v.data(), v.bytes());
+  }
+
+ private:
+  optim::State<Optimizer, T, typename Common::space> state_;
+};
+
+/// Dense + ShardedPS: owners hold the master rows and the optimizer state;
+/// every rank keeps a replica for its forward pass.
+template <class Var, class Engine, class Optimizer>
+class DenseShardedSlot final : public SlotCommon<SlotBase<Engine, Optimizer>, Var, Engine, Optimizer, ShardedPS> {
+  using Common = SlotCommon<SlotBase<Engine, Optimizer>, Var, Engine, Optimizer, ShardedPS>;
+  using typename Common::T;
+
+ public:
+  DenseShardedSlot(Var var, Engine& engine, const Optimizer& opt, const ShardedOptions& so)
+      : Common(std::move(var), engine, opt),
+        shards_(engine, PartitionMap(this->var_.rows(), partitions_for(so, this->var_.rows(), engine.size()), engine.size()),
+                this->var_.cols()) {
+    shards_.take_shard(this->var_.state().value.data(), shards_.shard().data());
+    state_.reset(opt, shards_.shard_elements());
+    sum_.resize_discard(shards_.shard_elements());
+  }
+  std::optional<std::string> problem() override { return std::nullopt; }
+  bool has_gradient() const override { return this->var_.state().grad_touched; }
+  void synchronize(const StepInfo& info) override {
+    auto scope = this->scope();
+    auto& s = this->var_.state();
+    shards_.reduce(s.grad.data(), sum_.data());
+    optim::apply_dense(this->ex(), this->opt_, info.step, shards_.shard().data(), sum_.data(),
+                       shards_.shard_elements(), state_, this->scale_of(info));
+    this->ex().synchronize();
+    shards_.gather(shards_.shard().data(), s.value.data());
+  }
+  void clear() override {
+    auto& s = this->var_.state();
+    s.grad.zero();
+    s.grad_touched = false;
+  }
+  std::size_t stored_rows() const override { return shards_.map().shard_rows(this->engine_->rank()); }
+  void fetch(void* out) override {
+    const auto& v = this->var_.state().value;
+    space_traits<typename Common::space>::copy_to_host(out, v.data(), v.bytes());
+  }
+
+ private:
+  DenseShards<T, Engine> shards_;
+  optim::State<Optimizer, T, typename Common::space> state_;
+  Buffer<T, typename Common::space> sum_;
+};
+
+// ---------------------------------------------------------------- sparse
+
+template <class T, class Space>
+struct ZeroBadRows {
+  // Rows of ids outside [0, rows) read row 0 instead (their values are
+  // never used: the step that follows throws).
+  const index_t* in;
+  index_t* out;
+  index_t rows;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t i) const { out[i] = (in[i] < 0 || in[i] >= rows) ? 0 : in[i]; }
+};
+
+/// Sparse + ShardedPS: this rank stores its partitions and their optimizer state.
+template <class Var, class Engine, class Optimizer>
+class SparseShardedSlot final
+    : public SlotCommon<SparseSlot<typename Var::value_type, Engine, Optimizer>, Var, Engine, Optimizer, ShardedPS> {
+  using Common = SlotCommon<SparseSlot<typename Var::value_type, Engine, Optimizer>, Var, Engine, Optimizer, ShardedPS>;
+  using typename Common::T;
+  using typename Common::space;
+
+ public:
+  SparseShardedSlot(Var var, Engine& engine, const Optimizer& opt, const ShardedOptions& so)
+      : Common(std::move(var), engine, opt),
+        table_(engine,
+               PartitionMap(this->var_.rows(), partitions_for(so, this->var_.rows(), engine.size()), engine.size()),
+               this->var_.cols(), this->var_.name(), so.local_aggregation) {
+    const detail::InitRule rule = this->var_.rule();
+    const std::size_t cols = this->var_.cols();
+    auto& ex = this->ex();
+    table_.initialize([&](const index_t* rows, std::size_t k, T* out) {
+      for_each(ex, k * cols, FillInit<T>{rule, out, cols, 0, rows});
+      ex.synchronize();
+    });
+    state_.reset(opt, table_.shard().size());
+  }
+
+  Rows<T, space> lookup(const index_t* ids, std::size_t n) override {
+    auto scope = this->scope();
+    Buffer<T, space>& out = this->next_buffer(n * this->var_.cols());
+    table_.lookup(ids, n, out.data());
+    return Rows<T, space>{out.data(), n, this->var_.cols()};
+  }
+  std::optional<std::string> problem() override { return this->var_.state().sparse_grad.find_problem(this->ex()); }
+  bool has_gradient() const override { return this->var_.state().sparse_grad.touched(); }
+  void synchronize(const StepInfo& info) override {
+    auto scope = this->scope();
+    auto& g = this->var_.state().sparse_grad;
+    g.coalesce(this->ex());
+    const std::size_t m = table_.push(g.indices(), g.values(), g.size(), local_rows_, sums_);
+    optim::apply_rows(this->ex(), this->opt_, info.step, table_.shard().data(), local_rows_.data(), sums_.data(), m,
+                      this->var_.cols(), state_, this->scale_of(info));
+    this->ex().synchronize();
+  }
+  void clear() override {
+    this->var_.state().sparse_grad.clear();
+    this->var_.state().grad_touched = false;
+    this->release_buffers();
+  }
+  std::size_t stored_rows() const override { return table_.shard_rows(); }
+  void fetch(void* out) override {
+    auto scope = this->scope();
+    DenseShards<T, Engine> layout(*this->engine_, table_.map(), this->var_.cols());
+    Buffer<T, space> full(this->var_.shape().elements());
+    layout.gather(table_.shard().data(), full.data());
+    space_traits<space>::copy_to_host(out, full.data(), full.bytes());
+  }
+  ShardedTable<T, Engine>& table() noexcept { return table_; }
+
+ private:
+  ShardedTable<T, Engine> table_;
+  optim::State<Optimizer, T, space> state_;
+  Buffer<index_t, space> local_rows_;
+  Buffer<T, space> sums_;
+};
+
+/// Sparse variables kept as a full replica on every rank (AllGatherv and
+/// RingAllReduce): lookups are local gathers.
+template <class Var, class Engine, class Optimizer, class Policy>
+class SparseReplicaSlot
+    : public SlotCommon<SparseSlot<typename Var::value_type, Engine, Optimizer>, Var, Engine, Optimizer, Policy> {
+  using Common = SlotCommon<SparseSlot<typename Var::value_type, Engine, Optimizer>, Var, Engine, Optimizer, Policy>;
+
+ protected:
+  using typename Common::T;
+  using typename Common::space;
+
+ public:
+  SparseReplicaSlot(Var var, Engine& engine, const Optimizer& opt)
+      : Common(std::move(var), engine, opt), value_(this->var_.shape().elements()) {
+    this->var_.fill_initial(this->ex(), value_.data(), 0, this->var_.rows());
+    this->ex().synchronize();
+    state_.reset(opt, value_.size());
+  }
+
+  Rows<T, space> lookup(const index_t* ids, std::size_t n) override {
+    auto& ex = this->ex();
+    const std::size_t cols = this->var_.cols();
+    Buffer<T, space>& out = this->next_buffer(n * cols);
+    const index_t* rows = ids;
+    if (auto bad = find_out_of_range(ex, ids, n, this->var_.rows())) {
+      // Local lookups are not collective: the problem is reported by the next step().
+      if (!lookup_problem_)
+        lookup_problem_ = concat("variable '", this->var_.name(), "': lookup id ", read_one<index_t, space>(ids + *bad),
+                                 " is outside [0, ", this->var_.rows(), ")");
+      safe_ids_.resize_discard(n);
+      for_each(ex, n, ZeroBadRows<T, space>{ids, safe_ids_.data(), static_cast<index_t>(this->var_.rows())});
+      rows = safe_ids_.data();
+    }
+    if (n) for_each(ex, n * cols, GatherRows<T>{value_.data(), rows, out.data(), cols});
+    ex.synchronize();
+    return Rows<T, space>{out.data(), n, cols};
+  }
+  std::optional<std::string> problem() override {
+    if (lookup_problem_) return lookup_problem_;
+    return this->var_.state().sparse_grad.find_problem(this->ex());
+  }
+  bool has_gradient() const override { return this->var_.state().sparse_grad.touched(); }
+  void clear() override {
+    this->var_.state().sparse_grad.clear();
+    this->var_.state().grad_touched = false;
+    lookup_problem_.reset();
+    this->release_buffers();
+  }
+  std::size_t stored_rows() const override { return this->var_.rows(); }
+  void fetch(void* out) override { space_traits<space>::copy_to_host(out, value_.data(), value_.bytes()); }
+
+ protected:
+  Buffer<T, space> value_;
+  optim::State<Optimizer, T, space> state_;
+  Buffer<index_t, space> safe_ids_;
+  std::optional<std::string> lookup_problem_;
+};
+
+/// Sparse + AllGatherv: every rank gathers every rank's rows and applies the
+/// same lazy update to its replica.
+template <class Var, class Engine, class Optimizer>
+class SparseGatherSlot final : public SparseReplicaSlot<Var, Engine, Optimizer, AllGatherv> {
+  using Base = SparseReplicaSlot<Var, Engine, Optimizer, AllGatherv>;
+  using typename Base::T;
+  using typename Base::space;
+
+ public:
+  SparseGatherSlot(Var var, Engine& engine, const Optimizer& opt, const ShardedOptions&)
+      : Base(std::move(var), engine, opt), gatherer_(engine, this->var_.cols()) {}
+
+  void synchronize(const StepInfo& info) override {
+    auto scope = this->scope();
+    auto& g = this->var_.state().sparse_grad;
+    g.coalesce(this->ex());
+    const std::size_t m = gatherer_.gather(g.indices(), g.values(), g.size(), ids_, sums_);
+    optim::apply_rows(this->ex(), this->opt_, info.step, this->value_.data(), ids_.data(), sums_.data(), m,
+                      this->var_.cols(), this->state_, this->scale_of(info));
+    this->ex().synchronize();
+  }
+
+ private:
+  SparseAllGatherer<T, Engine> gatherer_;
+  Buffer<index_t, space> ids_;
+  Buffer<T, space> sums_;
+};
+
+/// Sparse + RingAllReduce: the gradient is scattered into a dense buffer and
+/// all-reduced whole (the baseline a dense-only framework gives a sparse
+/// variable); the update is dense too.
+template <class Var, class Engine, class Optimizer>
+class SparseDenseRingSlot final : public SparseReplicaSlot<Var, Engine, Optimizer, RingAllReduce> {
+  using Base = SparseReplicaSlot<Var, Engine, Optimizer, RingAllReduce>;
+  using typename Base::T;
+  using typename Base::space;
+
+ public:
+  SparseDenseRingSlot(Var var, Engine& engine, const Optimizer& opt, const ShardedOptions&, RingOptions ring)
+      : Base(std::move(var), engine, opt), reducer_(engine, ring), dense_grad_(this->value_.size()) {}
+
+  void synchronize(const StepInfo& info) override {
+    auto scope = this->scope();
+    auto& ex = this->ex();
+    auto& g = this->var_.state().sparse_grad;
+    g.coalesce(ex);
+    dense_grad_.zero();
+    if (g.size())
+      for_each(ex, g.size() * this->var_.cols(),
+               ScatterAddRows<T>{dense_grad_.data(), g.indices(), g.values(), this->var_.cols()});
+    ex.synchronize();
+    reducer_.allreduce(dense_grad_.data(), dense_grad_.size());
+    optim::apply_dense(ex, this->opt_, info.step, this->value_.data(), dense_grad_.data(), this->value_.size(),
+                       this->state_, this->scale_of(info));
+    ex.synchronize();
+  }
+
+ private:
+  RingAllReducer<Engine> reducer_;
+  Buffer<T, space> dense_grad_;
+};
+
+/// The slot for variable type Var under Policy.
+template <class Policy, class Var, class Engine, class Optimizer>
+std::unique_ptr<SlotBase<Engine, Optimizer>> make_slot(Var var, Engine& engine, const Optimizer& opt,
+                                                       const ShardedOptions& sharded, const RingOptions& ring) {
+  constexpr bool sparse = Var::is_sparse();
+  if constexpr (std::is_same_v<Policy, RingAllReduce>) {
+    if constexpr (sparse) return std::make_unique<SparseDenseRingSlot<Var, Engine, Optimizer>>(std::move(var), engine, opt, sharded, ring);
+    else return std::make_unique<DenseRingSlot<Var, Engine, Optimizer>>(std::move(var), engine, opt, sharded);
+  } else if constexpr (std::is_same_v<Policy, ShardedPS>) {
+    if constexpr (sparse) return std::make_unique<SparseShardedSlot<Var, Engine, Optimizer>>(std::move(var), engine, opt, sharded);
+    else return std::make_unique<DenseShardedSlot<Var, Engine, Optimizer>>(std::move(var), engine, opt, sharded);
+  } else if constexpr (std::is_same_v<Policy, AllGatherv>) {
+    static_assert(sparse,
+                  "parallax: AllGatherv synchronises sparse gradients (rows); a dense variable has none to gather. "
+                  "Use RingAllReduce or ShardedPS for dense variables.");
+    return std::make_unique<SparseGatherSlot<Var, Engine, Optimizer>>(std::move(var), engine, opt, sharded);
+  } else {
+    static_assert(sizeof(Policy) == 0,
+                  "parallax: unknown communicator policy; use RingAllReduce, AllGatherv or ShardedPS");
+  }
+}
+
+}  // namespace parallax::detail

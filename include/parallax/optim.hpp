@@ -1,0 +1,10 @@
+#pragma once
+/// @file
+/// Every optimizer: Sgd, Momentum, Adagrad, Adam. Each updates dense
+/// variables in full and sparse variables lazily (touched rows only).
+
+#include <parallax/optim/adagrad.hpp>
+#include <parallax/optim/adam.hpp>
+#include <parallax/optim/momentum.hpp>
+#include <parallax/optim/optimizer.hpp>
+#include <parallax/optim/sgd.hpp>

@@ -1,0 +1,44 @@
+#pragma once
+/// @file
+/// Adam (Kingma & Ba). For sparse variables the update is lazy, as
+/// TensorFlow's LazyAdam: only touched rows move, and their moments decay
+/// only when touched; the bias correction uses the global step.
+
+#include <parallax/optim/optimizer.hpp>
+
+#include <cmath>
+
+namespace parallax::optim {
+
+/// m <- b1 m + (1-b1) g;  v <- b2 v + (1-b2) g^2;
+/// w <- w - lr * sqrt(1-b2^t)/(1-b1^t) * m / (sqrt(v) + eps)
+struct Adam {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+
+  static constexpr const char* name = "adam";
+  static constexpr int slots = 2;
+  template <class T>
+  T slot_initial(int) const {
+    return T(0);
+  }
+  template <class T>
+  struct Rule {
+    T step_size, b1, b2, eps;
+    PARALLAX_HOST_DEVICE void operator()(T& w, T g, T& m, T& v) const {
+      m = b1 * m + (T(1) - b1) * g;
+      v = b2 * v + (T(1) - b2) * g * g;
+      w -= step_size * m / (std::sqrt(v) + eps);
+    }
+  };
+  template <class T>
+  Rule<T> rule(std::uint64_t step) const {
+    const double t = static_cast<double>(step);
+    const double correction = std::sqrt(1.0 - std::pow(double(beta2), t)) / (1.0 - std::pow(double(beta1), t));
+    return {static_cast<T>(lr * correction), static_cast<T>(beta1), static_cast<T>(beta2), static_cast<T>(eps)};
+  }
+};
+
+}  // namespace parallax::optim

@@ -1,0 +1,110 @@
+#pragma once
+/// @file
+/// What every optimizer shares: its state (slots shaped like the variable, or
+/// like the rank's shard of it) and the two kernels that apply an update rule
+/// to a whole buffer (dense) or to touched rows only (sparse, "lazy").
+///
+/// An optimizer is a struct of hyper-parameters with
+///
+///     static constexpr const char* name;
+///     static constexpr int slots;                 // 0, 1 or 2 state values per element
+///     template <class T> T slot_initial(int k) const;
+///     template <class T> Rule<T> rule(std::uint64_t step) const;  // step counts from 1
+///
+/// where `Rule<T>` is a PARALLAX_HOST_DEVICE functor
+/// `void operator()(T& w, T g, T& s0, T& s1) const`.
+
+#include <parallax/config.hpp>
+#include <parallax/space.hpp>
+#include <parallax/types.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace parallax::optim {
+
+namespace detail {
+
+template <class T>
+struct Fill {
+  T* out;
+  T value;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t i) const { out[i] = value; }
+};
+
+template <class Rule, class T>
+struct DenseUpdate {
+  Rule rule;
+  T* w;
+  const T* g;
+  T* s0;
+  T* s1;
+  T scale;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t i) const {
+    T unused0 = T(0), unused1 = T(0);
+    rule(w[i], g[i] * scale, s0 ? s0[i] : unused0, s1 ? s1[i] : unused1);
+  }
+};
+
+template <class Rule, class T>
+struct RowUpdate {
+  Rule rule;
+  T* w;
+  T* s0;
+  T* s1;
+  const index_t* rows;  // local rows of w, unique
+  const T* g;           // one row of cols per entry of rows
+  std::size_t cols;
+  T scale;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
+    const std::size_t at = static_cast<std::size_t>(rows[j / cols]) * cols + j % cols;
+    T unused0 = T(0), unused1 = T(0);
+    rule(w[at], g[j] * scale, s0 ? s0[at] : unused0, s1 ? s1[at] : unused1);
+  }
+};
+
+}  // namespace detail
+
+/// An optimizer's per-element state for `n` elements (a variable or a shard).
+template <class Optimizer, class T, class Space>
+class State {
+ public:
+  State() = default;
+  State(const Optimizer& opt, std::size_t n, const Exec<Space>& ex = Exec<Space>{}) { reset(opt, n, ex); }
+
+  void reset(const Optimizer& opt, std::size_t n, const Exec<Space>& ex = Exec<Space>{}) {
+    for (int k = 0; k < Optimizer::slots; ++k) {
+      slot_[k].resize_discard(n);
+      for_each(ex, n, detail::Fill<T>{slot_[k].data(), opt.template slot_initial<T>(k)});
+    }
+    ex.synchronize();
+  }
+  T* slot(int k) noexcept { return k < Optimizer::slots ? slot_[k].data() : nullptr; }
+  Buffer<T, Space>& buffer(int k) noexcept { return slot_[k]; }
+  static constexpr int slots() noexcept { return Optimizer::slots; }
+
+ private:
+  Buffer<T, Space> slot_[2];
+};
+
+/// w[i] <- rule(w[i], scale * g[i]) for i < n.
+template <class Optimizer, class T, class Space>
+void apply_dense(const Exec<Space>& ex, const Optimizer& opt, std::uint64_t step, T* w, const T* g, std::size_t n,
+                 State<Optimizer, T, Space>& state, T scale) {
+  if (n == 0) return;
+  for_each(ex, n, detail::DenseUpdate<decltype(opt.template rule<T>(step)), T>{opt.template rule<T>(step), w, g,
+                                                                               state.slot(0), state.slot(1), scale});
+}
+
+/// For each of the k unique local rows r: w[r, :] <- rule(w[r, :], scale * g[j, :]);
+/// other rows and their state stay as they are (lazy update).
+template <class Optimizer, class T, class Space>
+void apply_rows(const Exec<Space>& ex, const Optimizer& opt, std::uint64_t step, T* w, const index_t* rows,
+                const T* g, std::size_t k, std::size_t cols, State<Optimizer, T, Space>& state, T scale) {
+  if (k == 0) return;
+  for_each(ex, k * cols,
+           detail::RowUpdate<decltype(opt.template rule<T>(step)), T>{opt.template rule<T>(step), w, state.slot(0),
+                                                                      state.slot(1), rows, g, cols, scale});
+}
+
+}  // namespace parallax::optim

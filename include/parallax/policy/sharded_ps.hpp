@@ -1,0 +1,340 @@
+#pragma once
+/// @file
+/// ShardedPS machinery: a variable's rows sharded over the ranks, which act
+/// as parameter servers for them.
+
+#include <parallax/context.hpp>
+#include <parallax/detail/algorithms.hpp>
+#include <parallax/detail/row_exchange.hpp>
+#include <parallax/engine/engine.hpp>
+#include <parallax/error.hpp>
+#include <parallax/partition.hpp>
+#include <parallax/policy/policy.hpp>
+#include <parallax/space.hpp>
+#include <parallax/types.hpp>
+
+#include <thrust/binary_search.h>
+#include <thrust/sort.h>
+#include <thrust/unique.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace parallax {
+
+namespace detail {
+
+struct OwnerOf {
+  PartitionMap map;
+  const index_t* ids;
+  std::int32_t* out;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const { out[j] = map.owner(ids[j]); }
+};
+
+/// out[j] = route[owner(ids[j])]: the first hop of a row (its owner, or this
+/// host's aggregator for that owner).
+struct HopOf {
+  PartitionMap map;
+  const index_t* ids;
+  const std::int32_t* route;
+  std::int32_t* out;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const { out[j] = route[map.owner(ids[j])]; }
+};
+
+template <class T>
+struct GatherShardRows {
+  PartitionMap map;
+  const T* shard;
+  const index_t* ids;  // global rows, all owned here
+  T* out;
+  std::size_t cols;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t e) const {
+    const std::size_t j = e / cols, c = e % cols;
+    out[e] = shard[map.local_row(ids[j]) * cols + c];
+  }
+};
+
+struct ToLocalRow {
+  PartitionMap map;
+  const index_t* ids;
+  index_t* out;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const { out[j] = static_cast<index_t>(map.local_row(ids[j])); }
+};
+
+template <class T>
+struct SumBlocks {
+  const T* blocks;  // `ranks` blocks of `size` elements, by rank
+  T* out;
+  std::size_t size;
+  int ranks;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
+    T acc = blocks[j];
+    for (int r = 1; r < ranks; ++r) acc += blocks[static_cast<std::size_t>(r) * size + j];
+    out[j] = acc;
+  }
+};
+
+}  // namespace detail
+
+/// Settings of ShardedPS.
+struct ShardedOptions {
+  /// Partitions per sharded variable; 0 means one per rank.
+  int partitions = 0;
+  /// Sum the sparse gradients of the ranks on one host before they cross to
+  /// another host (needs more than one host with several ranks; see Context).
+  bool local_aggregation = true;
+};
+
+/// One sparse variable sharded over the ranks of an engine.
+///
+/// * lookup (pull): the ids are de-duplicated, each unique id is requested
+///   from its owner, and the rows come back aligned to the caller's ids.
+///   Bytes per rank: 8 per remote unique id out, cols*sizeof(T) per remote
+///   row back, plus the same for the rows this rank serves.
+/// * push: the caller's coalesced rows go to their owners; an owner sums the
+///   contributions by row, then by rank, and gets (local row, sum) pairs to
+///   apply its optimizer to. With local aggregation the rows first go to an
+///   aggregator on the sender's host (the owner itself when it is on the same
+///   host), which sums them, so each row crosses between hosts once per host.
+///
+/// Errors in ids (outside [0, rows)) are reported on every rank at once.
+template <class T, class Engine>
+class ShardedTable {
+ public:
+  using space = engine::space_of_t<Engine>;
+
+  /// @param engine  the ranks that share the variable
+  /// @param map     partitioning of the rows
+  /// @param cols    row width
+  /// @param name    the variable's name, for errors
+  /// @param aggregate sum per host before crossing hosts, where hosts exist
+  ShardedTable(Engine& engine, PartitionMap map, std::size_t cols, std::string name, bool aggregate = true)
+      : engine_(&engine), map_(map), cols_(cols), name_(std::move(name)), exchange_(engine), aggregate_exchange_(engine) {
+    PARALLAX_EXPECTS(map.ranks == engine.size(), "ShardedTable '", name_, "': partition map is for ", map.ranks,
+                     " ranks but the engine has ", engine.size());
+    shard_.resize_discard(map_.shard_rows(engine.rank()) * cols_);
+    const Topology& topo = engine.topology();
+    // Aggregation pays off only with several hosts of which some have several ranks.
+    aggregate_ = aggregate && topo.num_hosts() > 1 && topo.num_hosts() < topo.size();
+    if (aggregate_) {
+      const auto mates = topo.ranks_of_host(topo.host());
+      std::vector<std::int32_t> route(static_cast<std::size_t>(topo.size()));
+      for (int o = 0; o < topo.size(); ++o)
+        route[static_cast<std::size_t>(o)] = topo.same_host(o) ? o : mates[static_cast<std::size_t>(o) % mates.size()];
+      first_hop_ = Buffer<std::int32_t, space>::from_host(route);
+    }
+  }
+
+  const PartitionMap& map() const noexcept { return map_; }
+  std::size_t cols() const noexcept { return cols_; }
+  /// Rows stored on this rank.
+  std::size_t shard_rows() const noexcept { return map_.shard_rows(engine_->rank()); }
+  Buffer<T, space>& shard() noexcept { return shard_; }
+  const Buffer<T, space>& shard() const noexcept { return shard_; }
+  bool aggregates() const noexcept { return aggregate_; }
+
+  /// Fills this rank's shard with initial values: init(global_rows, out).
+  template <class Fill>
+  void initialize(Fill&& fill) {
+    const std::size_t k = shard_rows();
+    std::vector<index_t> rows(k);
+    for (std::size_t i = 0; i < k; ++i) rows[i] = map_.global_row(engine_->rank(), i);
+    auto dev = Buffer<index_t, space>::from_host(rows);
+    fill(dev.data(), k, shard_.data());
+  }
+
+  /// out[i*cols ...] = row ids[i] of the variable, for i < n. Collective.
+  void lookup(const index_t* ids, std::size_t n, T* out) {
+    auto& ex = engine_->exec();
+    auto policy = ex.thrust_policy();
+    index_t bad = detail::no_problem;
+    if (auto at = detail::find_out_of_range(ex, ids, n, map_.rows)) bad = detail::read_one<index_t, space>(ids + *at);
+
+    // Unique ids, and where each input id sits among them.
+    std::size_t k = 0;
+    unique_.resize_discard(n);
+    inverse_.resize_discard(n);
+    if (bad == detail::no_problem && n) {
+      ex.copy(unique_.data(), ids, n * sizeof(index_t));
+      thrust::sort(policy, unique_.data(), unique_.data() + n);
+      k = static_cast<std::size_t>(thrust::unique(policy, unique_.data(), unique_.data() + n) - unique_.data());
+      thrust::lower_bound(policy, unique_.data(), unique_.data() + k, ids, ids + n, inverse_.data());
+    }
+    dest_.resize_discard(k);
+    if (k) for_each(ex, k, detail::OwnerOf{map_, unique_.data(), dest_.data()});
+    ex.synchronize();
+
+    check(exchange_.route(unique_.data(), nullptr, dest_.data(), k, 0, bad), "lookup id");
+
+    // Serve the rows asked of this rank, then collect the answers.
+    const std::size_t asked = exchange_.received();
+    served_.resize_discard(asked * cols_);
+    if (asked)
+      for_each(ex, asked * cols_,
+               detail::GatherShardRows<T>{map_, shard_.data(), exchange_.received_ids(), served_.data(), cols_});
+    ex.synchronize();
+    unique_rows_.resize_discard(k * cols_);
+    exchange_.reply(served_.data(), cols_, unique_rows_.data());
+    if (n) for_each(ex, n * cols_, detail::GatherRows<T>{unique_rows_.data(), inverse_.data(), out, cols_});
+    ex.synchronize();
+  }
+
+  /// Sends this rank's k coalesced rows (ids strictly ascending) to their
+  /// owners. Returns m and fills local_rows / sums with the m rows of this
+  /// rank's shard that received contributions and their sums. Collective.
+  std::size_t push(const index_t* ids, const T* values, std::size_t k, Buffer<index_t, space>& local_rows,
+                   Buffer<T, space>& sums) {
+    auto& ex = engine_->exec();
+    const index_t* hop_ids = ids;
+    const T* hop_values = values;
+    std::size_t hop_k = k;
+    if (aggregate_) {
+      // Hop 1, inside the host: to the owner, or to this host's aggregator for it.
+      dest_.resize_discard(k);
+      if (k) for_each(ex, k, detail::HopOf{map_, ids, first_hop_.data(), dest_.data()});
+      ex.synchronize();
+      check(aggregate_exchange_.route(ids, values, dest_.data(), k, cols_), "gradient row");
+      hop_k = detail::coalesce_rows(ex, aggregate_exchange_.received_ids(), aggregate_exchange_.received_values(),
+                                    aggregate_exchange_.received(), cols_, hop_ids_, hop_values_, scratch_);
+      hop_ids = hop_ids_.data();
+      hop_values = hop_values_.data();
+    }
+    // To the owners (across hosts when aggregating; rows already at their owner stay).
+    dest_.resize_discard(hop_k);
+    if (hop_k) for_each(ex, hop_k, detail::OwnerOf{map_, hop_ids, dest_.data()});
+    ex.synchronize();
+    check(exchange_.route(hop_ids, hop_values, dest_.data(), hop_k, cols_), "gradient row");
+    const std::size_t m = detail::coalesce_rows(ex, exchange_.received_ids(), exchange_.received_values(),
+                                                exchange_.received(), cols_, owned_ids_, sums, scratch_);
+    local_rows.resize_discard(m);
+    if (m) for_each(ex, m, detail::ToLocalRow{map_, owned_ids_.data(), local_rows.data()});
+    ex.synchronize();
+    return m;
+  }
+
+  /// The global ids of the rows the last push() summed on this rank.
+  const Buffer<index_t, space>& pushed_ids() const noexcept { return owned_ids_; }
+
+ private:
+  void check(const std::optional<detail::RemoteProblem>& p, const char* what) const {
+    if (p)
+      throw error(detail::concat("variable '", name_, "': ", what, " ", p->id, " is outside [0, ", map_.rows,
+                                 ") on rank ", p->rank));
+  }
+
+  Engine* engine_;
+  PartitionMap map_;
+  std::size_t cols_;
+  std::string name_;
+  bool aggregate_ = false;
+  Buffer<T, space> shard_;
+  detail::RowExchange<T, Engine> exchange_, aggregate_exchange_;
+  Buffer<std::int32_t, space> first_hop_, dest_;
+  Buffer<index_t, space> unique_, inverse_, hop_ids_, owned_ids_;
+  Buffer<T, space> served_, unique_rows_, hop_values_;
+  detail::CoalesceScratch<space> scratch_;
+};
+
+/// A dense variable sharded over the ranks (arch::PS): each rank sends every
+/// owner its rows of the gradient, the owner sums them by rank and updates
+/// its shard, and every rank gathers the updated shards. Bytes per rank equal
+/// a ring all-reduce's, 2(N-1)/N of the variable, in two collectives.
+template <class T, class Engine>
+class DenseShards {
+ public:
+  using space = engine::space_of_t<Engine>;
+
+  DenseShards(Engine& engine, PartitionMap map, std::size_t cols) : engine_(&engine), map_(map), cols_(cols) {
+    const int n = engine.size();
+    const auto un = static_cast<std::size_t>(n);
+    // In the owner-major layout each owner's partitions are adjacent. With
+    // P <= N that is the variable's own row order, and no copies are needed.
+    identity_ = map.parts <= n;
+    counts_.resize(un);
+    displs_.resize(un);
+    std::size_t at = 0;
+    for (int r = 0; r < n; ++r) {
+      counts_[r] = map.shard_rows(r) * cols;
+      displs_[r] = at;
+      at += counts_[r];
+    }
+    mine_ = counts_[static_cast<std::size_t>(engine.rank())];
+    rcounts_.assign(un, mine_);
+    rdispls_.resize(un);
+    for (std::size_t r = 0; r < un; ++r) rdispls_[r] = r * mine_;
+    shard_.resize_discard(mine_);
+  }
+
+  const PartitionMap& map() const noexcept { return map_; }
+  Buffer<T, space>& shard() noexcept { return shard_; }
+  std::size_t shard_elements() const noexcept { return mine_; }
+
+  /// Copies this rank's rows of a full-size buffer into its shard layout.
+  void take_shard(const T* full, T* shard_out) {
+    auto& ex = engine_->exec();
+    const int me = engine_->rank();
+    for (std::size_t t = 0; t < map_.partitions_on(me); ++t) {
+      const int p = me + static_cast<int>(t) * map_.ranks;
+      ex.copy(shard_out + map_.shard_offset(p) * cols_, full + map_.begin(p) * cols_, map_.size(p) * cols_ * sizeof(T));
+    }
+    ex.synchronize();
+  }
+
+  /// sum = the sum over ranks, in rank order, of this rank's rows of `grad`
+  /// (a full-size gradient). Collective.
+  void reduce(const T* grad, T* sum) {
+    auto& ex = engine_->exec();
+    const T* send = grad;
+    if (!identity_) send = to_owner_major(grad);
+    received_.resize_discard(mine_ * static_cast<std::size_t>(engine_->size()));
+    engine_->alltoallv(send, counts_.data(), displs_.data(), received_.data(), rcounts_.data(), rdispls_.data(),
+                       data_type_of_v<T>);
+    if (mine_) for_each(ex, mine_, detail::SumBlocks<T>{received_.data(), sum, mine_, engine_->size()});
+    ex.synchronize();
+  }
+
+  /// full = every rank's shard, assembled. Collective.
+  void gather(const T* shard, T* full) {
+    T* out = identity_ ? full : (staging_.resize_discard(map_.rows * cols_), staging_.data());
+    engine_->allgatherv(shard, mine_, out, counts_.data(), displs_.data(), data_type_of_v<T>);
+    if (!identity_) from_owner_major(out, full);
+  }
+
+ private:
+  template <class Copy>
+  void for_partitions(Copy&& copy) {
+    for (int p = 0; p < map_.parts; ++p) {
+      const int o = map_.owner_of_partition(p);
+      copy(displs_[static_cast<std::size_t>(o)] + map_.shard_offset(p) * cols_, map_.begin(p) * cols_,
+           map_.size(p) * cols_);
+    }
+  }
+  const T* to_owner_major(const T* full) {
+    staging_.resize_discard(map_.rows * cols_);
+    auto& ex = engine_->exec();
+    for_partitions([&](std::size_t owner_major, std::size_t row_major, std::size_t n) {
+      ex.copy(staging_.data() + owner_major, full + row_major, n * sizeof(T));
+    });
+    ex.synchronize();
+    return staging_.data();
+  }
+  void from_owner_major(const T* owner_major_buf, T* full) {
+    auto& ex = engine_->exec();
+    for_partitions([&](std::size_t owner_major, std::size_t row_major, std::size_t n) {
+      ex.copy(full + row_major, owner_major_buf + owner_major, n * sizeof(T));
+    });
+    ex.synchronize();
+  }
+
+  Engine* engine_;
+  PartitionMap map_;
+  std::size_t cols_;
+  bool identity_ = true;
+  std::size_t mine_ = 0;
+  std::vector<std::size_t> counts_, displs_, rcounts_, rdispls_;
+  Buffer<T, space> shard_, received_, staging_;
+};
+
+}  // namespace parallax

@@ -1,0 +1,237 @@
+// trainer.hpp: N-rank training equals one process on the same global batch
+// for every architecture and optimizer; runs are bit-for-bit repeatable;
+// bad input is reported on every rank.
+#include "support.hpp"
+
+#include <cmath>
+#include <tuple>
+
+namespace {
+
+constexpr std::size_t kRows = 40, kDim = 4, kClasses = 3, kBatch = 12, kSteps = 3;
+
+struct Model {
+  std::vector<float> emb, w, b;
+};
+
+// The example e of step s: an embedding id (with repeats across the batch)
+// and a target.
+px::index_t example_id(std::size_t s, std::size_t e) { return static_cast<px::index_t>((e * 7 + s * 3) % 29); }
+float target(std::size_t s, std::size_t e, std::size_t c) { return std::sin(0.3f * (e + 2 * s + 5 * c)); }
+
+/// Trains the toy model (embedding -> linear layer -> squared error) for
+/// kSteps steps on the examples of this rank's share of each global batch.
+template <class Arch, class Opt>
+Model train(px::Context& ctx, const Opt& opt, px::TrainerOptions options = {}) {
+  px::Variable<px::Sparse, float> emb(ctx, "emb", {kRows, kDim}, px::init::Uniform{-0.5f, 0.5f, 7});
+  px::Variable<px::Dense, float> w(ctx, "w", {kDim, kClasses}, px::init::Glorot{3});
+  px::Variable<px::Dense, float> b(ctx, "b", {kClasses}, px::init::Constant{0.1});
+  px::Trainer<Arch, Opt> trainer(ctx, options, opt, emb, w, b);
+
+  const std::size_t n = static_cast<std::size_t>(ctx.size()), r = static_cast<std::size_t>(ctx.rank());
+  const std::size_t local = kBatch / n, first = r * local;
+  for (std::size_t s = 0; s < kSteps; ++s) {
+    std::vector<px::index_t> ids(local);
+    for (std::size_t i = 0; i < local; ++i) ids[i] = example_id(s, first + i);
+    const auto rows = trainer.lookup(emb, ids);
+    const auto& W = w.value();
+    const auto& B = b.value();
+    auto& dW = w.grad();
+    auto& dB = b.grad();
+    std::vector<float> dh(local * kDim, 0.f);
+    for (std::size_t i = 0; i < local; ++i) {
+      const float* h = rows.data + i * kDim;
+      for (std::size_t c = 0; c < kClasses; ++c) {
+        float out = B[c];
+        for (std::size_t d = 0; d < kDim; ++d) out += h[d] * W[d * kClasses + c];
+        const float g = (out - target(s, first + i, c)) / static_cast<float>(local);  // mean over the local batch
+        dB[c] += g;
+        for (std::size_t d = 0; d < kDim; ++d) {
+          dW[d * kClasses + c] += h[d] * g;
+          dh[i * kDim + d] += W[d * kClasses + c] * g;
+        }
+      }
+    }
+    emb.grad().add(ids, dh);
+    trainer.step();
+  }
+  return Model{trainer.fetch(emb), trainer.fetch(w), trainer.fetch(b)};
+}
+
+double max_relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double worst = 0;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    worst = std::max(worst, std::abs(double(got[i]) - want[i]) / std::max(1e-3, std::abs(double(want[i]))));
+  return worst;
+}
+
+template <class Arch, class Opt>
+void check_equivalence(const Opt& opt) {
+  px::Context single(MPI_COMM_SELF);  // one process, the whole global batch
+  const Model want = train<Arch, Opt>(single, opt);
+  const Model got = train<Arch, Opt>(test::world(), opt);
+  const double err = std::max({max_relative_error(got.emb, want.emb), max_relative_error(got.w, want.w),
+                               max_relative_error(got.b, want.b)});
+  INFO("architecture " << Arch::name << ", optimizer " << Opt::name << ", max relative error " << err);
+  CHECK(err <= 1e-5);
+  // The model moved: the check above is not comparing initial values.
+  CHECK(max_relative_error(got.emb, train<Arch, px::optim::Sgd>(single, px::optim::Sgd{0.0f}).emb) > 1e-3);
+
+  // Two runs with the same rank count are identical to the bit.
+  const Model again = train<Arch, Opt>(test::world(), opt);
+  CHECK(again.emb == got.emb);
+  CHECK(again.w == got.w);
+  CHECK(again.b == got.b);
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("N ranks train the same model as one process, for every architecture", "[trainer]",
+                   px::arch::Hybrid, px::arch::AllReduce, px::arch::PS) {
+  SECTION("sgd") { check_equivalence<TestType>(px::optim::Sgd{0.5f}); }
+  SECTION("momentum") { check_equivalence<TestType>(px::optim::Momentum{0.2f, 0.9f}); }
+  SECTION("adagrad") { check_equivalence<TestType>(px::optim::Adagrad{0.3f}); }
+  SECTION("adam") { check_equivalence<TestType>(px::optim::Adam{0.05f}); }
+}
+
+TEST_CASE("the three architectures reach the same model", "[trainer]") {
+  const px::optim::Adam opt{0.05f};
+  const Model h = train<px::arch::Hybrid>(test::world(), opt);
+  const Model a = train<px::arch::AllReduce>(test::world(), opt);
+  const Model p = train<px::arch::PS>(test::world(), opt);
+  CHECK(max_relative_error(a.emb, h.emb) <= 1e-5);
+  CHECK(max_relative_error(p.emb, h.emb) <= 1e-5);
+  CHECK(max_relative_error(a.w, h.w) <= 1e-5);
+  CHECK(max_relative_error(p.w, h.w) <= 1e-5);
+}
+
+TEST_CASE("summed gradients equal N times the mean with SGD", "[trainer]") {
+  // With Reduction::sum and lr/N, SGD takes the same steps as the mean with lr.
+  px::TrainerOptions sum;
+  sum.reduction = px::Reduction::sum;
+  const float n = static_cast<float>(test::world().size());
+  const Model mean = train<px::arch::Hybrid>(test::world(), px::optim::Sgd{0.5f});
+  const Model summed = train<px::arch::Hybrid>(test::world(), px::optim::Sgd{0.5f / n}, sum);
+  CHECK(max_relative_error(summed.emb, mean.emb) <= 1e-5);
+  CHECK(max_relative_error(summed.w, mean.w) <= 1e-5);
+}
+
+TEST_CASE("partitions, local aggregation and the ring's algorithm change bytes, not the model", "[trainer]") {
+  const px::optim::Adam opt{0.05f};
+  const Model base = train<px::arch::Hybrid>(test::world(), opt);
+  px::TrainerOptions o;
+  o.partitions["emb"] = 7;
+  o.sharded.partitions = 3;
+  o.ring.algorithm = px::engine::Algorithm::ring;
+  o.ring.bucket_bytes = 16;  // every dense gradient alone
+  const Model tuned = train<px::arch::PS>(test::world(), opt, o);
+  CHECK(max_relative_error(tuned.emb, base.emb) <= 1e-5);
+  CHECK(max_relative_error(tuned.w, base.w) <= 1e-5);
+
+  px::Context hosts(MPI_COMM_WORLD, px::ContextOptions{2});
+  const Model aggregated = train<px::arch::Hybrid>(hosts, opt);
+  CHECK(max_relative_error(aggregated.emb, base.emb) <= 1e-5);
+}
+
+TEST_CASE("a sharded variable takes about R/N rows per rank", "[trainer][memory]") {
+  auto& ctx = test::world();
+  const std::size_t rows = 1000;
+  px::Variable<px::Sparse, float> emb(ctx, "emb", {rows, 8});
+  px::Variable<px::Dense, float> w(ctx, "w", {10, 8});
+  px::Trainer<px::arch::PS, px::optim::Sgd> ps(ctx, px::optim::Sgd{}, emb, w);
+  const std::size_t n = static_cast<std::size_t>(ctx.size());
+  CHECK(ps.stored_rows(emb) >= rows / n);
+  CHECK(ps.stored_rows(emb) <= rows / n + 1);
+  CHECK(ps.stored_rows(w) <= 10 / n + 1);
+  CHECK(ps.policy_of(emb) == "ShardedPS");
+  CHECK(ps.policy_of(w) == "ShardedPS");
+  std::uint64_t total = ps.stored_rows(emb);
+  MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  CHECK(total == rows);
+}
+
+// ---------------------------------------------------------------- errors
+
+TEST_CASE("bad input is the same error on every rank", "[trainer][errors]") {
+  auto& ctx = test::world();
+  const int n = ctx.size(), last = n - 1;
+  px::Variable<px::Sparse, float> emb(ctx, "emb", {10, 2});
+  px::Variable<px::Dense, float> w(ctx, "w", {2, 2});
+
+  SECTION("a lookup id out of range on one rank (ShardedPS)") {
+    px::Trainer<px::arch::Hybrid, px::optim::Sgd> t(ctx, px::optim::Sgd{}, emb, w);
+    const std::vector<px::index_t> ids{1, ctx.rank() == last ? 10 : 2};
+    const std::string msg = test::error_of([&] { t.lookup(emb, ids); });
+    CHECK_THAT(msg, Catch::Contains("'emb'") && Catch::Contains("lookup id 10") && Catch::Contains("[0, 10)") &&
+                        Catch::Contains("rank " + std::to_string(last)));
+  }
+  SECTION("a lookup id out of range on one rank (AllGatherv) surfaces at step()") {
+    px::Trainer<px::arch::AllReduce, px::optim::Sgd> t(ctx, px::optim::Sgd{}, emb, w);
+    const std::vector<px::index_t> ids{ctx.rank() == last ? -1 : 3};
+    const auto rows = t.lookup(emb, ids);
+    CHECK(rows.rows == 1);
+    w.grad()[0] = 1.f;
+    const std::string msg = test::error_of([&] { t.step(); });
+    CHECK_THAT(msg, Catch::Contains("rank " + std::to_string(last)) && Catch::Contains("lookup id -1") &&
+                        Catch::Contains("'emb'"));
+    CHECK(t.steps() == 0);
+    w.grad()[0] = 1.f;  // the failed step left nothing behind: the next one works
+    CHECK_NOTHROW(t.step());
+    CHECK(t.steps() == 1);
+  }
+  SECTION("a gradient row out of range on one rank") {
+    px::Trainer<px::arch::Hybrid, px::optim::Sgd> t(ctx, px::optim::Sgd{}, emb, w);
+    emb.grad().add(std::vector<px::index_t>{ctx.rank() == last ? 12 : 0}, std::vector<float>{1.f, 1.f});
+    const std::string msg = test::error_of([&] { t.step(); });
+    CHECK_THAT(msg, Catch::Contains("rank " + std::to_string(last)) && Catch::Contains("row index 12") &&
+                        Catch::Contains("'emb'"));
+  }
+  SECTION("a gradient of the wrong shape on one rank") {
+    px::Trainer<px::arch::PS, px::optim::Sgd> t(ctx, px::optim::Sgd{}, emb, w);
+    emb.grad().add(std::vector<px::index_t>{1}, std::vector<float>(ctx.rank() == last ? 3 : 2, 1.f));
+    const std::string msg = test::error_of([&] { t.step(); });
+    CHECK_THAT(msg, Catch::Contains("wrong shape") && Catch::Contains("1 indices but 3 values"));
+  }
+  SECTION("step without gradients") {
+    px::Trainer<px::arch::Hybrid, px::optim::Sgd> t(ctx, px::optim::Sgd{}, emb, w);
+    CHECK_THAT(test::error_of([&] { t.step(); }), Catch::Contains("no variable was given a gradient"));
+  }
+  SECTION("a lookup of a variable the trainer does not hold") {
+    px::Variable<px::Sparse, float> other(ctx, "other", {5, 2});
+    px::Trainer<px::arch::Hybrid, px::optim::Sgd> t(ctx, px::optim::Sgd{}, emb, w);
+    CHECK_THAT(test::error_of([&] { t.lookup(other, std::vector<px::index_t>{0}); }),
+               Catch::Contains("'other' is not registered"));
+  }
+  SECTION("a variable given to two trainers") {
+    px::Trainer<px::arch::Hybrid, px::optim::Sgd> t(ctx, px::optim::Sgd{}, emb, w);
+    CHECK_THAT(test::error_of([&] { px::Trainer<px::arch::PS, px::optim::Sgd> u(ctx, px::optim::Sgd{}, emb); }),
+               Catch::Contains("already registered"));
+  }
+}
+
+TEST_CASE("ranks that declare different variables fail together, naming the difference", "[trainer][errors]") {
+  auto& ctx = test::world();
+  const int last = ctx.size() - 1;
+  if (ctx.size() == 1) return;  // nothing to disagree with
+  px::Variable<px::Sparse, float> emb(ctx, "emb", {10, 2});
+  px::Variable<px::Dense, float> w(ctx, "w", {2, ctx.rank() == last ? std::size_t{5} : std::size_t{3}});
+  const std::string msg = test::error_of([&] { px::Trainer<px::arch::Hybrid, px::optim::Sgd> t(ctx, px::optim::Sgd{}, emb, w); });
+  CHECK_THAT(msg, Catch::Contains("variable #1") && Catch::Contains("2 x 3") && Catch::Contains("2 x 5") &&
+                      Catch::Contains("rank " + std::to_string(last)));
+
+  // A missing variable on one rank.
+  px::Variable<px::Dense, float> w2(ctx, "w", {2, 3});
+  const std::string missing = test::error_of([&] {
+    if (ctx.rank() == last) px::Trainer<px::arch::Hybrid, px::optim::Sgd> t(ctx, px::optim::Sgd{}, emb);
+    else px::Trainer<px::arch::Hybrid, px::optim::Sgd> t(ctx, px::optim::Sgd{}, emb, w2);
+  });
+  CHECK_THAT(missing, Catch::Contains("missing") && Catch::Contains("'w'"));
+}
+
+TEST_CASE("with_arch maps names to architectures", "[arch]") {
+  CHECK(px::with_arch("hybrid", [](auto a) { return std::string(decltype(a)::name); }) == "hybrid");
+  CHECK(px::with_arch("allreduce", [](auto a) { return std::string(decltype(a)::name); }) == "allreduce");
+  CHECK(px::with_arch("ps", [](auto a) { return std::string(decltype(a)::name); }) == "ps");
+  CHECK_THAT(test::error_of([] { px::with_arch("horovod", [](auto) { return 0; }); }),
+             Catch::Contains("unknown architecture 'horovod'") && Catch::Contains("hybrid, allreduce or ps"));
+}
