@@ -1,0 +1,98 @@
+// optim/: each optimizer's dense and lazy (row) update against the formula,
+// written out in double precision.
+#include "support.hpp"
+
+#include <cmath>
+
+namespace {
+
+// Three steps of one element with gradients g_t, by the textbook formula.
+double reference(const px::optim::Sgd& o, double w, const double* g, int steps) {
+  for (int t = 0; t < steps; ++t) w -= o.lr * g[t];
+  return w;
+}
+double reference(const px::optim::Momentum& o, double w, const double* g, int steps) {
+  double v = 0;
+  for (int t = 0; t < steps; ++t) {
+    v = o.momentum * v + g[t];
+    w -= o.nesterov ? o.lr * (g[t] + o.momentum * v) : o.lr * v;
+  }
+  return w;
+}
+double reference(const px::optim::Adagrad& o, double w, const double* g, int steps) {
+  double a = o.initial_accumulator;
+  for (int t = 0; t < steps; ++t) {
+    a += g[t] * g[t];
+    w -= o.lr * g[t] / (std::sqrt(a) + o.eps);
+  }
+  return w;
+}
+double reference(const px::optim::Adam& o, double w, const double* g, int steps) {
+  double m = 0, v = 0;
+  for (int t = 1; t <= steps; ++t) {
+    m = o.beta1 * m + (1 - o.beta1) * g[t - 1];
+    v = o.beta2 * v + (1 - o.beta2) * g[t - 1] * g[t - 1];
+    // TensorFlow's form: the bias corrections folded into the step size.
+    const double lr_t = o.lr * std::sqrt(1 - std::pow(double(o.beta2), t)) / (1 - std::pow(double(o.beta1), t));
+    w -= lr_t * m / (std::sqrt(v) + o.eps);
+  }
+  return w;
+}
+
+template <class Opt>
+void check_optimizer(const Opt& opt) {
+  px::Exec<px::HostSpace> ex;
+  const double g[3] = {0.5, -1.25, 2.0};
+  const double scale = 0.5;
+  // Dense: 4 elements, element i sees gradient (i+1) * g_t.
+  std::vector<double> w{1.0, -2.0, 3.0, 0.25};
+  const auto w0 = w;
+  px::optim::State<Opt, double, px::HostSpace> state(opt, w.size());
+  for (int t = 0; t < 3; ++t) {
+    std::vector<double> grad(4);
+    for (int i = 0; i < 4; ++i) grad[i] = (i + 1) * g[t] / scale;
+    px::optim::apply_dense(ex, opt, t + 1, w.data(), grad.data(), 4, state, scale);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const double gi[3] = {(i + 1) * g[0], (i + 1) * g[1], (i + 1) * g[2]};
+    CHECK(w[i] == Approx(reference(opt, w0[i], gi, 3)).epsilon(1e-12));
+  }
+
+  // Lazy: a 3 x 2 table; only row 1 is touched, rows 0 and 2 keep value and state.
+  std::vector<double> table{1, 2, 3, 4, 5, 6};
+  px::optim::State<Opt, double, px::HostSpace> rows_state(opt, table.size());
+  const px::index_t row = 1;
+  for (int t = 0; t < 3; ++t) {
+    const double grad[2] = {g[t], -g[t]};
+    px::optim::apply_rows(ex, opt, t + 1, table.data(), &row, grad, 1, 2, rows_state, 1.0);
+  }
+  CHECK(table[0] == 1);
+  CHECK(table[1] == 2);
+  CHECK(table[4] == 5);
+  CHECK(table[5] == 6);
+  const double neg[3] = {-g[0], -g[1], -g[2]};
+  CHECK(table[2] == Approx(reference(opt, 3, g, 3)).epsilon(1e-12));
+  CHECK(table[3] == Approx(reference(opt, 4, neg, 3)).epsilon(1e-12));
+  for (int k = 0; k < Opt::slots; ++k) {
+    CHECK(rows_state.buffer(k)[0] == opt.template slot_initial<double>(k));
+    CHECK(rows_state.buffer(k)[5] == opt.template slot_initial<double>(k));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("optimizers follow their formulas, densely and lazily", "[optim]") {
+  SECTION("sgd") { check_optimizer(px::optim::Sgd{0.1f}); }
+  SECTION("momentum") { check_optimizer(px::optim::Momentum{0.1f, 0.8f}); }
+  SECTION("nesterov") { check_optimizer(px::optim::Momentum{0.1f, 0.8f, true}); }
+  SECTION("adagrad") { check_optimizer(px::optim::Adagrad{0.1f, 0.1f, 1e-7f}); }
+  SECTION("adam") { check_optimizer(px::optim::Adam{0.1f, 0.9f, 0.999f, 1e-8f}); }
+}
+
+TEST_CASE("optimizer state starts at the slot's initial value", "[optim]") {
+  px::optim::State<px::optim::Adagrad, float, px::HostSpace> s(px::optim::Adagrad{0.1f, 0.25f}, 3);
+  CHECK(s.buffer(0).to_host() == std::vector<float>(3, 0.25f));
+  CHECK(s.slot(1) == nullptr);
+  px::optim::State<px::optim::Sgd, float, px::HostSpace> none(px::optim::Sgd{}, 3);
+  CHECK(none.slot(0) == nullptr);
+}

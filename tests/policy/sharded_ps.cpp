@@ -1,0 +1,227 @@
+// ShardedPS machinery: lookups return exact rows, pushes reach the owners
+// summed by row then rank (bit-exact), bytes match DESIGN.md §4 exactly, and
+// local aggregation sends each row across hosts once per host.
+#include "support.hpp"
+
+#include <map>
+#include <set>
+
+namespace {
+
+using Table = px::ShardedTable<float, px::engine::Mpi>;
+constexpr std::size_t R = 29, C = 3;
+
+float initial(px::index_t row, std::size_t c) { return static_cast<float>(row * 100 + static_cast<px::index_t>(c)); }
+
+void fill_table(Table& t) {
+  t.initialize([&](const px::index_t* rows, std::size_t k, float* out) {
+    for (std::size_t i = 0; i < k; ++i)
+      for (std::size_t c = 0; c < C; ++c) out[i * C + c] = initial(rows[i], c);
+  });
+}
+
+// Rank r asks for 4 + r ids with repeats; rank 1 asks for none.
+std::vector<px::index_t> lookup_ids(int r) {
+  if (r == 1) return {};
+  std::vector<px::index_t> ids;
+  for (int j = 0; j < 4 + r; ++j) ids.push_back((r * 5 + 3 * j) % static_cast<px::index_t>(R));
+  ids.push_back(0);
+  ids.push_back(0);
+  return ids;
+}
+
+// Rank r pushes 6 distinct rows, ascending.
+std::vector<px::index_t> push_ids(int r) {
+  std::set<px::index_t> s;
+  for (int j = 0; j < 6; ++j) s.insert((r + 2 * j) % static_cast<px::index_t>(R));
+  return {s.begin(), s.end()};
+}
+float push_value(int r, px::index_t id, std::size_t c) { return 0.1f * (r + 1) + 0.01f * id + static_cast<float>(c); }
+
+std::uint64_t pad8(std::uint64_t b) { return (b + 7) / 8 * 8; }
+
+}  // namespace
+
+TEST_CASE("ShardedTable::lookup returns the rows of the caller's ids, with exact bytes", "[policy][sharded_ps]") {
+  px::engine::Mpi mpi(test::world());
+  const int n = mpi.size(), me = mpi.rank();
+  Table table(mpi, px::PartitionMap(R, n, n), C, "emb");
+  fill_table(table);
+  CHECK(table.shard_rows() == table.map().shard_rows(me));
+
+  const auto ids = lookup_ids(me);
+  std::vector<float> out(ids.size() * C, -1.f);
+  table.lookup(ids.data(), ids.size(), out.data());
+  bool exact = true;
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    for (std::size_t c = 0; c < C; ++c) exact = exact && out[i * C + c] == initial(ids[i], c);
+  CHECK(exact);
+
+  // Bytes: a 16-byte header to each peer, 8 bytes per unique id asked of a
+  // peer, and C floats per row back; the same again for what peers ask of us.
+  std::uint64_t sent = 16 * (n - 1), recv = 16 * (n - 1);
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    const auto mine = lookup_ids(me), theirs = lookup_ids(p);
+    const std::set<px::index_t> um(mine.begin(), mine.end()), ut(theirs.begin(), theirs.end());
+    std::uint64_t to_p = 0, from_p = 0;
+    for (auto id : um) to_p += table.map().owner(id) == p;
+    for (auto id : ut) from_p += table.map().owner(id) == me;
+    sent += 8 * to_p + 4 * C * from_p;
+    recv += 8 * from_p + 4 * C * to_p;
+  }
+  CHECK(mpi.stats().total().sent() == sent);
+  CHECK(mpi.stats().total().received() == recv);
+  CHECK(mpi.stats().total().calls == 3);
+}
+
+TEST_CASE("ShardedTable::push sums every rank's rows at their owner, by row then rank", "[policy][sharded_ps]") {
+  px::engine::Mpi mpi(test::world());
+  const int n = mpi.size(), me = mpi.rank();
+  const int parts = GENERATE(1, 2, 5);
+  Table table(mpi, px::PartitionMap(R, parts, n), C, "emb");
+  const auto ids = push_ids(me);
+  std::vector<float> vals(ids.size() * C);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    for (std::size_t c = 0; c < C; ++c) vals[i * C + c] = push_value(me, ids[i], c);
+
+  px::Buffer<px::index_t> local;
+  px::Buffer<float> sums;
+  const std::size_t m = table.push(ids.data(), vals.data(), ids.size(), local, sums);
+
+  std::map<px::index_t, std::vector<float>> want;  // rows owned here, summed in rank order
+  for (int r = 0; r < n; ++r)
+    for (auto id : push_ids(r)) {
+      if (table.map().owner(id) != me) continue;
+      auto& w = want[id];
+      w.resize(C, 0.f);
+      for (std::size_t c = 0; c < C; ++c) w[c] += push_value(r, id, c);
+    }
+  REQUIRE(m == want.size());
+  std::size_t k = 0;
+  bool exact = true;
+  for (const auto& [id, row] : want) {
+    exact = exact && table.pushed_ids()[k] == id;
+    exact = exact && local[k] == static_cast<px::index_t>(table.map().local_row(id));
+    for (std::size_t c = 0; c < C; ++c) exact = exact && sums[k * C + c] == row[c];
+    ++k;
+  }
+  CHECK(exact);
+
+  std::uint64_t sent = 16 * (n - 1), recv = 16 * (n - 1);
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    std::uint64_t to_p = 0, from_p = 0;
+    for (auto id : push_ids(me)) to_p += table.map().owner(id) == p;
+    for (auto id : push_ids(p)) from_p += table.map().owner(id) == me;
+    sent += pad8(to_p * (8 + 4 * C));
+    recv += pad8(from_p * (8 + 4 * C));
+  }
+  CHECK(mpi.stats().total().sent() == sent);
+  CHECK(mpi.stats().total().received() == recv);
+}
+
+TEST_CASE("local aggregation sends each row across hosts once per host", "[policy][sharded_ps][hosts]") {
+  px::Context hosts(MPI_COMM_WORLD, px::ContextOptions{2});
+  const auto& topo = hosts.topology();
+  const int n = hosts.size(), me = hosts.rank();
+  // Every rank pushes every row, with value rank + 1: integer sums are exact
+  // in any order, so both paths must agree to the bit.
+  std::vector<px::index_t> ids(R);
+  std::vector<float> vals(R * C);
+  for (std::size_t i = 0; i < R; ++i) {
+    ids[i] = static_cast<px::index_t>(i);
+    for (std::size_t c = 0; c < C; ++c) vals[i * C + c] = static_cast<float>((me + 1) * (c + 1));
+  }
+  auto run = [&](bool aggregate, px::Traffic& traffic, std::vector<float>& sums_out) {
+    px::engine::Mpi mpi(hosts);
+    Table table(mpi, px::PartitionMap(R, n, n), C, "emb", aggregate);
+    CHECK(table.aggregates() == (aggregate && topo.num_hosts() > 1 && topo.num_hosts() < n));
+    px::Buffer<px::index_t> local;
+    px::Buffer<float> sums;
+    const std::size_t m = table.push(ids.data(), vals.data(), R, local, sums);
+    CHECK(m == table.shard_rows());
+    sums_out = sums.to_host();
+    traffic = mpi.stats().total();
+    return table.map();
+  };
+  px::Traffic plain, aggregated;
+  std::vector<float> s_plain, s_agg;
+  const px::PartitionMap map = run(false, plain, s_plain);
+  run(true, aggregated, s_agg);
+  CHECK(s_agg == s_plain);
+  for (std::size_t i = 0; i < s_plain.size(); ++i) CHECK(s_plain[i] == static_cast<float>(n * (n + 1) / 2 * (i % C + 1)));
+
+  // Predicted inter-host bytes: without aggregation every rank sends each
+  // off-host owner all of its rows; with it, only the host's aggregator for
+  // that owner does (mates[o % local_size]), after a second header exchange.
+  const auto mates = topo.ranks_of_host(topo.host());
+  std::uint64_t off_host_peers = 0, plain_data = 0, aggregated_data = 0;
+  for (int o = 0; o < n; ++o) {
+    if (topo.same_host(o)) continue;
+    ++off_host_peers;
+    const std::uint64_t block = pad8(map.shard_rows(o) * (8 + 4 * C));
+    plain_data += block;
+    if (mates[static_cast<std::size_t>(o) % mates.size()] == me) aggregated_data += block;
+  }
+  CHECK(plain.sent_inter == 16 * off_host_peers + plain_data);
+  if (topo.num_hosts() > 1 && topo.num_hosts() < n) {
+    CHECK(aggregated.sent_inter == 2 * 16 * off_host_peers + aggregated_data);
+    // Summed over a host of two ranks, rows cross to each other host once, not twice.
+    std::uint64_t host_plain = plain_data, host_agg = aggregated_data;
+    MPI_Allreduce(MPI_IN_PLACE, &host_plain, 1, MPI_UINT64_T, MPI_SUM, hosts.host_comm());
+    MPI_Allreduce(MPI_IN_PLACE, &host_agg, 1, MPI_UINT64_T, MPI_SUM, hosts.host_comm());
+    CHECK(host_agg * static_cast<std::uint64_t>(topo.local_size()) == host_plain);
+  } else {
+    CHECK(aggregated == plain);
+  }
+}
+
+TEST_CASE("a bad lookup id on one rank fails the lookup on every rank", "[policy][sharded_ps][errors]") {
+  px::engine::Mpi mpi(test::world());
+  const int n = mpi.size(), last = n - 1;
+  Table table(mpi, px::PartitionMap(R, n, n), C, "emb");
+  std::vector<px::index_t> ids{1, mpi.rank() == last ? static_cast<px::index_t>(R) + 5 : 2};
+  std::vector<float> out(ids.size() * C);
+  const std::string msg = test::error_of([&] { table.lookup(ids.data(), ids.size(), out.data()); });
+  CHECK_THAT(msg, Catch::Contains("variable 'emb'") && Catch::Contains("lookup id 34") &&
+                      Catch::Contains("rank " + std::to_string(last)));
+  // The table still works afterwards: nothing was half-sent.
+  std::vector<px::index_t> good{0};
+  std::vector<float> row(C);
+  fill_table(table);
+  table.lookup(good.data(), 1, row.data());
+  CHECK(row[2] == initial(0, 2));
+}
+
+TEST_CASE("DenseShards reduces by rank and gathers the whole variable back", "[policy][sharded_ps][dense]") {
+  px::engine::Mpi mpi(test::world());
+  const int n = mpi.size(), me = mpi.rank();
+  const int parts = GENERATE_COPY(1, n, 2 * n + 1);
+  const std::size_t rows = 17, cols = 2;
+  px::DenseShards<float, px::engine::Mpi> shards(mpi, px::PartitionMap(rows, parts, n), cols);
+  const px::PartitionMap& map = shards.map();
+  std::vector<float> grad(rows * cols);
+  for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(me * 1000 + static_cast<int>(i));
+  std::vector<float> sum(shards.shard_elements());
+  shards.reduce(grad.data(), sum.data());
+  bool exact = true;
+  for (std::size_t l = 0; l < map.shard_rows(me); ++l) {
+    const auto g = static_cast<std::size_t>(map.global_row(me, l));
+    for (std::size_t c = 0; c < cols; ++c)
+      exact = exact && sum[l * cols + c] == static_cast<float>(1000 * n * (n - 1) / 2 + n * static_cast<int>(g * cols + c));
+  }
+  CHECK(exact);
+
+  // Each rank's shard holds -(global index); gathering gives -(i) everywhere.
+  for (std::size_t l = 0; l < map.shard_rows(me); ++l)
+    for (std::size_t c = 0; c < cols; ++c)
+      shards.shard()[l * cols + c] = -static_cast<float>(static_cast<std::size_t>(map.global_row(me, l)) * cols + c);
+  std::vector<float> full(rows * cols, 1.f);
+  shards.gather(shards.shard().data(), full.data());
+  exact = true;
+  for (std::size_t i = 0; i < full.size(); ++i) exact = exact && full[i] == -static_cast<float>(i);
+  CHECK(exact);
+  // The ring model's bytes: 2(N-1)/N of the variable per rank when shards are equal.
+  if (rows % static_cast<std::size_t>(n) == 0 && parts == n) CHECK(mpi.stats().total().sent() == 2 * (n - 1) * rows * cols * 4 / n);
+}
