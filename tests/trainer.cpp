@@ -235,3 +235,44 @@ TEST_CASE("with_arch maps names to architectures", "[arch]") {
   CHECK_THAT(test::error_of([] { px::with_arch("horovod", [](auto) { return 0; }); }),
              Catch::Contains("unknown architecture 'horovod'") && Catch::Contains("hybrid, allreduce or ps"));
 }
+
+// ---------------------------------------------------------------- bytes
+
+namespace {
+
+/// Bytes of one step of a sparse variable, by architecture: rank i touches t
+/// rows in each of the N partitions (k = N t rows, owned uniformly), so the
+/// DESIGN.md formulas hold exactly.
+template <class Arch>
+px::Traffic sparse_step_traffic(px::Context& ctx, std::size_t t, std::size_t cols) {
+  const std::size_t n = static_cast<std::size_t>(ctx.size()), m = 8 * t;  // rows per partition
+  px::Variable<px::Sparse, float> emb(ctx, "emb", {n * m, cols});
+  px::Trainer<Arch, px::optim::Sgd> trainer(ctx, px::optim::Sgd{0.1f}, emb);
+  std::vector<px::index_t> ids;
+  for (std::size_t p = 0; p < n; ++p)
+    for (std::size_t j = 0; j < t; ++j) ids.push_back(static_cast<px::index_t>(p * m + (ctx.rank() * t + j) % m));
+  trainer.lookup(emb, ids);
+  emb.grad().add(ids, std::vector<float>(ids.size() * cols, 1.f));
+  trainer.step();
+  return trainer.stats().variable("emb");
+}
+
+}  // namespace
+
+TEST_CASE("the hybrid's bytes per step follow DESIGN.md and undercut AllGatherv from 3 ranks", "[trainer][bytes]") {
+  auto& ctx = test::world();
+  const std::uint64_t n = static_cast<std::uint64_t>(ctx.size()), t = 5, cols = 16, b = 4;
+  const std::uint64_t k = n * t;
+  const px::Traffic hybrid = sparse_step_traffic<px::arch::Hybrid>(ctx, t, cols);
+  const px::Traffic allgather = sparse_step_traffic<px::arch::AllReduce>(ctx, t, cols);
+
+  // ShardedPS: pull sends 8 bytes per remote id and serves D*b per remote row;
+  // push sends (8 + D*b) per remote row; two 16-byte headers per peer.
+  const std::uint64_t remote = (n - 1) * k / n;
+  CHECK(hybrid.sent() == 2 * remote * cols * b + 2 * remote * 8 + 2 * 16 * (n - 1));
+  CHECK(hybrid.received() == hybrid.sent());
+  // AllGatherv: every row block but the right neighbour's, plus the counts.
+  CHECK(allgather.sent() == (n - 1) * k * (8 + cols * b) + 8 * (n - 1));
+  if (n >= 3) CHECK(hybrid.sent() < allgather.sent());
+  if (n == 4) CHECK(double(hybrid.sent()) / double(allgather.sent()) == Approx(2.0 / 4).margin(0.02));
+}
