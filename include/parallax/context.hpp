@@ -3,6 +3,7 @@
 /// The process's place in the job: MPI start-up, ranks, and which ranks share
 /// a host (real hosts from MPI_Comm_split_type, or emulated groups for tests).
 
+#include <parallax/detail/fault.hpp>
 #include <parallax/detail/mpi.hpp>
 #include <parallax/error.hpp>
 
@@ -110,6 +111,13 @@ class Context {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
+    if (detail::job_failed()) {
+      // A collective failed: some rank is gone or elsewhere, and MPI_Finalize
+      // could wait for it forever. End the whole job now, non-zero.
+      std::fflush(stdout);
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     if (host_comm_ != MPI_COMM_NULL) MPI_Comm_free(&host_comm_);
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
     if (owns_mpi_) MPI_Finalize();

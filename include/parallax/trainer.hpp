@@ -4,6 +4,7 @@
 /// optimizer update, routing every variable to its policy at compile time.
 
 #include <parallax/arch.hpp>
+#include <parallax/checkpoint.hpp>
 #include <parallax/comm_stats.hpp>
 #include <parallax/context.hpp>
 #include <parallax/detail/agreement.hpp>
@@ -16,7 +17,10 @@
 #include <parallax/space.hpp>
 #include <parallax/variable.hpp>
 
+#include <chrono>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -42,6 +46,7 @@ struct TrainerOptions {
   /// Partition count per variable name, overriding sharded.partitions.
   std::map<std::string, int> partitions;
   engine::Options engine;  ///< deadline of every collective
+  CheckpointOptions checkpoint;  ///< automatic saves during step()
 };
 
 /// Synchronous data-parallel training of a set of variables.
@@ -105,6 +110,8 @@ class Trainer {
   template <class V>
   Rows<typename V::value_type, space> lookup(V& var, const index_t* ids, std::size_t n) {
     static_assert(V::is_sparse(), "lookup() is for sparse variables; read a dense variable's value() directly");
+    ensure_usable();
+    engine_->set_step(static_cast<std::int64_t>(steps_ + 1));
     return sparse_slot(var).lookup(ids, n);
   }
   template <class V>
@@ -127,15 +134,23 @@ class Trainer {
   /// if any rank gave bad data (ids out of range, wrong shapes) or if no rank
   /// gave any gradient.
   void step() {
+    ensure_usable();
+    engine_->set_step(static_cast<std::int64_t>(steps_ + 1));
     std::optional<std::string> problem;
     bool has_gradient = false;
     for (auto& s : slots_) {
       if (!problem) problem = s->problem();
       has_gradient = has_gradient || s->has_gradient();
     }
+    const auto& ck = options_.checkpoint;
+    const bool time_to_save = engine_->rank() == 0 && !ck.dir.empty() && ck.every_seconds > 0 &&
+                              std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_).count() >=
+                                  ck.every_seconds;
+    bool save_requested = false;
     try {
-      detail::agree(*engine_, problem, has_gradient,
-                    "step(): no variable was given a gradient on any rank since the last step");
+      save_requested = detail::agree(*engine_, problem, has_gradient,
+                                     "step(): no variable was given a gradient on any rank since the last step",
+                                     time_to_save);
     } catch (...) {
       clear();  // the step is abandoned on every rank alike
       throw;
@@ -149,6 +164,143 @@ class Trainer {
     for (auto& s : slots_) s->synchronize(info);
     clear();
     ++steps_;
+    if (!ck.dir.empty() && (save_requested || (ck.every_steps > 0 && steps_ % ck.every_steps == 0))) save(ck.dir);
+  }
+
+  /// Saves every variable and its optimizer state as checkpoint
+  /// `dir/step-<steps()>`: each rank writes its own rows, the manifest is
+  /// written last, and the directory appears only when complete (a crash
+  /// leaves the previous checkpoints intact). Keeps the newest
+  /// `checkpoint.keep_last`. Collective; returns the checkpoint's path.
+  std::string save(const std::string& dir) {
+    ensure_usable();
+    namespace fs = std::filesystem;
+    auto scope = engine_->stats().scope("", "checkpoint");
+    const int me = engine_->rank(), n = engine_->size();
+    const std::string final_dir = dir + "/" + detail::checkpoint_dir_name(steps_);
+    const std::string partial = final_dir + ".partial";
+    std::optional<std::string> problem;
+    if (me == 0) {
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      fs::remove_all(partial, ec);
+      if (!fs::create_directory(partial, ec)) problem = detail::concat("cannot create checkpoint directory ", partial, ": ", ec.message());
+    }
+    detail::agree(*engine_, problem);
+
+    std::uint64_t meta[2] = {0, 0};
+    try {
+      detail::AtomicFile file(partial + "/" + detail::rank_file_name(me));
+      write_rank_header(file);
+      for (auto& s : slots_) s->save(file);
+      file.commit();
+      meta[0] = file.size();
+      meta[1] = file.crc();
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    detail::agree(*engine_, problem);
+    std::vector<std::uint64_t> metas(2 * static_cast<std::size_t>(n));
+    engine_->allgather(meta, metas.data(), 2, DataType::i64);
+
+    if (me == 0) {
+      try {
+        detail::Manifest m = manifest_of_model();
+        m.step = steps_;
+        m.ranks = n;
+        for (int r = 0; r < n; ++r)
+          m.files.push_back({detail::rank_file_name(r), metas[2 * r], static_cast<std::uint32_t>(metas[2 * r + 1])});
+        const std::string text = m.serialize();
+        detail::AtomicFile mf(partial + "/manifest");
+        mf.write(text.data(), text.size());
+        mf.commit();
+        detail::fsync_directory(partial);
+        std::error_code ec;
+        fs::remove_all(final_dir, ec);
+        fs::rename(partial, final_dir);
+        detail::fsync_directory(dir);
+        prune(dir, options_.checkpoint.keep_last);
+      } catch (const std::exception& e) {
+        problem = detail::concat("cannot finish checkpoint ", final_dir, ": ", e.what());
+      }
+    }
+    detail::agree(*engine_, problem);
+    last_save_ = std::chrono::steady_clock::now();
+    return final_dir;
+  }
+  /// save() into checkpoint.dir.
+  std::string save() {
+    PARALLAX_EXPECTS(!options_.checkpoint.dir.empty(), "save(): TrainerOptions::checkpoint.dir is empty");
+    return save(options_.checkpoint.dir);
+  }
+
+  /// Restores every variable, its optimizer state and the step count from
+  /// the checkpoint directory `path`, onto any number of ranks (sharded
+  /// variables are cut again). Everything is checked first (manifest, model,
+  /// every file's size and CRC-32C) and a problem found by any rank is thrown
+  /// on every rank before anything is loaded. Collective.
+  void restore(const std::string& path) {
+    auto scope = engine_->stats().scope("", "checkpoint");
+    const int me = engine_->rank(), n = engine_->size();
+    std::optional<std::string> problem;
+    detail::Manifest m;
+    try {
+      const std::string mpath = path + "/manifest";
+      std::ifstream in(mpath, std::ios::binary);
+      if (!in) throw error(detail::concat("checkpoint manifest ", mpath, " is missing or unreadable"));
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      m = detail::Manifest::parse(text, mpath);
+      check_model(m, mpath);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    detail::agree(*engine_, problem);
+
+    // Every file is checked in full by one rank.
+    for (std::size_t f = static_cast<std::size_t>(me); f < m.files.size() && !problem; f += static_cast<std::size_t>(n)) {
+      const std::string fpath = path + "/" + m.files[f].name;
+      try {
+        if (!detail::file_exists(fpath)) throw error(detail::concat("checkpoint file ", fpath, " is missing"));
+        const auto [size, crc] = detail::checksum_file(fpath);
+        if (size != m.files[f].size)
+          throw error(detail::concat("checkpoint file ", fpath, " has ", size, " bytes; the manifest says ",
+                                     m.files[f].size, " (truncated or replaced)"));
+        if (crc != m.files[f].crc)
+          throw error(detail::concat("checkpoint file ", fpath, " fails its CRC-32C check (corrupt)"));
+      } catch (const std::exception& e) {
+        problem = e.what();
+      }
+    }
+    detail::agree(*engine_, problem);
+
+    try {
+      detail::CheckpointReader reader(path, m);
+      for (std::size_t v = 0; v < slots_.size(); ++v) slots_[v]->load(reader, v);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    try {
+      detail::agree(*engine_, problem);
+    } catch (...) {
+      unusable_ = "a restore failed while loading; the variables may be half-loaded";
+      throw;
+    }
+    clear();
+    steps_ = m.step;
+    unusable_.clear();
+    last_save_ = std::chrono::steady_clock::now();
+  }
+
+  /// Restores the newest complete checkpoint under `dir` and returns true,
+  /// or returns false (changing nothing) if there is none. Collective.
+  bool restore_latest(const std::string& dir) {
+    std::int64_t step = -1;
+    if (engine_->rank() == 0)
+      if (auto latest = latest_checkpoint(dir)) step = static_cast<std::int64_t>(latest->step);
+    engine_->broadcast(&step, 1, DataType::i64, 0);
+    if (step < 0) return false;
+    restore(dir + "/" + detail::checkpoint_dir_name(static_cast<std::uint64_t>(step)));
+    return true;
   }
 
   /// Steps completed.
@@ -215,6 +367,67 @@ class Trainer {
   void clear() {
     for (auto& s : slots_) s->clear();
   }
+  void ensure_usable() const {
+    if (!unusable_.empty()) throw error(detail::concat("this Trainer cannot be used: ", unusable_));
+  }
+
+  detail::Manifest manifest_of_model() const {
+    detail::Manifest m;
+    m.optimizer = Optimizer::name;
+    m.slots = Optimizer::slots;
+    for (const auto& s : slots_) {
+      const detail::VarRecord r = s->record();
+      m.variables.push_back({r.name, r.sparse != 0, to_string(static_cast<DataType>(r.type)), r.rows, r.cols,
+                             s->saved_partitions()});
+    }
+    return m;
+  }
+  /// Throws unless the checkpoint holds this model's variables and optimizer.
+  void check_model(const detail::Manifest& m, const std::string& mpath) const {
+    const detail::Manifest here = manifest_of_model();
+    auto describe = [](const detail::ManifestVariable& v) {
+      return detail::concat("'", v.name, "' (", v.rows, " x ", v.cols, ", ", v.type, ", ", v.sparse ? "sparse" : "dense", ")");
+    };
+    if (m.optimizer != here.optimizer || m.slots != here.slots)
+      throw error(detail::concat("checkpoint manifest ", mpath, " was saved with optimizer ", m.optimizer,
+                                 "; this trainer uses ", here.optimizer));
+    if (m.variables.size() != here.variables.size())
+      throw error(detail::concat("checkpoint manifest ", mpath, " holds ", m.variables.size(),
+                                 " variables; this model has ", here.variables.size(), " (a different model?)"));
+    for (std::size_t v = 0; v < m.variables.size(); ++v) {
+      const auto &a = m.variables[v], &b = here.variables[v];
+      if (a.name != b.name || a.sparse != b.sparse || a.type != b.type || a.rows != b.rows || a.cols != b.cols)
+        throw error(detail::concat("checkpoint manifest ", mpath, " is of a different model: variable #", v, " is ",
+                                   describe(a), " there but ", describe(b), " here"));
+    }
+  }
+  void write_rank_header(detail::AtomicFile& file) const {
+    const int me = engine_->rank(), n = engine_->size();
+    const std::uint64_t rank = static_cast<std::uint64_t>(me), count = slots_.size();
+    file.write(detail::RankFileHeader::magic, 8);
+    file.write(&rank, 8);
+    file.write(&count, 8);
+    std::uint64_t offset = detail::RankFileHeader::bytes(slots_.size());
+    for (const auto& s : slots_) {
+      const detail::VarRecord r = s->record();
+      const detail::SavedLayout layout{r.rows, r.cols, s->saved_partitions(), n};
+      detail::RankFileHeader::Entry e{layout.stored_rows(me), r.cols, static_cast<std::uint64_t>(Optimizer::slots), offset};
+      file.write(&e, sizeof(e));
+      offset += e.rows * e.cols * (1 + e.slots) * size_of(static_cast<DataType>(r.type));
+    }
+  }
+  /// Keeps the newest `keep` complete checkpoints and no unfinished ones.
+  static void prune(const std::string& dir, int keep) {
+    namespace fs = std::filesystem;
+    const auto all = list_checkpoints(dir);
+    std::error_code ec;
+    for (std::size_t i = 0; i + static_cast<std::size_t>(std::max(keep, 1)) < all.size(); ++i) fs::remove_all(all[i].path, ec);
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("step-", 0) == 0 && name.size() > 8 && name.substr(name.size() - 8) == ".partial")
+        fs::remove_all(entry.path(), ec);
+    }
+  }
 
   const Context* ctx_;
   TrainerOptions options_;
@@ -225,6 +438,8 @@ class Trainer {
   std::unique_ptr<FusedAllReducer<Engine>> fusion_;
   Buffer<index_t, space> staged_ids_;
   std::uint64_t steps_ = 0;
+  std::chrono::steady_clock::time_point last_save_ = std::chrono::steady_clock::now();
+  std::string unusable_;  // why the trainer refuses work, if it does
 };
 
 }  // namespace parallax

@@ -195,7 +195,8 @@ TEST_CASE("Mpi gives up on a message that never comes, with a timeout_error", "[
       message = e.what();
     }
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
-    CHECK_THAT(message, Catch::Contains("recv") && Catch::Contains("emb") && Catch::Contains("200 ms"));
+    CHECK_THAT(message, Catch::Contains("recv") && Catch::Contains("emb") && Catch::Contains("200 ms") &&
+                            Catch::Contains("rank " + std::to_string(f.me)));
   }
   f.mpi.set_timeout(std::chrono::milliseconds(0));
   f.mpi.barrier();

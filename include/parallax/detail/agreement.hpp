@@ -18,14 +18,16 @@ namespace parallax::detail {
 
 /// Collective. Throws parallax::error on every rank if any rank has a
 /// problem (the lowest such rank's message, prefixed with its rank), or if no
-/// rank has `has_work` (then with `no_work_message`). One 16-byte all-reduce;
-/// a second call (a broadcast of the message) only on failure.
+/// rank has `has_work` (then with `no_work_message`). Returns whether any
+/// rank made `request` (a flag that rides along, e.g. "save now"). One
+/// 24-byte all-reduce; a second call (a broadcast of the message) only on failure.
 template <class Engine>
-void agree(Engine& engine, const std::optional<std::string>& problem, bool has_work, const char* no_work_message) {
+bool agree(Engine& engine, const std::optional<std::string>& problem, bool has_work = true,
+           const char* no_work_message = "", bool request = false) {
   auto scope = engine.stats().scope("", "control");
   const int n = engine.size();
-  std::int64_t verdict[2] = {problem ? engine.rank() : n, has_work ? 0 : 1};
-  engine.allreduce(verdict, verdict, 2, DataType::i64, ReduceOp::min);
+  std::int64_t verdict[3] = {problem ? engine.rank() : n, has_work ? 0 : 1, request ? 0 : 1};
+  engine.allreduce(verdict, verdict, 3, DataType::i64, ReduceOp::min);
   if (verdict[0] < n) {
     std::array<char, 1024> text{};
     if (problem) std::strncpy(text.data(), problem->c_str(), text.size() - 1);
@@ -33,6 +35,7 @@ void agree(Engine& engine, const std::optional<std::string>& problem, bool has_w
     throw error(concat("rank ", verdict[0], ": ", text.data()));
   }
   if (verdict[1] == 1) throw error(no_work_message);
+  return verdict[2] == 0;
 }
 
 /// What a rank declares about one variable; compared across ranks.

@@ -6,6 +6,7 @@
 
 #include <parallax/detail/agreement.hpp>
 #include <parallax/detail/algorithms.hpp>
+#include <parallax/detail/checkpoint_io.hpp>
 #include <parallax/optim/optimizer.hpp>
 #include <parallax/partition.hpp>
 #include <parallax/policy/allgatherv.hpp>
@@ -53,7 +54,54 @@ class SlotBase {
   virtual std::size_t stored_rows() const = 0;
   /// The whole variable, row-major, on the host of every rank. Collective.
   virtual void fetch(void* host_out) = 0;
+
+  // Checkpoints: a slot saves the rows it holds, in its layout, and loads the
+  // rows it needs from whatever layout the checkpoint was saved in.
+  /// 0: replicated (rank 0 saves every row); P: sharded in P partitions.
+  virtual int saved_partitions() const = 0;
+  /// Writes this rank's rows of the value, then of each optimizer slot.
+  virtual void save(AtomicFile& out) = 0;
+  /// Reads this rank's rows (value and optimizer slots) of variable `index`.
+  virtual void load(CheckpointReader& in, std::size_t index) = 0;
 };
+
+/// Writes n elements of a buffer in `Space` to a checkpoint file.
+template <class T, class Space>
+void save_block(AtomicFile& out, const T* data, std::size_t n) {
+  std::vector<T> host(n);
+  space_traits<Space>::copy_to_host(host.data(), data, n * sizeof(T));
+  out.write(host.data(), n * sizeof(T));
+}
+
+/// Reads the rows a rank holds (all rows when `map` is null, else its
+/// partitions, back to back) of one saved array into `out` (in Space).
+template <class T, class Space>
+void load_block(CheckpointReader& in, std::size_t v, int what, const PartitionMap* map, int rank, std::size_t rows,
+                std::size_t cols, T* out) {
+  std::vector<T> host(map ? map->shard_rows(rank) * cols : rows * cols);
+  if (!map) {
+    in.read_rows(v, what, 0, rows, host.data());
+  } else {
+    for (std::size_t t = 0; t < map->partitions_on(rank); ++t) {
+      const int p = rank + static_cast<int>(t) * map->ranks;
+      in.read_rows(v, what, map->begin(p), map->size(p), host.data() + map->shard_offset(p) * cols);
+    }
+  }
+  space_traits<Space>::copy_from_host(out, host.data(), host.size() * sizeof(T));
+}
+
+/// Saves / loads a value and its optimizer state as one layout.
+template <class Optimizer, class T, class Space>
+void save_state(AtomicFile& out, const T* value, optim::State<Optimizer, T, Space>& state, std::size_t n) {
+  save_block<T, Space>(out, value, n);
+  for (int k = 0; k < Optimizer::slots; ++k) save_block<T, Space>(out, state.slot(k), n);
+}
+template <class Optimizer, class T, class Space>
+void load_state(CheckpointReader& in, std::size_t v, const PartitionMap* map, int rank, std::size_t rows,
+                std::size_t cols, T* value, optim::State<Optimizer, T, Space>& state) {
+  load_block<T, Space>(in, v, 0, map, rank, rows, cols, value);
+  for (int k = 0; k < Optimizer::slots; ++k) load_block<T, Space>(in, v, k + 1, map, rank, rows, cols, state.slot(k));
+}
 
 /// A sparse slot: lookups return rows from wherever they live.
 template <class T, class Engine, class Optimizer>
@@ -147,6 +195,13 @@ class DenseRingSlot final : public SlotCommon<SlotBase<Engine, Optimizer>, Var, 
     const auto& v = this->var_.state().value;
     space_traits<typename Common::space>::copy_to_host(out, v.data(), v.bytes());
   }
+  int saved_partitions() const override { return 0; }
+  void save(AtomicFile& out) override {
+    if (this->engine_->rank() == 0) save_state(out, this->var_.state().value.data(), state_, this->var_.shape().elements());
+  }
+  void load(CheckpointReader& in, std::size_t index) override {
+    load_state(in, index, nullptr, 0, this->var_.rows(), this->var_.cols(), this->var_.state().value.data(), state_);
+  }
 
  private:
   optim::State<Optimizer, T, typename Common::space> state_;
@@ -188,6 +243,14 @@ class DenseShardedSlot final : public SlotCommon<SlotBase<Engine, Optimizer>, Va
   void fetch(void* out) override {
     const auto& v = this->var_.state().value;
     space_traits<typename Common::space>::copy_to_host(out, v.data(), v.bytes());
+  }
+  int saved_partitions() const override { return shards_.map().parts; }
+  void save(AtomicFile& out) override { save_state(out, shards_.shard().data(), state_, shards_.shard_elements()); }
+  void load(CheckpointReader& in, std::size_t index) override {
+    const int me = this->engine_->rank();
+    load_state(in, index, &shards_.map(), me, this->var_.rows(), this->var_.cols(), shards_.shard().data(), state_);
+    load_block<T, typename Common::space>(in, index, 0, nullptr, me, this->var_.rows(), this->var_.cols(),
+                                          this->var_.state().value.data());
   }
 
  private:
@@ -262,6 +325,12 @@ class SparseShardedSlot final
     layout.gather(table_.shard().data(), full.data());
     space_traits<space>::copy_to_host(out, full.data(), full.bytes());
   }
+  int saved_partitions() const override { return table_.map().parts; }
+  void save(AtomicFile& out) override { save_state(out, table_.shard().data(), state_, table_.shard().size()); }
+  void load(CheckpointReader& in, std::size_t index) override {
+    load_state(in, index, &table_.map(), this->engine_->rank(), this->var_.rows(), this->var_.cols(),
+               table_.shard().data(), state_);
+  }
   ShardedTable<T, Engine>& table() noexcept { return table_; }
 
  private:
@@ -321,6 +390,13 @@ class SparseReplicaSlot
   }
   std::size_t stored_rows() const override { return this->var_.rows(); }
   void fetch(void* out) override { space_traits<space>::copy_to_host(out, value_.data(), value_.bytes()); }
+  int saved_partitions() const override { return 0; }
+  void save(AtomicFile& out) override {
+    if (this->engine_->rank() == 0) save_state(out, value_.data(), state_, value_.size());
+  }
+  void load(CheckpointReader& in, std::size_t index) override {
+    load_state(in, index, nullptr, 0, this->var_.rows(), this->var_.cols(), value_.data(), state_);
+  }
 
  protected:
   Buffer<T, space> value_;

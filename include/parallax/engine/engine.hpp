@@ -30,7 +30,9 @@
 #include <parallax/space.hpp>
 #include <parallax/types.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <type_traits>
 
 namespace parallax::engine {
@@ -51,11 +53,32 @@ constexpr const char* to_string(Algorithm a) noexcept {
   return "?";
 }
 
-/// Settings common to the engines.
+/// Settings common to the engines. The environment can override them (for
+/// jobs launched by scripts): PARALLAX_TIMEOUT_MS, PARALLAX_CHECK_CALLS=1.
 struct Options {
-  /// How long any single engine call may wait for its peers before it throws
-  /// parallax::timeout_error. Zero waits forever.
+  /// How long any single engine call may wait for its peers before the ranks
+  /// that gave up compare notes and throw parallax::timeout_error naming the
+  /// rank that did not arrive. Zero waits forever.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  /// How long a rank that gave up listens for the others' reports. Zero:
+  /// a fifth of the timeout, between 1 and 10 seconds.
+  std::chrono::milliseconds grace{0};
+  /// Before every collective, check that all ranks make the same call (same
+  /// operation, variable, element count and type) and name the first rank
+  /// that does not. One extra small all-gather per call: a debugging aid.
+  bool check_calls = false;
+
+  /// This with the environment's overrides applied.
+  Options from_environment() const {
+    Options o = *this;
+    if (const char* t = std::getenv("PARALLAX_TIMEOUT_MS")) o.timeout = std::chrono::milliseconds(std::atoll(t));
+    if (const char* c = std::getenv("PARALLAX_CHECK_CALLS")) o.check_calls = std::atoi(c) != 0;
+    return o;
+  }
+  std::chrono::milliseconds grace_period() const {
+    if (grace.count() > 0) return grace;
+    return std::clamp(timeout / 5, std::chrono::milliseconds(1000), std::chrono::milliseconds(10000));
+  }
 };
 
 /// Operations an engine may or may not have natively.

@@ -7,6 +7,7 @@
 
 #include <parallax/comm_stats.hpp>
 #include <parallax/context.hpp>
+#include <parallax/detail/fault.hpp>
 #include <parallax/detail/mpi.hpp>
 #include <parallax/detail/ring.hpp>
 #include <parallax/engine/engine.hpp>
@@ -19,6 +20,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,7 +49,8 @@ class Mpi {
     MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   };
 
-  explicit Mpi(const Context& ctx, Options options = {}) : topology_(ctx.topology()), options_(options) {
+  explicit Mpi(const Context& ctx, Options options = {})
+      : topology_(ctx.topology()), options_(options.from_environment()), fault_(ctx.comm()) {
     PARALLAX_MPI_CHECK(MPI_Comm_dup(ctx.comm(), &comm_));
     PARALLAX_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   }
@@ -56,7 +59,7 @@ class Mpi {
   ~Mpi() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    if (!finalized && comm_ != MPI_COMM_NULL && !detail::job_failed()) MPI_Comm_free(&comm_);
   }
 
   int rank() const noexcept { return topology_.rank(); }
@@ -68,9 +71,15 @@ class Mpi {
   Exec<HostSpace>& exec() noexcept { return exec_; }
   const Options& options() const noexcept { return options_; }
   void set_timeout(std::chrono::milliseconds t) noexcept { options_.timeout = t; }
+  void set_check_calls(bool on) noexcept { options_.check_calls = on; }
+  /// The trainer step the coming calls belong to (for failure reports).
+  void set_step(std::int64_t step) noexcept { step_ = step; }
+  /// Engine calls made so far.
+  std::int64_t calls() const noexcept { return calls_; }
 
   /// recv = op over all ranks of send, `count` elements. send == recv is in place.
   void allreduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op) {
+    begin("allreduce", count, t);
     book_ring_allreduce(count, t);
     MPI_Request r;
     PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Iallreduce)(send == recv ? MPI_IN_PLACE : send, recv,
@@ -82,6 +91,7 @@ class Mpi {
   /// Reduces `send` (sum of recv_counts elements) over all ranks; rank i gets
   /// block i (recv_counts[i] elements) in recv.
   void reduce_scatter(const void* send, void* recv, const std::size_t* recv_counts, DataType t, ReduceOp op) {
+    begin("reduce_scatter", recv_counts[rank()], t);
     const int n = size(), me = rank();
     std::size_t total = 0;
     counts_.resize(static_cast<std::size_t>(n));
@@ -100,6 +110,7 @@ class Mpi {
 
   /// Every rank contributes `count` elements; recv holds size()*count, rank order.
   void allgather(const void* send, void* recv, std::size_t count, DataType t) {
+    begin("allgather", count, t);
     const auto n = static_cast<std::size_t>(size());
     book_ring(n > 1 ? (n - 1) * count : 0, n > 1 ? (n - 1) * count : 0, t);
     MPI_Request r;
@@ -112,6 +123,7 @@ class Mpi {
   /// Rank j contributes counts[j] elements, placed at recv + displs[j].
   void allgatherv(const void* send, std::size_t count, void* recv, const std::size_t* counts,
                   const std::size_t* displs, DataType t) {
+    begin("allgatherv", 0, t);
     const int n = size(), me = rank();
     PARALLAX_EXPECTS(counts[me] == count, "allgatherv: this rank sends ", count, " elements but counts[", me,
                      "] is ", counts[me]);
@@ -130,6 +142,7 @@ class Mpi {
 
   /// Rank i sends block j (count elements at send + j*count) to rank j.
   void alltoall(const void* send, void* recv, std::size_t count, DataType t) {
+    begin("alltoall", count, t);
     const int n = size();
     for (int p = 0; p < n; ++p) {
       if (p == rank()) continue;
@@ -148,6 +161,7 @@ class Mpi {
   /// receives rcounts[j] elements from rank j at recv + rdispls[j].
   void alltoallv(const void* send, const std::size_t* scounts, const std::size_t* sdispls, void* recv,
                  const std::size_t* rcounts, const std::size_t* rdispls, DataType t) {
+    begin("alltoallv", 0, t);
     const int n = size();
     const auto un = static_cast<std::size_t>(n);
     counts_.resize(2 * un);
@@ -171,6 +185,7 @@ class Mpi {
 
   /// Copies `count` elements of root's buf to every rank's buf.
   void broadcast(void* buf, std::size_t count, DataType t, int root) {
+    begin("broadcast", count, t);
     if (rank() == root) {
       for (int p = 0; p < size(); ++p)
         if (p != root) book_send(p, count * size_of(t));
@@ -185,6 +200,7 @@ class Mpi {
   }
 
   void barrier() {
+    begin("barrier", 0, DataType::u8);
     stats_.add_call();
     MPI_Request r;
     PARALLAX_MPI_CHECK(MPI_Ibarrier(comm_, &r));
@@ -192,6 +208,7 @@ class Mpi {
   }
 
   void send(const void* buf, std::size_t count, DataType t, int peer, int tag = 0) {
+    ++calls_;
     book_send(peer, count * size_of(t));
     stats_.add_call();
     MPI_Request r;
@@ -201,6 +218,7 @@ class Mpi {
   }
 
   void recv(void* buf, std::size_t count, DataType t, int peer, int tag = 0) {
+    ++calls_;
     book_recv(peer, count * size_of(t));
     stats_.add_call();
     MPI_Request r;
@@ -214,6 +232,7 @@ class Mpi {
   Exchange start_sendrecv(const void* sendbuf, std::size_t scount, int dst, void* recvbuf, std::size_t rcount,
                           int src, DataType t, int tag = 0) {
     Exchange x;
+    ++calls_;
     book_send(dst, scount * size_of(t));
     book_recv(src, rcount * size_of(t));
     stats_.add_call();
@@ -232,33 +251,83 @@ class Mpi {
   }
 
  private:
+  /// Counts a collective call and, in check_calls mode, verifies that every
+  /// rank is making the same one.
+  void begin(const char* op, std::size_t count, DataType t) {
+    ++calls_;
+    if (options_.check_calls) check_call(op, count, t);
+  }
+
   /// Waits for the requests, polling against the deadline when one is set.
+  /// A collective that times out or fails ends in a diagnosis shared by the
+  /// ranks (detail/fault.hpp); a point-to-point one is withdrawn and reported.
   void complete(MPI_Request* requests, int n, const char* op) {
+    const bool point_to_point =
+        std::string_view(op) == "send" || std::string_view(op) == "recv" || std::string_view(op) == "sendrecv";
     if (options_.timeout.count() <= 0) {
-      PARALLAX_MPI_CHECK(MPI_Waitall(n, requests, MPI_STATUSES_IGNORE));
+      const int status = MPI_Waitall(n, requests, MPI_STATUSES_IGNORE);
+      if (status != MPI_SUCCESS) fail(op, detail::concat("lost a peer (", detail::mpi_error_string(status), ")"));
       return;
     }
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     int done = 0;
     for (std::uint32_t spins = 0;; ++spins) {
-      PARALLAX_MPI_CHECK(MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE));
+      const int status = MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE);
+      if (status != MPI_SUCCESS) fail(op, detail::concat("lost a peer (", detail::mpi_error_string(status), ")"));
       if (done) return;
       if ((spins & 63u) == 0 && std::chrono::steady_clock::now() > deadline) break;
     }
-    // A point-to-point request can be withdrawn; a collective one cannot, and
-    // after a collective times out the communicator is unusable (the job ends).
-    if (std::string_view(op) == "send" || std::string_view(op) == "recv" || std::string_view(op) == "sendrecv") {
+    const std::string waited = detail::concat("gave up after ", options_.timeout.count(), " ms");
+    if (point_to_point) {
+      // A point-to-point request can be withdrawn; the engine stays usable.
       for (int i = 0; i < n; ++i) {
         if (requests[i] == MPI_REQUEST_NULL) continue;
         MPI_Cancel(&requests[i]);
         MPI_Request_free(&requests[i]);
       }
+      const auto& label = stats_.current();
+      throw timeout_error(detail::concat("parallax: rank ", rank(), " ", waited, " in ", op, " (variable '",
+                                         label.first, "', policy ", label.second.empty() ? "-" : label.second,
+                                         "); its peer did not send or receive"));
     }
-    const auto& label = stats_.current();
-    throw timeout_error(detail::concat("parallax: ", op, " did not complete within ", options_.timeout.count(),
-                                       " ms on rank ", rank(), " (variable '", label.first, "', policy ",
-                                       label.second.empty() ? "-" : label.second,
-                                       "); a peer failed, was killed, or skipped this call"));
+    fail(op, waited);
+  }
+
+  /// A collective cannot complete: compare notes with the other ranks, mark
+  /// the job failed (Context then aborts it) and throw the diagnosis.
+  [[noreturn]] void fail(const char* op, const std::string& cause) {
+    detail::job_failed() = true;
+    const auto mine = detail::Position::make(step_, calls_, op, stats_.current().first);
+    const auto heard = fault_.exchange(mine, options_.grace_period());
+    throw timeout_error(detail::diagnose(rank(), mine, heard, cause));
+  }
+
+  /// check_calls mode: all-gathers (call number, operation, variable, count,
+  /// type) and throws on every rank, naming the first rank that differs.
+  void check_call(const char* op, std::size_t count, DataType t) {
+    struct Record {
+      detail::Position where;
+      std::uint64_t count;
+      std::uint64_t type;
+    };
+    Record mine{detail::Position::make(step_, calls_, op, stats_.current().first), count,
+                static_cast<std::uint64_t>(t)};
+    std::vector<Record> all(static_cast<std::size_t>(size()));
+    MPI_Request r;
+    PARALLAX_MPI_CHECK(MPI_Iallgather(&mine, sizeof(Record), MPI_BYTE, all.data(), sizeof(Record), MPI_BYTE, comm_, &r));
+    complete(&r, 1, "check_calls");
+    for (int p = 0; p < size(); ++p) {
+      const Record& o = all[static_cast<std::size_t>(p)];
+      if (o.where.same_call(all[0].where) && std::strncmp(o.where.variable, all[0].where.variable, sizeof(o.where.variable)) == 0 &&
+          o.count == all[0].count && o.type == all[0].type)
+        continue;
+      auto text = [](const Record& x) {
+        return detail::concat(x.where.describe(), " with ", x.count, " elements of ",
+                              to_string(static_cast<DataType>(x.type)));
+      };
+      throw error(detail::concat("parallax: ranks make different collective calls: rank 0 calls ", text(all[0]),
+                                 " but rank ", p, " calls ", text(o)));
+    }
   }
 
   void book_send(int peer, std::size_t bytes) { stats_.add_sent(bytes, topology_.same_host(peer)); }
@@ -288,6 +357,9 @@ class Mpi {
   MPI_Comm comm_ = MPI_COMM_NULL;
   Topology topology_;
   Options options_;
+  detail::FaultChannel fault_;
+  std::int64_t step_ = -1;
+  std::int64_t calls_ = 0;
   CommStats stats_;
   Exec<HostSpace> exec_;
   std::vector<detail::mpi_count> counts_;

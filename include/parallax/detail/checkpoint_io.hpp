@@ -1,0 +1,363 @@
+#pragma once
+// Checkpoint files: CRC-32C, the manifest (text) and the per-rank data files
+// (binary), with atomic writes. Host code only; the slots copy to and from
+// their space. Format described in docs/design.md ("Checkpoints").
+//
+// A checkpoint is a directory step-<S>/ holding
+//   manifest        text: format, step, ranks, optimizer, one line per
+//                   variable (name, shape, type, layout), one line per data
+//                   file (name, size, CRC-32C), and a checksum of the text
+//   rank-<r>.bin    "PXCKPT01", rank, variable count, then per variable
+//                   (rows stored, cols, slots, offset), then the data: per
+//                   variable the stored rows of the value and of each slot.
+// Rows a rank stores: its shard (sharded layout), or all rows on rank 0
+// and none elsewhere (replicated layout).
+
+#include <parallax/error.hpp>
+#include <parallax/partition.hpp>
+#include <parallax/types.hpp>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace parallax::detail {
+
+// ---------------------------------------------------------------- CRC-32C
+
+/// CRC-32C (Castagnoli), the checksum of iSCSI, ext4 and Btrfs metadata.
+class Crc32c {
+ public:
+  void update(const void* data, std::size_t n) noexcept {
+    static const std::array<std::uint32_t, 256> table = make_table();
+    const auto* p = static_cast<const unsigned char*>(data);
+    std::uint32_t c = crc_;
+    for (std::size_t i = 0; i < n; ++i) c = table[(c ^ p[i]) & 0xFFu] ^ (c >> 8);
+    crc_ = c;
+  }
+  std::uint32_t value() const noexcept { return crc_ ^ 0xFFFFFFFFu; }
+
+ private:
+  static std::array<std::uint32_t, 256> make_table() {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }
+  std::uint32_t crc_ = 0xFFFFFFFFu;
+};
+
+inline std::uint32_t crc32c(const void* data, std::size_t n) {
+  Crc32c c;
+  c.update(data, n);
+  return c.value();
+}
+
+// ---------------------------------------------------------------- files
+
+[[noreturn]] inline void io_fail(const std::string& path, const std::string& what) {
+  throw error(concat("checkpoint file ", path, ": ", what, errno ? concat(" (", std::strerror(errno), ")") : ""));
+}
+
+/// Writes a file under a temporary name, flushes it to disk, then renames it.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
+    errno = 0;
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) io_fail(tmp_, "cannot create");
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+      ::unlink(tmp_.c_str());  // not committed: leave nothing behind
+    }
+  }
+  void write(const void* data, std::size_t n) {
+    const auto* p = static_cast<const char*>(data);
+    crc_.update(data, n);
+    size_ += n;
+    while (n > 0) {
+      errno = 0;
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) io_fail(tmp_, "write failed");
+      p += w;
+      n -= static_cast<std::size_t>(w);
+    }
+  }
+  /// fsync, close, rename into place.
+  void commit() {
+    errno = 0;
+    if (::fsync(fd_) != 0) io_fail(tmp_, "fsync failed");
+    ::close(fd_);
+    fd_ = -1;
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) io_fail(path_, "rename failed");
+  }
+  std::uint64_t size() const noexcept { return size_; }
+  std::uint32_t crc() const noexcept { return crc_.value(); }
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  Crc32c crc_;
+  std::uint64_t size_ = 0;
+};
+
+inline void fsync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+inline bool file_exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+inline std::uint64_t file_size(const std::string& path) {
+  struct stat st;
+  errno = 0;
+  if (::stat(path.c_str(), &st) != 0) io_fail(path, "is missing");
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+/// CRC-32C and size of a whole file.
+inline std::pair<std::uint64_t, std::uint32_t> checksum_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  errno = 0;
+  if (!in) io_fail(path, "cannot be opened");
+  Crc32c c;
+  std::vector<char> buf(std::size_t{1} << 20);
+  std::uint64_t size = 0;
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const auto got = static_cast<std::size_t>(in.gcount());
+    c.update(buf.data(), got);
+    size += got;
+  }
+  return {size, c.value()};
+}
+
+// ---------------------------------------------------------------- manifest
+
+struct ManifestVariable {
+  std::string name;
+  bool sparse = false;
+  std::string type;  // "f32", "f64"
+  std::uint64_t rows = 0, cols = 0;
+  int partitions = 0;  // 0: replicated on rank 0; else sharded with this P
+};
+
+struct ManifestFile {
+  std::string name;
+  std::uint64_t size = 0;
+  std::uint32_t crc = 0;
+};
+
+struct Manifest {
+  static constexpr int format = 1;
+  std::uint64_t step = 0;
+  int ranks = 0;
+  std::string optimizer;
+  int slots = 0;
+  std::vector<ManifestVariable> variables;
+  std::vector<ManifestFile> files;
+
+  std::string serialize() const {
+    std::ostringstream os;
+    os << "parallax-checkpoint " << format << "\n"
+       << "step " << step << "\n"
+       << "ranks " << ranks << "\n"
+       << "optimizer " << optimizer << " " << slots << "\n";
+    for (const auto& v : variables)
+      os << "variable " << v.name << " " << (v.sparse ? "sparse" : "dense") << " " << v.type << " " << v.rows << " "
+         << v.cols << " " << v.partitions << "\n";
+    for (const auto& f : files) os << "file " << f.name << " " << f.size << " " << f.crc << "\n";
+    std::string body = os.str();
+    return body + "checksum " + std::to_string(crc32c(body.data(), body.size())) + "\n";
+  }
+
+  /// Parses a manifest; throws parallax::error naming `path` and the problem.
+  static Manifest parse(const std::string& text, const std::string& path) {
+    auto bad = [&](const std::string& what) -> error {
+      return error(concat("checkpoint manifest ", path, ": ", what));
+    };
+    const auto tail = text.rfind("checksum ");
+    if (tail == std::string::npos || (tail > 0 && text[tail - 1] != '\n'))
+      throw bad("has no checksum line (truncated?)");
+    {
+      std::istringstream cs(text.substr(tail + 9));
+      std::uint64_t want = 0;
+      if (!(cs >> want)) throw bad("has a malformed checksum line");
+      if (crc32c(text.data(), tail) != want) throw bad("checksum mismatch: the manifest is corrupt");
+    }
+    Manifest m;
+    std::istringstream in(text.substr(0, tail));
+    std::string line;
+    int line_no = 0;
+    bool header = false;
+    while (std::getline(in, line)) {
+      ++line_no;
+      std::istringstream ls(line);
+      std::string key;
+      ls >> key;
+      auto need = [&](bool ok) {
+        if (!ok || !(ls >> std::ws).eof()) throw bad(concat("line ", line_no, " is malformed: '", line, "'"));
+      };
+      if (key == "parallax-checkpoint") {
+        int f = 0;
+        need(static_cast<bool>(ls >> f));
+        if (f != format) throw bad(concat("format ", f, " is not supported (this build reads format ", format, ")"));
+        header = true;
+      } else if (key == "step") {
+        need(static_cast<bool>(ls >> m.step));
+      } else if (key == "ranks") {
+        need(static_cast<bool>(ls >> m.ranks) && m.ranks > 0 && m.ranks <= (1 << 24));
+      } else if (key == "optimizer") {
+        need(static_cast<bool>(ls >> m.optimizer >> m.slots) && m.slots >= 0 && m.slots <= 2);
+      } else if (key == "variable") {
+        ManifestVariable v;
+        std::string kind;
+        need(static_cast<bool>(ls >> v.name >> kind >> v.type >> v.rows >> v.cols >> v.partitions) &&
+             (kind == "sparse" || kind == "dense") && (v.type == "f32" || v.type == "f64") && v.rows > 0 &&
+             v.cols > 0 && v.partitions >= 0 && static_cast<std::uint64_t>(v.partitions) <= v.rows);
+        v.sparse = kind == "sparse";
+        m.variables.push_back(v);
+      } else if (key == "file") {
+        ManifestFile f;
+        need(static_cast<bool>(ls >> f.name >> f.size >> f.crc) && f.name.find('/') == std::string::npos);
+        m.files.push_back(f);
+      } else if (!key.empty()) {
+        throw bad(concat("line ", line_no, " has an unknown key '", key, "'"));
+      }
+    }
+    if (!header) throw bad("is not a parallax checkpoint manifest");
+    if (m.ranks <= 0) throw bad("has no rank count");
+    if (static_cast<int>(m.files.size()) != m.ranks)
+      throw bad(concat("lists ", m.files.size(), " data files for ", m.ranks, " ranks"));
+    return m;
+  }
+};
+
+inline std::string rank_file_name(int r) { return concat("rank-", r, ".bin"); }
+
+/// Where the saved rows of one variable live: replicated (all rows in rank
+/// 0's file) or sharded (partition map of the saving job).
+struct SavedLayout {
+  std::uint64_t rows = 0, cols = 0;
+  int partitions = 0;
+  int ranks = 1;
+  std::uint64_t stored_rows(int r) const {
+    if (partitions == 0) return r == 0 ? rows : 0;
+    return PartitionMap(rows, partitions, ranks).shard_rows(r);
+  }
+};
+
+/// One rank's data file.
+struct RankFileHeader {
+  static constexpr char magic[9] = "PXCKPT01";
+  struct Entry {
+    std::uint64_t rows = 0, cols = 0, slots = 0, offset = 0;
+  };
+  std::vector<Entry> entries;
+  static std::uint64_t bytes(std::size_t variables) { return 8 + 8 + 8 + variables * sizeof(Entry); }
+};
+
+/// Reads row ranges of saved variables from the rank files of a checkpoint,
+/// through the layout the saving job used.
+class CheckpointReader {
+ public:
+  CheckpointReader(std::string dir, Manifest manifest) : dir_(std::move(dir)), manifest_(std::move(manifest)) {}
+
+  const Manifest& manifest() const noexcept { return manifest_; }
+
+  /// out[(i - first) * cols + c] = saved element (row i, col c) of variable v,
+  /// of its value (what = 0) or optimizer slot what - 1, for i in [first, first + n).
+  template <class T>
+  void read_rows(std::size_t v, int what, std::uint64_t first, std::uint64_t n, T* out) {
+    const ManifestVariable& mv = manifest_.variables[v];
+    const std::uint64_t row_bytes = mv.cols * sizeof(T);
+    auto read_from = [&](int r, std::uint64_t local, std::uint64_t count, T* dst) {
+      RankFile& f = file(r);
+      const RankFileHeader::Entry& e = f.header.entries.at(v);
+      if (local + count > e.rows) io_fail(f.path, concat("holds ", e.rows, " rows of variable '", mv.name, "', not ", local + count));
+      const std::uint64_t at = e.offset + static_cast<std::uint64_t>(what) * e.rows * row_bytes + local * row_bytes;
+      f.in.seekg(static_cast<std::streamoff>(at));
+      f.in.read(reinterpret_cast<char*>(dst), static_cast<std::streamsize>(count * row_bytes));
+      errno = 0;
+      if (!f.in) io_fail(f.path, concat("ends before the rows of variable '", mv.name, "'"));
+    };
+    if (mv.partitions == 0) return read_from(0, first, n, out);
+    const PartitionMap map(mv.rows, mv.partitions, manifest_.ranks);
+    std::uint64_t row = first, done = 0;
+    while (done < n) {
+      const int p = map.partition_of(static_cast<index_t>(row));
+      const std::uint64_t end = std::min<std::uint64_t>(map.begin(p) + map.size(p), first + n);
+      read_from(map.owner_of_partition(p), map.shard_offset(p) + (row - map.begin(p)), end - row, out + done * mv.cols);
+      done += end - row;
+      row = end;
+    }
+  }
+
+ private:
+  struct RankFile {
+    std::string path;
+    std::ifstream in;
+    RankFileHeader header;
+  };
+  RankFile& file(int r) {
+    auto it = files_.find(r);
+    if (it != files_.end()) return it->second;
+    RankFile& f = files_[r];
+    f.path = dir_ + "/" + rank_file_name(r);
+    f.in.open(f.path, std::ios::binary);
+    errno = 0;
+    if (!f.in) io_fail(f.path, "cannot be opened");
+    char magic[8];
+    std::uint64_t rank = 0, count = 0;
+    f.in.read(magic, 8);
+    f.in.read(reinterpret_cast<char*>(&rank), 8);
+    f.in.read(reinterpret_cast<char*>(&count), 8);
+    if (!f.in || std::memcmp(magic, RankFileHeader::magic, 8) != 0) io_fail(f.path, "is not a parallax rank file");
+    if (rank != static_cast<std::uint64_t>(r)) io_fail(f.path, concat("belongs to rank ", rank, ", not ", r));
+    if (count != manifest_.variables.size())
+      io_fail(f.path, concat("holds ", count, " variables; the manifest lists ", manifest_.variables.size()));
+    f.header.entries.resize(count);
+    f.in.read(reinterpret_cast<char*>(f.header.entries.data()),
+              static_cast<std::streamsize>(count * sizeof(RankFileHeader::Entry)));
+    if (!f.in) io_fail(f.path, "has a truncated header");
+    for (std::size_t v = 0; v < count; ++v) {
+      const auto& mv = manifest_.variables[v];
+      const SavedLayout layout{mv.rows, mv.cols, mv.partitions, manifest_.ranks};
+      const auto& e = f.header.entries[v];
+      if (e.rows != layout.stored_rows(r) || e.cols != mv.cols || e.slots != static_cast<std::uint64_t>(manifest_.slots))
+        io_fail(f.path, concat("does not match the manifest's layout of variable '", mv.name, "'"));
+    }
+    return f;
+  }
+
+  std::string dir_;
+  Manifest manifest_;
+  std::map<int, RankFile> files_;
+};
+
+}  // namespace parallax::detail

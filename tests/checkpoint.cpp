@@ -1,0 +1,285 @@
+// checkpoint.hpp and Trainer::save/restore: a resume continues bit-for-bit;
+// a checkpoint restores onto other rank counts (via sub-communicators:
+// 4 -> 3 and 2 -> 4 in a 4-rank job); every kind of corruption is reported
+// on every rank before anything is loaded; old checkpoints are pruned.
+#include "support.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::size_t kRows = 30, kDim = 4, kBatch = 12;
+
+/// A job on the first `ranks` ranks of the world (MPI_COMM_NULL elsewhere).
+struct SubJob {
+  MPI_Comm comm = MPI_COMM_NULL;
+  explicit SubJob(int ranks) {
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_split(MPI_COMM_WORLD, me < ranks ? 0 : MPI_UNDEFINED, me, &comm);
+  }
+  ~SubJob() {
+    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  }
+  bool member() const { return comm != MPI_COMM_NULL; }
+};
+
+/// A directory every rank sees, removed at the end.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char buf[256] = {};
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    if (me == 0) {
+      std::string tmpl = (fs::temp_directory_path() / "parallax-ckpt-XXXXXX").string();
+      std::snprintf(buf, sizeof(buf), "%s", mkdtemp(tmpl.data()));
+    }
+    MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, MPI_COMM_WORLD);
+    path = buf;
+  }
+  ~TempDir() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    std::error_code ec;
+    if (me == 0) fs::remove_all(path, ec);
+  }
+};
+
+/// A model with a sparse and two dense variables, trained on data that
+/// depends only on the global step and example, not on the rank count.
+template <class Arch, class Opt = px::optim::Adam>
+struct Job {
+  px::Variable<px::Sparse, float> emb;
+  px::Variable<px::Dense, float> w;
+  px::Variable<px::Dense, double> bias;
+  px::Trainer<Arch, Opt> trainer;
+
+  Job(px::Context& ctx, px::TrainerOptions o = {}, Opt opt = Opt{0.05f})
+      : emb(ctx, "emb", {kRows, kDim}, px::init::Normal{0.f, 0.3f, 1}),
+        w(ctx, "w", {kDim, kDim}, px::init::Glorot{2}),
+        bias(ctx, "bias", {kDim}),
+        trainer(ctx, o, opt, emb, w, bias) {}
+
+  void train(px::Context& ctx, std::size_t steps) {
+    const std::size_t n = static_cast<std::size_t>(ctx.size()), local = kBatch / n;
+    const std::size_t first = static_cast<std::size_t>(ctx.rank()) * local;
+    for (std::size_t s = 0; s < steps; ++s) {
+      const std::uint64_t g = trainer.steps();  // the global step decides the data
+      std::vector<px::index_t> ids(local);
+      std::vector<float> rows(local * kDim);
+      for (std::size_t i = 0; i < local; ++i) {
+        ids[i] = static_cast<px::index_t>((first + i) * 5 + g * 7) % static_cast<px::index_t>(kRows);
+        for (std::size_t d = 0; d < kDim; ++d) rows[i * kDim + d] = std::cos(0.1f * (first + i + d + g)) / local;
+      }
+      const auto got = trainer.lookup(emb, ids);
+      for (std::size_t i = 0; i < got.size(); ++i) rows[i] += 0.01f * got.data[i] / static_cast<float>(local);
+      emb.grad().add(ids, rows);
+      for (std::size_t i = 0; i < w.grad().size(); ++i) w.grad()[i] = std::sin(0.2f * (i + g));  // same on every rank: its mean is itself
+      for (std::size_t i = 0; i < bias.grad().size(); ++i) bias.grad()[i] = 0.5;
+      trainer.step();
+    }
+  }
+  std::vector<double> snapshot() {
+    std::vector<double> out;
+    for (float v : trainer.fetch(emb)) out.push_back(v);
+    for (float v : trainer.fetch(w)) out.push_back(v);
+    for (double v : trainer.fetch(bias)) out.push_back(v);
+    return out;
+  }
+};
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(a[i] - b[i]));
+  return d;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("a resumed run continues bit-for-bit", "[checkpoint]", px::arch::Hybrid, px::arch::AllReduce,
+                   px::arch::PS) {
+  auto& ctx = test::world();
+  TempDir dir;
+  Job<TestType> straight(ctx);
+  straight.train(ctx, 3);
+  const std::string path = straight.trainer.save(dir.path);
+  CHECK(path == dir.path + "/step-0000000003");
+  straight.train(ctx, 3);
+
+  Job<TestType> resumed(ctx);
+  REQUIRE(resumed.trainer.restore_latest(dir.path));
+  CHECK(resumed.trainer.steps() == 3);
+  resumed.train(ctx, 3);
+  CHECK(resumed.snapshot() == straight.snapshot());
+}
+
+TEST_CASE("a checkpoint restores onto fewer and more ranks", "[checkpoint]") {
+  auto& world = test::world();
+  const int n = world.size();
+  if (n < 2) return;
+  // Adam keeps two optimizer slots, restored and re-cut with the values; a
+  // continuation on another rank count differs from a straight run only by
+  // float reassociation.
+  using Opt = px::optim::Adam;
+  const Opt opt{0.05f};
+  for (auto [from, to] : {std::pair{n, n - 1}, std::pair{2, n}}) {
+    TempDir dir;
+    std::vector<double> saved;
+    {
+      SubJob job(from);
+      if (job.member()) {
+        px::Context ctx(job.comm);
+        Job<px::arch::PS, Opt> a(ctx, {}, opt);
+        a.train(ctx, 4);
+        a.trainer.save(dir.path);
+        saved = a.snapshot();
+      }
+    }
+    std::size_t count = saved.size();  // rank 0 is in every sub-job
+    MPI_Bcast(&count, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    saved.resize(count);
+    MPI_Bcast(saved.data(), static_cast<int>(count), MPI_DOUBLE, 0, MPI_COMM_WORLD);
+
+    SubJob job(to);
+    if (job.member()) {
+      px::Context ctx(job.comm);
+      Job<px::arch::Hybrid, Opt> b(ctx, {}, opt);  // another architecture too: another layout
+      REQUIRE(b.trainer.restore_latest(dir.path));
+      INFO("restored " << from << " -> " << to << " ranks");
+      CHECK(b.trainer.steps() == 4);
+      CHECK(b.snapshot() == saved);  // the same bits, re-cut
+      b.train(ctx, 2);
+      Job<px::arch::PS, Opt> c(ctx, {}, opt);
+      c.train(ctx, 6);
+      CHECK(max_abs_diff(b.snapshot(), c.snapshot()) < 1e-5);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+TEST_CASE("corrupt checkpoints are refused on every rank before anything loads", "[checkpoint][errors]") {
+  auto& ctx = test::world();
+  const int n = ctx.size();
+  TempDir dir;
+  Job<px::arch::Hybrid> job(ctx);
+  job.train(ctx, 2);
+  const std::string path = job.trainer.save(dir.path);
+  job.train(ctx, 1);
+  const auto before = job.snapshot();
+
+  auto damage = [&](auto&& edit) {
+    // Work on a copy so every section starts from a good checkpoint.
+    const std::string copy = dir.path + "/copy";
+    if (ctx.rank() == 0) {
+      std::error_code ec;
+      fs::remove_all(copy, ec);
+      fs::copy(path, copy);
+      edit(copy);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    return copy;
+  };
+  auto flip = [](const std::string& file, std::uint64_t at) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at));
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(static_cast<std::streamoff>(at));
+    f.write(&c, 1);
+  };
+  const std::string victim = px::detail::rank_file_name(n - 1);
+  std::string msg;
+  SECTION("a truncated file") {
+    const auto copy = damage([&](const std::string& d) { fs::resize_file(d + "/" + victim, fs::file_size(d + "/" + victim) - 3); });
+    msg = test::error_of([&] { job.trainer.restore(copy); });
+    CHECK_THAT(msg, Catch::Contains(victim) && Catch::Contains("truncated"));
+  }
+  SECTION("a flipped byte") {
+    const auto copy = damage([&](const std::string& d) { flip(d + "/" + victim, fs::file_size(d + "/" + victim) / 2); });
+    msg = test::error_of([&] { job.trainer.restore(copy); });
+    CHECK_THAT(msg, Catch::Contains(victim) && Catch::Contains("CRC-32C"));
+  }
+  SECTION("a missing shard") {
+    const auto copy = damage([&](const std::string& d) { fs::remove(d + "/" + victim); });
+    msg = test::error_of([&] { job.trainer.restore(copy); });
+    CHECK_THAT(msg, Catch::Contains(victim) && Catch::Contains("missing"));
+  }
+  SECTION("a flipped byte in the manifest") {
+    const auto copy = damage([&](const std::string& d) { flip(d + "/manifest", 20); });
+    msg = test::error_of([&] { job.trainer.restore(copy); });
+    CHECK_THAT(msg, Catch::Contains("manifest") && Catch::Contains("corrupt"));
+  }
+  SECTION("a manifest from another model") {
+    px::Variable<px::Sparse, float> emb(ctx, "emb", {kRows, kDim});
+    px::Variable<px::Dense, float> w(ctx, "w", {kDim, kDim + 1});
+    px::Variable<px::Dense, double> bias(ctx, "bias", {kDim});
+    px::Trainer<px::arch::Hybrid, px::optim::Adam> other(ctx, px::optim::Adam{}, emb, w, bias);
+    msg = test::error_of([&] { other.restore(path); });
+    CHECK_THAT(msg, Catch::Contains("different model") && Catch::Contains("'w'") && Catch::Contains("4 x 5"));
+  }
+  SECTION("another optimizer") {
+    Job<px::arch::Hybrid, px::optim::Sgd> other(ctx, {}, px::optim::Sgd{0.1f});
+    msg = test::error_of([&] { other.trainer.restore(path); });
+    CHECK_THAT(msg, Catch::Contains("optimizer adam") && Catch::Contains("sgd"));
+  }
+  SECTION("no checkpoint at all") {
+    msg = test::error_of([&] { job.trainer.restore(dir.path + "/nothing-here"); });
+    CHECK_THAT(msg, Catch::Contains("missing"));
+  }
+  // Every rank got the error; nothing was loaded; the trainer still trains.
+  CHECK(test::all_ranks(!msg.empty()));
+  CHECK(job.snapshot() == before);
+  CHECK_NOTHROW(job.train(ctx, 1));
+}
+
+TEST_CASE("automatic saves keep the newest checkpoints and skip unfinished ones", "[checkpoint]") {
+  auto& ctx = test::world();
+  TempDir dir;
+  px::TrainerOptions o;
+  o.checkpoint.dir = dir.path;
+  o.checkpoint.every_steps = 2;
+  o.checkpoint.keep_last = 2;
+  Job<px::arch::Hybrid> job(ctx, o);
+  job.train(ctx, 7);
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto all = px::list_checkpoints(dir.path);
+  REQUIRE(all.size() == 2);
+  CHECK(all[0].step == 4);
+  CHECK(all[1].step == 6);
+
+  // A save that crashed half-way leaves a .partial directory: ignored.
+  if (ctx.rank() == 0) fs::create_directories(dir.path + "/step-0000000099.partial");
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(px::latest_checkpoint(dir.path)->step == 6);
+  Job<px::arch::Hybrid> again(ctx);
+  CHECK(again.trainer.restore_latest(dir.path));
+  CHECK(again.trainer.steps() == 6);
+
+  // Saving by time: a tiny interval saves after every step.
+  px::TrainerOptions t;
+  t.checkpoint.dir = dir.path + "/timed";
+  t.checkpoint.every_seconds = 1e-9;
+  t.checkpoint.keep_last = 10;
+  Job<px::arch::Hybrid> timed(ctx, t);
+  timed.train(ctx, 3);
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(px::list_checkpoints(t.checkpoint.dir).size() == 3);
+}
+
+TEST_CASE("restore_latest finds nothing in an empty directory and changes nothing", "[checkpoint]") {
+  auto& ctx = test::world();
+  TempDir dir;
+  Job<px::arch::PS> job(ctx);
+  const auto before = job.snapshot();
+  CHECK_FALSE(job.trainer.restore_latest(dir.path));
+  CHECK(job.trainer.steps() == 0);
+  CHECK(job.snapshot() == before);
+}
