@@ -201,3 +201,26 @@ TEST_CASE("Mpi gives up on a message that never comes, with a timeout_error", "[
   f.mpi.set_timeout(std::chrono::milliseconds(0));
   f.mpi.barrier();
 }
+
+TEST_CASE("check_calls names the first rank whose collective differs, and the engine stays usable", "[engine][mpi]") {
+  Fixture f;
+  f.mpi.set_check_calls(true);
+  const int last = f.n - 1;
+  std::vector<float> v(4, 1.f);
+  const std::size_t count = f.me == last && f.n > 1 ? 3 : 4;
+  std::string msg;
+  {
+    auto scope = f.mpi.stats().scope("w", "RingAllReduce");
+    msg = test::error_of([&] { f.mpi.allreduce(v.data(), v.data(), count, px::DataType::f32, px::ReduceOp::sum); });
+  }
+  if (f.n > 1) {
+    CHECK_THAT(msg, Catch::Contains("different collective calls") && Catch::Contains("rank " + std::to_string(last)) &&
+                        Catch::Contains("3 elements") && Catch::Contains("4 elements") && Catch::Contains("'w'"));
+  } else {
+    CHECK(msg.empty());
+  }
+  // Nothing was sent: the same call now agrees and works.
+  v.assign(4, 1.f);
+  f.mpi.allreduce(v.data(), v.data(), 4, px::DataType::f32, px::ReduceOp::sum);
+  CHECK(v[3] == static_cast<float>(f.n));
+}

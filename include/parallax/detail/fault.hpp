@@ -47,7 +47,9 @@ struct Position {
   }
   std::string describe() const {
     std::ostringstream os;
-    os << op << " #" << call << " (variable '" << variable << "')";
+    os << op << " #" << call;
+    if (variable[0] != '\0') os << " (variable '" << variable << "')";
+    else os << " (the step's control exchange)";
     if (step >= 0) os << " at step " << step;
     return os.str();
   }
@@ -75,21 +77,39 @@ class FaultChannel {
   /// Sends `mine` to every other rank, then listens for up to `grace` for
   /// theirs. Entry r is what rank r said (nothing if it did not answer).
   std::vector<std::optional<Position>> exchange(const Position& mine, std::chrono::milliseconds grace) {
+    return exchange_with(mine, grace, tag, std::vector<bool>(static_cast<std::size_t>(size_), true));
+  }
+
+  /// After printing its report, a rank tells the ranks it heard from, and
+  /// waits (up to `grace`) until they have printed theirs too: the first
+  /// rank to abort the job would otherwise cut the others' reports off.
+  void settle(const std::vector<std::optional<Position>>& heard, std::chrono::milliseconds grace) {
+    std::vector<bool> peers(heard.size());
+    for (std::size_t r = 0; r < heard.size(); ++r) peers[r] = heard[r].has_value();
+    exchange_with(Position{}, grace, tag + 1, peers);
+  }
+
+ private:
+  std::vector<std::optional<Position>> exchange_with(const Position& mine, std::chrono::milliseconds grace, int tag_,
+                                                     const std::vector<bool>& peers) {
     const auto n = static_cast<std::size_t>(size_);
     std::vector<std::optional<Position>> heard(n);
     heard[static_cast<std::size_t>(rank_)] = mine;
+    std::size_t waiting = 0;
     for (int p = 0; p < size_; ++p) {
-      if (p == rank_) continue;
+      if (p == rank_ || !peers[static_cast<std::size_t>(p)]) continue;
       MPI_Request r;
       // Fire and forget: a dead peer must not hold us up.
-      if (MPI_Isend(&mine, sizeof(Position), MPI_BYTE, p, tag, comm_, &r) == MPI_SUCCESS) MPI_Request_free(&r);
+      if (MPI_Isend(&mine, sizeof(Position), MPI_BYTE, p, tag_, comm_, &r) == MPI_SUCCESS) MPI_Request_free(&r);
     }
     std::vector<Position> inbox(n);
     std::vector<MPI_Request> reqs(n, MPI_REQUEST_NULL);
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_) MPI_Irecv(&inbox[static_cast<std::size_t>(p)], sizeof(Position), MPI_BYTE, p, tag, comm_, &reqs[p]);
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || !peers[static_cast<std::size_t>(p)]) continue;
+      MPI_Irecv(&inbox[static_cast<std::size_t>(p)], sizeof(Position), MPI_BYTE, p, tag_, comm_, &reqs[p]);
+      ++waiting;
+    }
     const auto until = std::chrono::steady_clock::now() + grace;
-    std::size_t waiting = n - 1;
     while (waiting > 0 && std::chrono::steady_clock::now() < until) {
       for (int p = 0; p < size_; ++p) {
         if (reqs[p] == MPI_REQUEST_NULL) continue;
@@ -113,7 +133,6 @@ class FaultChannel {
     return heard;
   }
 
- private:
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
 };

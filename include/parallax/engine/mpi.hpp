@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -299,7 +300,13 @@ class Mpi {
     detail::job_failed() = true;
     const auto mine = detail::Position::make(step_, calls_, op, stats_.current().first);
     const auto heard = fault_.exchange(mine, options_.grace_period());
-    throw timeout_error(detail::diagnose(rank(), mine, heard, cause));
+    const std::string report = detail::diagnose(rank(), mine, heard, cause);
+    // Printed here as well as thrown: the job is about to end, and the
+    // operator must see every rank's view even if the exception is swallowed.
+    std::fprintf(stderr, "%s\n", report.c_str());
+    std::fflush(stderr);
+    fault_.settle(heard, options_.grace_period());
+    throw timeout_error(report);
   }
 
   /// check_calls mode: all-gathers (call number, operation, variable, count,

@@ -1,0 +1,78 @@
+// A fault drill (not a Catch2 test): trains a small model and makes one rank
+// fail at a chosen or random step. run_drill.cmake runs it under mpiexec and
+// checks the exit status, the messages and the time bound.
+//
+//   drill --mode kill|stop|skip|none --victim R --at-step S|random --steps K
+//         [--timeout-ms T] [--check-calls]
+//
+// kill: the victim raises SIGKILL; stop: SIGSTOP (a hung process); skip: the
+// victim leaves out one step() and goes on to the next step.
+#include <parallax/parallax.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+
+namespace px = parallax;
+
+int main(int argc, char** argv) {
+  px::Context ctx(argc, argv);
+  std::string mode = "none";
+  int victim = 1;
+  long at_step = 3, steps = 8, timeout_ms = 60000;
+  bool check_calls = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--mode") mode = next();
+    else if (a == "--victim") victim = std::atoi(next().c_str());
+    else if (a == "--at-step") {
+      const std::string s = next();
+      if (s == "random") {
+        long seed = static_cast<long>(std::chrono::steady_clock::now().time_since_epoch().count() % 100000);
+        MPI_Bcast(&seed, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+        at_step = 2 + seed % 5;
+      } else {
+        at_step = std::atol(s.c_str());
+      }
+    } else if (a == "--steps") steps = std::atol(next().c_str());
+    else if (a == "--timeout-ms") timeout_ms = std::atol(next().c_str());
+    else if (a == "--check-calls") check_calls = true;
+  }
+  std::fprintf(stderr, "drill: rank %d pid %d\n", ctx.rank(), static_cast<int>(getpid()));
+  if (ctx.rank() == 0) std::fprintf(stderr, "drill: mode %s, victim rank %d, at step %ld\n", mode.c_str(), victim, at_step);
+
+  try {
+    px::Variable<px::Sparse, float> emb(ctx, "emb", {1000, 16}, px::init::Uniform{});
+    px::Variable<px::Dense, float> w(ctx, "w", {16, 16}, px::init::Glorot{});
+    px::TrainerOptions o;
+    o.engine.timeout = std::chrono::milliseconds(timeout_ms);
+    o.engine.check_calls = check_calls;
+    px::Trainer<px::arch::Hybrid, px::optim::Adam> trainer(ctx, o, px::optim::Adam{}, emb, w);
+    for (long s = 1; s <= steps; ++s) {
+      if (ctx.rank() == victim && s == at_step) {
+        if (mode == "kill") std::raise(SIGKILL);
+        if (mode == "stop") std::raise(SIGSTOP);
+      }
+      std::vector<px::index_t> ids;
+      for (int i = 0; i < 32; ++i) ids.push_back((s * 131 + i * 17 + ctx.rank() * 7) % 1000);
+      auto rows = trainer.lookup(emb, ids);
+      emb.grad().add(ids, std::vector<float>(rows.size(), 0.01f));
+      for (auto& g : w.grad()) g = 0.01f;
+      if (mode == "skip" && ctx.rank() == victim && s == at_step) continue;
+      trainer.step();
+    }
+    std::fprintf(stderr, "drill: rank %d finished %ld steps\n", ctx.rank(), steps);
+  } catch (const px::timeout_error&) {
+    return 3;  // parallax printed the diagnosis; ~Context ends the job (MPI_Abort)
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "drill: rank %d stopped: %s\n", ctx.rank(), e.what());
+    return 3;
+  }
+  return 0;
+}
