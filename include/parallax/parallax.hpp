@@ -11,16 +11,28 @@
 
 #include <parallax/config.hpp>
 
+#include <parallax/arch.hpp>
+#include <parallax/checkpoint.hpp>
 #include <parallax/comm_stats.hpp>
 #include <parallax/context.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/engine/mpi.hpp>
 #include <parallax/error.hpp>
 #include <parallax/init.hpp>
+#include <parallax/optim.hpp>
+#include <parallax/partition.hpp>
+#include <parallax/partition_plan.hpp>
 #include <parallax/policy/allgatherv.hpp>
 #include <parallax/policy/policy.hpp>
 #include <parallax/policy/ring_allreduce.hpp>
+#include <parallax/policy/sharded_ps.hpp>
 #include <parallax/space.hpp>
 #include <parallax/sparse_grad.hpp>
+#include <parallax/trainer.hpp>
 #include <parallax/types.hpp>
 #include <parallax/variable.hpp>
+
+#if PARALLAX_HAS_CUDA
+#include <parallax/cuda/error.cuh>
+#include <parallax/cuda/space.cuh>
+#endif
