@@ -99,6 +99,37 @@ void for_each(const Exec<HostSpace>&, std::size_t n, F f) {
   for (std::int64_t i = 0; i < count; ++i) f(static_cast<std::size_t>(i));
 }
 
+namespace detail {
+/// for_each_rows on spaces without their own: one flat index per element.
+template <class F>
+struct FlatRows {
+  F f;
+  std::size_t cols;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const { f(j / cols, j % cols); }
+};
+}  // namespace detail
+
+/// Calls `f(r, c)` for every r in [0, rows) and c in [0, cols), in parallel.
+/// For kernels over rows of a matrix: on a GPU every element is a thread
+/// (coalesced), on the host every row is a task with a vectorisable inner
+/// loop over its columns.
+template <class Space, class F>
+void for_each_rows(const Exec<Space>& ex, std::size_t rows, std::size_t cols, F f) {
+  if (rows == 0 || cols == 0) return;
+  for_each(ex, rows * cols, detail::FlatRows<F>{f, cols});
+}
+
+template <class F>
+void for_each_rows(const Exec<HostSpace>&, std::size_t rows, std::size_t cols, F f) {
+  const auto n = static_cast<std::int64_t>(rows);
+#pragma omp parallel for schedule(static) if (rows * cols >= detail::host_parallel_threshold)
+  for (std::int64_t r = 0; r < n; ++r) {
+    const auto ur = static_cast<std::size_t>(r);
+#pragma omp simd
+    for (std::size_t c = 0; c < cols; ++c) f(ur, c);
+  }
+}
+
 /// A contiguous, owning array of `T` in `Space`. Move-only; growing it
 /// reallocates, shrinking keeps the allocation (buffers are reused across steps).
 template <class T, class Space = HostSpace>

@@ -51,12 +51,11 @@ struct SumSegments {
   const index_t* starts;
   T* out;
   std::size_t cols;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
-    const std::size_t seg = j / cols, col = j % cols;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t seg, std::size_t col) const {
     T acc = T(0);
     for (index_t k = starts[seg]; k < starts[seg + 1]; ++k)
       acc += values[static_cast<std::size_t>(order[k]) * cols + col];
-    out[j] = acc;
+    out[seg * cols + col] = acc;
   }
 };
 
@@ -95,7 +94,7 @@ std::size_t coalesce_rows(const Exec<Space>& ex, const index_t* ids, const T* va
   for_each(ex, 1, SetValue{scratch.starts.data() + m, static_cast<index_t>(n)});
   out_ids.resize(m);
   out_values.resize_discard(m * cols);
-  for_each(ex, m * cols, SumSegments<T>{values, scratch.order.data(), scratch.starts.data(), out_values.data(), cols});
+  for_each_rows(ex, m, cols, SumSegments<T>{values, scratch.order.data(), scratch.starts.data(), out_values.data(), cols});
   return m;
 }
 
@@ -122,15 +121,15 @@ T read_one(const T* p) {
   return v;
 }
 
-/// out[i*cols + c] = table[rows[i]*cols + c]
+/// out[i*cols + c] = table[rows[i]*cols + c]   (for_each_rows over i, c)
 template <class T>
 struct GatherRows {
   const T* table;
   const index_t* rows;
   T* out;
   std::size_t cols;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
-    out[j] = table[static_cast<std::size_t>(rows[j / cols]) * cols + j % cols];
+  PARALLAX_HOST_DEVICE void operator()(std::size_t i, std::size_t c) const {
+    out[i * cols + c] = table[static_cast<std::size_t>(rows[i]) * cols + c];
   }
 };
 
@@ -141,8 +140,8 @@ struct ScatterAddRows {
   const index_t* rows;
   const T* values;
   std::size_t cols;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
-    table[static_cast<std::size_t>(rows[j / cols]) * cols + j % cols] += values[j];
+  PARALLAX_HOST_DEVICE void operator()(std::size_t i, std::size_t c) const {
+    table[static_cast<std::size_t>(rows[i]) * cols + c] += values[i * cols + c];
   }
 };
 

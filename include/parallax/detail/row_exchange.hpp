@@ -57,8 +57,7 @@ struct PackValues {
   int ranks;
   std::size_t cols;
   std::byte* out;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t e) const {
-    const std::size_t j = e / cols, c = e % cols;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
     const int p = dest[j];
     const index_t t = static_cast<index_t>(j) - meta[p];
     const auto count = static_cast<std::size_t>(meta[p + 1] - meta[p]);
@@ -67,16 +66,15 @@ struct PackValues {
   }
 };
 
-/// out[order[j]*cols + c] = in[j*cols + c]
+/// out[order[j]*cols + c] = in[j*cols + c]   (for_each_rows over j, c)
 template <class T>
 struct ScatterRows {
   const T* in;
   const index_t* order;
   T* out;
   std::size_t cols;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t e) const {
-    const std::size_t j = e / cols, c = e % cols;
-    out[static_cast<std::size_t>(order[j]) * cols + c] = in[e];
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
+    out[static_cast<std::size_t>(order[j]) * cols + c] = in[j * cols + c];
   }
 };
 
@@ -153,9 +151,7 @@ class RowExchange {
     send_.resize_discard(st);
     if (k) {
       for_each(ex, k, PackIds<T>{ids, order_.data(), keys_.data(), meta_.data(), n, send_.data()});
-      if (cols)
-        for_each(ex, k * cols,
-                 PackValues<T>{values, order_.data(), keys_.data(), meta_.data(), n, cols, send_.data()});
+      for_each_rows(ex, k, cols, PackValues<T>{values, order_.data(), keys_.data(), meta_.data(), n, cols, send_.data()});
     }
     ex.synchronize();
     recv_.resize_discard(rt);
@@ -206,7 +202,7 @@ class RowExchange {
     replies_.resize_discard(rt);
     engine_->alltoallv(values, reply_scounts_.data(), reply_sdispls_.data(), replies_.data(), reply_rcounts_.data(),
                        reply_rdispls_.data(), data_type_of_v<T>);
-    if (sent_rows_ && cols) for_each(ex, sent_rows_ * cols, ScatterRows<T>{replies_.data(), order_.data(), out, cols});
+    for_each_rows(ex, sent_rows_, cols, ScatterRows<T>{replies_.data(), order_.data(), out, cols});
     ex.synchronize();
   }
 

@@ -373,7 +373,7 @@ class SparseReplicaSlot
       for_each(ex, n, ZeroBadRows<T, space>{ids, safe_ids_.data(), static_cast<index_t>(this->var_.rows())});
       rows = safe_ids_.data();
     }
-    if (n) for_each(ex, n * cols, GatherRows<T>{value_.data(), rows, out.data(), cols});
+    for_each_rows(ex, n, cols, GatherRows<T>{value_.data(), rows, out.data(), cols});
     ex.synchronize();
     return Rows<T, space>{out.data(), n, cols};
   }
@@ -452,9 +452,8 @@ class SparseDenseRingSlot final : public SparseReplicaSlot<Var, Engine, Optimize
     auto& g = this->var_.state().sparse_grad;
     g.coalesce(ex);
     dense_grad_.zero();
-    if (g.size())
-      for_each(ex, g.size() * this->var_.cols(),
-               ScatterAddRows<T>{dense_grad_.data(), g.indices(), g.values(), this->var_.cols()});
+    for_each_rows(ex, g.size(), this->var_.cols(),
+                  ScatterAddRows<T>{dense_grad_.data(), g.indices(), g.values(), this->var_.cols()});
     ex.synchronize();
     reducer_.allreduce(dense_grad_.data(), dense_grad_.size());
     optim::apply_dense(ex, this->opt_, info.step, this->value_.data(), dense_grad_.data(), this->value_.size(),

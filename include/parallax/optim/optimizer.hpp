@@ -56,10 +56,10 @@ struct RowUpdate {
   const T* g;           // one row of cols per entry of rows
   std::size_t cols;
   T scale;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
-    const std::size_t at = static_cast<std::size_t>(rows[j / cols]) * cols + j % cols;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
+    const std::size_t at = static_cast<std::size_t>(rows[j]) * cols + c;
     T unused0 = T(0), unused1 = T(0);
-    rule(w[at], g[j] * scale, s0 ? s0[at] : unused0, s1 ? s1[at] : unused1);
+    rule(w[at], g[j * cols + c] * scale, s0 ? s0[at] : unused0, s1 ? s1[at] : unused1);
   }
 };
 
@@ -101,10 +101,9 @@ void apply_dense(const Exec<Space>& ex, const Optimizer& opt, std::uint64_t step
 template <class Optimizer, class T, class Space>
 void apply_rows(const Exec<Space>& ex, const Optimizer& opt, std::uint64_t step, T* w, const index_t* rows,
                 const T* g, std::size_t k, std::size_t cols, State<Optimizer, T, Space>& state, T scale) {
-  if (k == 0) return;
-  for_each(ex, k * cols,
-           detail::RowUpdate<decltype(opt.template rule<T>(step)), T>{opt.template rule<T>(step), w, state.slot(0),
-                                                                      state.slot(1), rows, g, cols, scale});
+  for_each_rows(ex, k, cols,
+                detail::RowUpdate<decltype(opt.template rule<T>(step)), T>{opt.template rule<T>(step), w, state.slot(0),
+                                                                           state.slot(1), rows, g, cols, scale});
 }
 
 }  // namespace parallax::optim

@@ -50,9 +50,8 @@ struct GatherShardRows {
   const index_t* ids;  // global rows, all owned here
   T* out;
   std::size_t cols;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t e) const {
-    const std::size_t j = e / cols, c = e % cols;
-    out[e] = shard[map.local_row(ids[j]) * cols + c];
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
+    out[j * cols + c] = shard[map.local_row(ids[j]) * cols + c];
   }
 };
 
@@ -171,13 +170,12 @@ class ShardedTable {
     // Serve the rows asked of this rank, then collect the answers.
     const std::size_t asked = exchange_.received();
     served_.resize_discard(asked * cols_);
-    if (asked)
-      for_each(ex, asked * cols_,
-               detail::GatherShardRows<T>{map_, shard_.data(), exchange_.received_ids(), served_.data(), cols_});
+    for_each_rows(ex, asked, cols_,
+                  detail::GatherShardRows<T>{map_, shard_.data(), exchange_.received_ids(), served_.data(), cols_});
     ex.synchronize();
     unique_rows_.resize_discard(k * cols_);
     exchange_.reply(served_.data(), cols_, unique_rows_.data());
-    if (n) for_each(ex, n * cols_, detail::GatherRows<T>{unique_rows_.data(), inverse_.data(), out, cols_});
+    for_each_rows(ex, n, cols_, detail::GatherRows<T>{unique_rows_.data(), inverse_.data(), out, cols_});
     ex.synchronize();
   }
 
