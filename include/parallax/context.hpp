@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -116,6 +117,11 @@ class Context {
       // could wait for it forever. End the whole job now, non-zero.
       std::fflush(stdout);
       std::fflush(stderr);
+      // The launcher forwards each rank's output asynchronously and drops
+      // what it has not forwarded when the abort tears the job down: a peer's
+      // report, already written, was lost that way at 4 ranks on 2 cores.
+      // A moment's pause lets it arrive.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     if (host_comm_ != MPI_COMM_NULL) MPI_Comm_free(&host_comm_);

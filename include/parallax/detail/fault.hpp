@@ -83,10 +83,14 @@ class FaultChannel {
   /// After printing its report, a rank tells the ranks it heard from, and
   /// waits (up to `grace`) until they have printed theirs too: the first
   /// rank to abort the job would otherwise cut the others' reports off.
+  /// It waits up to twice `grace`: a peer that gave up later than this rank
+  /// (descheduled on a loaded host) still spends up to `grace` listening for
+  /// the silent ranks before it prints, and a wait of one `grace` from this
+  /// rank's report cut such a peer's report off (seen at 4 ranks on 2 cores).
   void settle(const std::vector<std::optional<Position>>& heard, std::chrono::milliseconds grace) {
     std::vector<bool> peers(heard.size());
     for (std::size_t r = 0; r < heard.size(); ++r) peers[r] = heard[r].has_value();
-    exchange_with(Position{}, grace, tag + 1, peers);
+    exchange_with(Position{}, 2 * grace, tag + 1, peers);
   }
 
  private:
