@@ -14,7 +14,10 @@ if(NCCL_INCLUDE_DIR AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h")
   set(NCCL_VERSION "${_maj}.${_min}.${_pat}")
 endif()
 include(FindPackageHandleStandardArgs)
-find_package_handle_standard_args(NCCL REQUIRED_VARS NCCL_LIBRARY NCCL_INCLUDE_DIR VERSION_VAR NCCL_VERSION)
+# NAME_MISMATCHED: parallax-config.cmake includes this file directly, from
+# inside find_package(parallax).
+find_package_handle_standard_args(NCCL REQUIRED_VARS NCCL_LIBRARY NCCL_INCLUDE_DIR VERSION_VAR NCCL_VERSION
+  NAME_MISMATCHED)
 if(NCCL_FOUND AND NOT TARGET NCCL::NCCL)
   add_library(NCCL::NCCL UNKNOWN IMPORTED)
   set_target_properties(NCCL::NCCL PROPERTIES

@@ -1,12 +1,26 @@
 # Thrust and CUB come from CCCL, which ships with the CUDA toolkit. The host
 # build uses them too (Thrust's OpenMP backend through explicit execution
 # policies), so CCCL is found even when CUDA is off.
+#
+# Used twice: by parallax's own CMakeLists.txt (PARALLAX_CCCL_AS_DEPENDENCY
+# unset: a missing CCCL is a configure error) and by the installed
+# parallax-config.cmake (set: find_dependency, so a missing CCCL makes
+# find_package(parallax) fail politely with the reason). CCCL::CCCL is a GLOBAL
+# imported target, visible to every directory of the consumer.
 if(NOT TARGET CCCL::CCCL)
   set(_parallax_cccl_hints)
-  foreach(_root IN ITEMS "$ENV{CUDA_PATH}" "$ENV{CUDA_HOME}" "${CUDAToolkit_ROOT}" /usr/local/cuda)
+  if(PARALLAX_CCCL_DIR_HINT)  # where parallax found it when it was configured
+    list(APPEND _parallax_cccl_hints "${PARALLAX_CCCL_DIR_HINT}/..")
+  endif()
+  foreach(_root IN ITEMS "$ENV{CUDA_PATH}" "$ENV{CUDA_HOME}" "${CUDAToolkit_ROOT}" "$ENV{CUDAToolkit_ROOT}" /usr/local/cuda)
     if(_root)
       list(APPEND _parallax_cccl_hints "${_root}/lib64/cmake" "${_root}/lib/cmake")
     endif()
   endforeach()
-  find_package(CCCL CONFIG REQUIRED HINTS ${_parallax_cccl_hints})
+  if(PARALLAX_CCCL_AS_DEPENDENCY)
+    find_dependency(CCCL CONFIG HINTS ${_parallax_cccl_hints})
+  else()
+    find_package(CCCL CONFIG REQUIRED HINTS ${_parallax_cccl_hints})
+  endif()
+  unset(_parallax_cccl_hints)
 endif()

@@ -4,8 +4,17 @@
 #   Builds <name> from the sources as C++. With CUDA_TWIN and a CUDA
 #   configuration, also builds <name>_cuda from the same sources compiled by
 #   nvcc, so templated code is instantiated for CudaSpace too.
+#
+# In a CUDA configuration the C++ <name> of an executable that has a twin is
+# left out of `all` (PARALLAX_CUDA_BUILD_HOST_COPIES=OFF, the default): the
+# host configuration builds and runs exactly that program, and CI builds both
+# configurations on the same machine, so compiling it again would only cost
+# time. It stays a target: `cmake --build <dir> --target <name>` builds it.
 
 set(PARALLAX_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wno-unknown-pragmas)
+
+option(PARALLAX_CUDA_BUILD_HOST_COPIES
+  "In a CUDA configuration, also build by default the C++ copies of executables that have a CUDA twin" OFF)
 
 function(_parallax_configure_target target)
   target_link_libraries(${target} PRIVATE parallax::parallax)
@@ -23,18 +32,37 @@ function(parallax_add_executable name)
     target_link_libraries(${name} PRIVATE ${ARG_LIBS})
   endif()
   if(ARG_CUDA_TWIN AND PARALLAX_ENABLE_CUDA)
-    # Copies of the sources with a .cu name, so nvcc compiles them.
+    if(NOT PARALLAX_CUDA_BUILD_HOST_COPIES)
+      set_target_properties(${name} PROPERTIES EXCLUDE_FROM_ALL TRUE)
+    endif()
+    # Copies of the C++ sources with a .cu name, so nvcc compiles them (a
+    # source file has one language per directory, so the original cannot be
+    # both). The copies keep their path below the source directory, so two
+    # sources with the same file name do not collide. Quoted includes resolve
+    # through the original sources' directories, added as include directories.
     set(_cu_sources)
+    set(_src_dirs "${CMAKE_CURRENT_SOURCE_DIR}")
     foreach(_src IN LISTS ARG_SOURCES)
       get_filename_component(_abs "${_src}" ABSOLUTE)
-      get_filename_component(_stem "${_src}" NAME_WE)
-      set(_cu "${CMAKE_CURRENT_BINARY_DIR}/cuda_twin/${name}/${_stem}.cu")
+      if(NOT _abs MATCHES "\\.(cpp|cc|cxx)$")
+        list(APPEND _cu_sources "${_abs}")  # headers and the like, as they are
+        continue()
+      endif()
+      get_filename_component(_dir "${_abs}" DIRECTORY)
+      list(APPEND _src_dirs "${_dir}")
+      file(RELATIVE_PATH _rel "${CMAKE_CURRENT_SOURCE_DIR}" "${_abs}")
+      if(_rel MATCHES "^\\.\\./" OR IS_ABSOLUTE "${_rel}")
+        get_filename_component(_rel "${_abs}" NAME)
+      endif()
+      string(REGEX REPLACE "\\.(cpp|cc|cxx)$" ".cu" _rel "${_rel}")
+      set(_cu "${CMAKE_CURRENT_BINARY_DIR}/cuda_twin/${name}/${_rel}")
       configure_file("${_abs}" "${_cu}" COPYONLY)
       list(APPEND _cu_sources "${_cu}")
     endforeach()
     add_executable(${name}_cuda ${_cu_sources})
     _parallax_configure_target(${name}_cuda)
-    target_include_directories(${name}_cuda PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
+    list(REMOVE_DUPLICATES _src_dirs)
+    target_include_directories(${name}_cuda PRIVATE ${_src_dirs})
     if(ARG_LIBS)
       target_link_libraries(${name}_cuda PRIVATE ${ARG_LIBS})
     endif()
