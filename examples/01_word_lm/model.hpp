@@ -1,0 +1,303 @@
+#pragma once
+/// @file
+/// The word language model of example 01, shared with bench/end_to_end.cpp:
+/// a feed-forward n-gram model (Bengio et al., 2003) with the two large
+/// sparse tables of LM1B.
+///
+///   context words --emb (sparse, vocab x dim)--> concat --dense tanh layer--> h
+///   h --sampled softmax over the true word and `sampled` candidates--> loss
+///
+/// The softmax weights are a sparse variable of vocab x (dim + 1) rows, the
+/// last column being the output bias (h is extended by a constant 1), so a
+/// step touches only the rows of the true and sampled words. Candidates come
+/// from TensorFlow's log-uniform sampler, the same on every rank for a step
+/// (seeded by the step), with the logQ correction and accidental hits removed,
+/// as tf.nn.sampled_softmax_loss does.
+///
+/// Templated on the memory space: the kernels are PARALLAX_HOST_DEVICE
+/// functors, so the same model trains on the host and on a GPU.
+
+#include "../common/layers.hpp"
+#include "../common/synthetic.hpp"
+
+#include <parallax/parallax.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace examples::word_lm {
+
+namespace px = parallax;
+
+/// Sizes of the model.
+struct Config {
+  std::size_t vocab = 100000;  ///< rows of both sparse tables
+  std::size_t dim = 64;        ///< embedding width and hidden width
+  std::size_t context = 2;     ///< words of context per prediction
+  std::size_t sampled = 1024;  ///< sampled softmax candidates per step
+  std::uint64_t seed = 1;      ///< initial values
+};
+
+/// One rank's share of a step's global batch: `rows` predictions, each from
+/// `context` words.
+struct Batch {
+  std::size_t rows = 0;
+  std::vector<px::index_t> context;  ///< rows x context word ids
+  std::vector<px::index_t> labels;   ///< rows next-word ids
+};
+
+/// The softmax rows a step uses: the sampled words (the same on every rank),
+/// then the labels of this rank's rows; and log Q of each (the expected count
+/// of the word in the sample).
+struct Candidates {
+  std::size_t sampled = 0;
+  std::vector<px::index_t> ids;  ///< sampled ids, then one per label
+  std::vector<float> log_q;      ///< aligned to ids
+};
+
+// example-begin word_lm_candidates
+/// Samples the candidates of step `step` (the same on every rank) and appends
+/// this rank's labels.
+inline Candidates make_candidates(const LogUniformSampler& sampler, std::size_t count, std::uint64_t seed,
+                                  std::uint64_t step, const Batch& batch) {
+  const auto s = sampler.sample(count, hash(seed, 0x5A3F, step));
+  Candidates c;
+  c.sampled = count;
+  c.ids.reserve(count + batch.rows);
+  c.ids.assign(s.ids.begin(), s.ids.end());
+  c.ids.insert(c.ids.end(), batch.labels.begin(), batch.labels.end());
+  c.log_q.resize(c.ids.size());
+  for (std::size_t i = 0; i < c.ids.size(); ++i)
+    c.log_q[i] = static_cast<float>(std::log(sampler.expected_count(c.ids[i], s.tries)));
+  return c;
+}
+// example-end
+
+/// Training windows of a token stream: example g is the `context` words at a
+/// pseudo-random position (a function of seed and g) and the word after them.
+/// The last `holdout` fraction of the stream is kept for evaluation.
+class Windows {
+ public:
+  Windows(const std::vector<std::int32_t>& tokens, std::size_t context, std::uint64_t seed, double holdout = 0.05)
+      : tokens_(&tokens), context_(context), seed_(seed) {
+    const std::size_t n = tokens.size();
+    split_ = n - static_cast<std::size_t>(static_cast<double>(n) * holdout);
+    if (split_ < context + 1 || n - split_ < context + 1)
+      throw std::invalid_argument("the corpus has " + std::to_string(n) + " words: too few for windows of " +
+                                  std::to_string(context + 1));
+  }
+
+  /// Examples [first, first + count) of global batch `step` of `global_batch`.
+  Batch training(std::uint64_t step, std::size_t global_batch, std::size_t first, std::size_t count) const {
+    Batch b;
+    b.rows = count;
+    for (std::size_t e = first; e < first + count; ++e) {
+      const std::uint64_t g = step * global_batch + e;
+      add(b, hash(seed_, 0xE1, g) % (split_ - context_));
+    }
+    return b;
+  }
+  /// Held-out examples [first, first + count).
+  Batch held_out(std::size_t first, std::size_t count) const {
+    Batch b;
+    b.rows = count;
+    const std::size_t span = tokens_->size() - split_ - context_;
+    for (std::size_t e = first; e < first + count; ++e) add(b, split_ + hash(seed_, 0xE7, e) % span);
+    return b;
+  }
+
+ private:
+  void add(Batch& b, std::size_t pos) const {
+    for (std::size_t k = 0; k < context_; ++k) b.context.push_back((*tokens_)[pos + k]);
+    b.labels.push_back((*tokens_)[pos + context_]);
+  }
+  const std::vector<std::int32_t>* tokens_;
+  std::size_t context_;
+  std::uint64_t seed_;
+  std::size_t split_;
+};
+
+// ---------------------------------------------------------------- kernels
+
+// example-begin word_lm_kernel
+/// z[b, 0] = the true word's logit, z[b, 1 + j] = sampled word j's; each
+/// h[b] . w[row] + bias[row] - log Q[row]. A sampled word equal to b's label
+/// (an accidental hit) gets a logit of -1e30, i.e. probability 0.
+template <class T>
+struct SampledLogits {
+  const T* h;              // rows x dim
+  const T* w;              // candidates x (dim + 1): sampled rows, then one per label
+  const float* log_q;      // per candidate
+  const px::index_t* ids;  // per candidate
+  T* z;                    // rows x (1 + sampled)
+  std::size_t dim, sampled;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t e) const {
+    const std::size_t b = e / (1 + sampled), k = e % (1 + sampled);
+    const std::size_t row = k == 0 ? sampled + b : k - 1;
+    if (k > 0 && ids[row] == ids[sampled + b]) {
+      z[e] = T(-1e30);
+      return;
+    }
+    const T* wr = w + row * (dim + 1);
+    z[e] = dot(h + b * dim, wr, dim) + wr[dim] - static_cast<T>(log_q[row]);
+  }
+};
+// example-end
+
+/// The gradient of the candidate rows: sampled row j gets sum_b dz[b, 1+j] [h_b, 1],
+/// label row (sampled + b) gets dz[b, 0] [h_b, 1]. One row per call.
+template <class T>
+struct CandidateGrad {
+  const T* h;
+  const T* dz;  // rows x (1 + sampled)
+  T* g;         // candidates x (dim + 1)
+  std::size_t rows, dim, sampled;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
+    T* gj = g + j * (dim + 1);
+    for (std::size_t c = 0; c <= dim; ++c) gj[c] = T(0);
+    const std::size_t first = j < sampled ? 0 : j - sampled, last = j < sampled ? rows : first + 1;
+    const std::size_t col = j < sampled ? 1 + j : 0;
+    for (std::size_t b = first; b < last; ++b) {
+      const T d = dz[b * (1 + sampled) + col];
+      axpy(d, h + b * dim, gj, dim);
+      gj[dim] += d;
+    }
+  }
+};
+
+/// dh[b, :] = sum_k dz[b, k] w[row_k, :dim], one row b per call.
+template <class T>
+struct HiddenGrad {
+  const T* w;
+  const T* dz;
+  T* dh;
+  std::size_t dim, sampled;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t b) const {
+    T* out = dh + b * dim;
+    const T* zb = dz + b * (1 + sampled);
+    for (std::size_t c = 0; c < dim; ++c) out[c] = T(0);
+    axpy(zb[0], w + (sampled + b) * (dim + 1), out, dim);
+    for (std::size_t j = 0; j < sampled; ++j)
+      if (zb[1 + j] != T(0)) axpy(zb[1 + j], w + j * (dim + 1), out, dim);
+  }
+};
+
+template <class T>
+struct FillValue {
+  T* out;
+  T value;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t i) const { out[i] = value; }
+};
+
+// ---------------------------------------------------------------- the model
+
+/// The variables and the per-step computation. Give the trainer
+/// `emb, hidden.w, hidden.b, softmax`.
+template <class Space>
+class Model {
+ public:
+  using T = float;
+
+  // example-begin word_lm_variables
+  Model(const px::Context& ctx, const Config& cfg)
+      : emb(ctx, "emb", {cfg.vocab, cfg.dim}, px::init::Uniform{-0.1f, 0.1f, cfg.seed}),
+        hidden(ctx, "hidden", cfg.context * cfg.dim, cfg.dim, Activation::tanh, cfg.seed),
+        softmax(ctx, "softmax", {cfg.vocab, cfg.dim + 1}, px::init::Uniform{-0.05f, 0.05f, cfg.seed}),
+        cfg_(cfg) {}
+  // example-end
+
+  const Config& config() const noexcept { return cfg_; }
+
+  /// One training step on this rank's share of the batch; returns the mean
+  /// sampled-softmax loss over this rank's rows. Collective (lookups, step).
+  template <class Trainer>
+  double train_step(Trainer& trainer, const Batch& batch, const Candidates& cand) {
+    const std::size_t rows = batch.rows, dim = cfg_.dim, s = cand.sampled, width = 1 + s;
+    const std::size_t n_ctx = rows * cfg_.context;
+    auto& ex = trainer.engine().exec();  // the trainer's stream: our kernels and its own run in order
+    // example-begin word_lm_step
+    // Inputs of this rank's rows, in the model's memory space.
+    context_ids_.assign_from_host(batch.context.data(), n_ctx);
+    candidate_ids_.assign_from_host(cand.ids.data(), cand.ids.size());
+    log_q_.assign_from_host(cand.log_q.data(), cand.log_q.size());
+
+    // Forward: the embedding rows of the context words (pulled from their
+    // owners under the hybrid), the hidden layer, the candidate logits.
+    const auto x = trainer.lookup(emb, context_ids_);
+    const T* h = hidden.forward(ex, x.data, rows);
+    const auto w = trainer.lookup(softmax, candidate_ids_);
+    logits_.resize_discard(rows * width);
+    px::for_each(ex, rows * width, SampledLogits<T>{h, w.data, log_q_.data(), candidate_ids_.data(), logits_.data(), dim, s});
+
+    // Loss and its gradient: the true word is column 0 of every row.
+    zeros_.resize_discard(rows);
+    loss_.resize_discard(rows);
+    hits_.resize_discard(rows);
+    px::for_each(ex, rows, FillValue<std::int32_t>{zeros_.data(), 0});
+    px::for_each(ex, rows, SoftmaxCrossEntropy<T>{logits_.data(), zeros_.data(), loss_.data(), hits_.data(), width,
+                                                  T(1) / static_cast<T>(rows)});
+
+    // Backward: rows of the softmax table, the hidden layer, the context
+    // words' embedding rows. Gradients are means over this rank's rows; the
+    // trainer averages them over the ranks.
+    grad_w_.resize_discard(cand.ids.size() * (dim + 1));
+    px::for_each(ex, cand.ids.size(), CandidateGrad<T>{h, logits_.data(), grad_w_.data(), rows, dim, s});
+    px::for_each(ex, rows, HiddenGrad<T>{w.data, logits_.data(), hidden.output_grad(), dim, s});
+    grad_x_.resize_discard(n_ctx * dim);
+    hidden.backward(ex, x.data, rows, grad_x_.data());
+    ex.synchronize();
+    softmax.grad().add(candidate_ids_.data(), grad_w_.data(), cand.ids.size());
+    emb.grad().add(context_ids_.data(), grad_x_.data(), n_ctx);
+    trainer.step();  // dense: all-reduce; sparse: push rows to their owners; then the optimizer
+    // example-end
+    return sum_to_host(loss_, rows) / static_cast<double>(rows);
+  }
+
+  px::Variable<px::Sparse, T, Space> emb;      ///< vocab x dim
+  DenseLayer<Space, T> hidden;                 ///< (context * dim) -> dim, tanh
+  px::Variable<px::Sparse, T, Space> softmax;  ///< vocab x (dim + 1), last column the bias
+
+ private:
+  Config cfg_;
+  px::Buffer<px::index_t, Space> context_ids_, candidate_ids_;
+  px::Buffer<float, Space> log_q_;
+  px::Buffer<T, Space> logits_, loss_, hits_, grad_w_, grad_x_;
+  px::Buffer<std::int32_t, Space> zeros_;
+};
+
+/// Full-softmax cross-entropy of the model on `batch` (mean over its rows),
+/// on the host from the fetched tables: the number a perplexity is made of.
+/// `softmax_table` is trainer.fetch(softmax); emb rows come from `emb_rows`
+/// (aligned to batch.context), the hidden layer from its fetched values.
+inline double full_softmax_loss(const Config& cfg, const Batch& batch, const std::vector<float>& emb_rows,
+                                const std::vector<float>& hidden_w, const std::vector<float>& hidden_b,
+                                const std::vector<float>& softmax_table) {
+  const std::size_t dim = cfg.dim, in = cfg.context * dim;
+  double total = 0;
+  std::vector<float> h(dim);
+  std::vector<double> z(cfg.vocab);
+  for (std::size_t b = 0; b < batch.rows; ++b) {
+    const float* x = emb_rows.data() + b * in;
+    for (std::size_t o = 0; o < dim; ++o) {
+      float s = hidden_b[o];
+      for (std::size_t i = 0; i < in; ++i) s += x[i] * hidden_w[i * dim + o];
+      h[o] = std::tanh(s);
+    }
+    double top = -1e300;
+    for (std::size_t v = 0; v < cfg.vocab; ++v) {
+      const float* wr = softmax_table.data() + v * (dim + 1);
+      z[v] = static_cast<double>(dot(h.data(), wr, dim) + wr[dim]);
+      top = std::max(top, z[v]);
+    }
+    double sum = 0;
+    for (std::size_t v = 0; v < cfg.vocab; ++v) sum += std::exp(z[v] - top);
+    total += std::log(sum) + top - z[static_cast<std::size_t>(batch.labels[b])];
+  }
+  return batch.rows ? total / static_cast<double>(batch.rows) : 0.0;
+}
+
+}  // namespace examples::word_lm

@@ -1,0 +1,226 @@
+#pragma once
+/// @file
+/// The click-through-rate model of example 02, shared with
+/// bench/end_to_end.cpp: DLRM-style (Naumov et al., 2019) on the Criteo
+/// layout, with the dot-product interaction replaced by concatenation.
+///
+///   13 dense features --bottom MLP (dense)--> 16 ─┐
+///   26 categorical ids --one embedding table each (sparse)--> 26 x 16 ─┴─ concat
+///   concat --top MLP (dense)--> 1 logit --logistic loss
+///
+/// Each table is its own sparse variable (one lookup and one push per step
+/// each), sized per feature; ids are power-law. Templated on the memory space.
+
+#include "../common/layers.hpp"
+#include "../common/readers.hpp"
+#include "../common/synthetic.hpp"
+
+#include <parallax/parallax.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace examples::ctr {
+
+namespace px = parallax;
+
+/// Categorical features (embedding tables), as in Criteo.
+inline constexpr std::size_t features = CriteoRecord::categorical_features;
+/// Dense features, as in Criteo.
+inline constexpr std::size_t dense_features = CriteoRecord::dense_features;
+
+/// Rows of each table of Criteo's Kaggle set (distinct values per feature),
+/// capped at `cap` rows: the tables range from a few rows to the cap.
+inline std::vector<std::size_t> criteo_table_rows(std::size_t cap) {
+  static constexpr std::array<std::size_t, features> kaggle = {
+      1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
+      27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572};
+  std::vector<std::size_t> rows;
+  for (std::size_t r : kaggle) rows.push_back(std::max<std::size_t>(2, std::min(r + 1, cap)));  // + the "missing" row
+  return rows;
+}
+
+/// Sizes of the model.
+struct Config {
+  std::vector<std::size_t> table_rows = criteo_table_rows(100000);
+  std::size_t dim = 16;         ///< embedding width (and bottom MLP output)
+  std::size_t bottom = 64;      ///< bottom MLP hidden width
+  std::size_t top = 64;         ///< top MLP hidden width
+  std::uint64_t seed = 1;
+};
+
+/// One rank's share of a step: `rows` examples.
+struct Batch {
+  std::size_t rows = 0;
+  std::vector<float> dense;                                  ///< rows x dense_features
+  std::array<std::vector<px::index_t>, features> ids;       ///< per feature: rows ids
+  std::vector<std::int32_t> labels;                          ///< rows
+
+  void clear(std::size_t n) {
+    rows = 0;
+    dense.clear();
+    dense.reserve(n * dense_features);
+    for (auto& v : ids) v.clear(), v.reserve(n);
+    labels.clear();
+    labels.reserve(n);
+  }
+  void add(const ClickExample& e) {
+    ++rows;
+    dense.insert(dense.end(), e.dense.begin(), e.dense.end());
+    for (std::size_t f = 0; f < features; ++f) ids[f].push_back(e.ids[f]);
+    labels.push_back(e.label);
+  }
+};
+
+/// A Criteo record as a model input: dense x -> log(1 + max(x, 0)) (DLRM's
+/// transform), a categorical value -> a row of its table by hashing (row 0
+/// is "missing").
+inline ClickExample to_example(const CriteoRecord& r, const std::vector<std::size_t>& table_rows) {
+  ClickExample e;
+  e.dense.resize(dense_features);
+  e.ids.resize(features);
+  for (std::size_t j = 0; j < dense_features; ++j)
+    e.dense[j] = r.dense_missing[j] ? 0.f : static_cast<float>(std::log1p(static_cast<double>(std::max<std::int64_t>(r.dense[j], 0))));
+  for (std::size_t f = 0; f < features; ++f) {
+    const std::size_t rows = table_rows[f];
+    e.ids[f] = r.categorical_missing[f] || rows < 2
+                   ? 0
+                   : static_cast<px::index_t>(1 + mix64(r.categorical[f]) % (rows - 1));
+  }
+  e.label = r.label;
+  return e;
+}
+
+// ---------------------------------------------------------------- kernels
+
+/// dst[r, offset + c] = src[r, c] for c < width: one block of the concatenation.
+template <class T>
+struct CopyColumns {
+  const T* src;
+  T* dst;
+  std::size_t width, dst_width, offset;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t e) const {
+    const std::size_t r = e / width, c = e % width;
+    dst[r * dst_width + offset + c] = src[e];
+  }
+};
+
+/// dst[r, c] = src[r, offset + c]: the gradient of one block back out.
+template <class T>
+struct SliceColumns {
+  const T* src;
+  T* dst;
+  std::size_t width, src_width, offset;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t e) const {
+    const std::size_t r = e / width, c = e % width;
+    dst[e] = src[r * src_width + offset + c];
+  }
+};
+
+// ---------------------------------------------------------------- the model
+
+/// The variables and the per-step computation. variables() lists them for the trainer.
+template <class Space>
+class Model {
+ public:
+  using T = float;
+  using Table = px::Variable<px::Sparse, T, Space>;
+
+  Model(const px::Context& ctx, const Config& cfg)
+      : tables(make_tables(ctx, cfg, std::make_index_sequence<features>{})),
+        bottom1(ctx, "bottom1", dense_features, cfg.bottom, Activation::relu, cfg.seed),
+        bottom2(ctx, "bottom2", cfg.bottom, cfg.dim, Activation::relu, cfg.seed),
+        top1(ctx, "top1", (features + 1) * cfg.dim, cfg.top, Activation::relu, cfg.seed),
+        top2(ctx, "top2", cfg.top, 1, Activation::none, cfg.seed),
+        cfg_(cfg) {}
+
+  const Config& config() const noexcept { return cfg_; }
+
+  /// Every variable, as a tuple of references: the 26 tables, then the MLPs'.
+  /// `std::apply` hands them to the Trainer's constructor.
+  auto variables() {
+    return std::tuple_cat(std::apply([](auto&... t) { return std::tie(t...); }, tables),
+                          std::tie(bottom1.w, bottom1.b, bottom2.w, bottom2.b, top1.w, top1.b, top2.w, top2.b));
+  }
+
+  /// Forward pass on this rank's share of a batch: logits into logits_,
+  /// losses and hits into loss_, hits_. Collective (one lookup per table).
+  template <class Trainer>
+  void forward(Trainer& trainer, const Batch& batch) {
+    auto& ex = trainer.engine().exec();
+    const std::size_t rows = batch.rows, dim = cfg_.dim, width = (features + 1) * dim;
+    dense_in_.assign_from_host(batch.dense.data(), batch.dense.size());
+    labels_.assign_from_host(batch.labels.data(), rows);
+    concat_.resize_discard(rows * width);
+    const T* b = bottom2.forward(ex, bottom1.forward(ex, dense_in_.data(), rows), rows);
+    if (rows) px::for_each(ex, rows * dim, CopyColumns<T>{b, concat_.data(), dim, width, 0});
+    for (std::size_t f = 0; f < features; ++f) {
+      ids_[f].assign_from_host(batch.ids[f].data(), rows);
+      const auto e = trainer.lookup(tables[f], ids_[f]);
+      if (rows) px::for_each(ex, rows * dim, CopyColumns<T>{e.data, concat_.data(), dim, width, (f + 1) * dim});
+    }
+    const T* z = top2.forward(ex, top1.forward(ex, concat_.data(), rows), rows);
+    loss_.resize_discard(rows);
+    hits_.resize_discard(rows);
+    if (rows)
+      px::for_each(ex, rows, LogisticLoss<T>{z, top2.output_grad(), labels_.data(), loss_.data(), hits_.data(),
+                                             T(1) / static_cast<T>(rows)});
+    ex.synchronize();
+  }
+
+  /// One training step; returns this rank's mean loss. Collective.
+  template <class Trainer>
+  double train_step(Trainer& trainer, const Batch& batch) {
+    auto& ex = trainer.engine().exec();
+    const std::size_t rows = batch.rows, dim = cfg_.dim, width = (features + 1) * dim;
+    forward(trainer, batch);
+    // forward() left d(loss)/d(logit) in top2's output gradient.
+    top2.backward(ex, top1.output(), rows, top1.output_grad());
+    grad_concat_.resize_discard(rows * width);
+    top1.backward(ex, concat_.data(), rows, grad_concat_.data());
+    if (rows) px::for_each(ex, rows * dim, SliceColumns<T>{grad_concat_.data(), bottom2.output_grad(), dim, width, 0});
+    bottom2.backward(ex, bottom1.output(), rows, bottom1.output_grad());
+    bottom1.backward(ex, dense_in_.data(), rows, nullptr);
+    grad_rows_.resize_discard(features * rows * dim);
+    for (std::size_t f = 0; f < features; ++f)
+      if (rows)
+        px::for_each(ex, rows * dim,
+                     SliceColumns<T>{grad_concat_.data(), grad_rows_.data() + f * rows * dim, dim, width, (f + 1) * dim});
+    ex.synchronize();
+    for (std::size_t f = 0; f < features; ++f) tables[f].grad().add(ids_[f].data(), grad_rows_.data() + f * rows * dim, rows);
+    trainer.step();
+    return rows ? sum_to_host(loss_, rows) / static_cast<double>(rows) : 0.0;
+  }
+
+  /// Sum of losses and of correct predictions over this rank's share of a
+  /// held-out batch (forward only). Collective.
+  template <class Trainer>
+  std::pair<double, double> evaluate(Trainer& trainer, const Batch& batch) {
+    forward(trainer, batch);
+    return {sum_to_host(loss_, batch.rows), sum_to_host(hits_, batch.rows)};
+  }
+
+  std::array<Table, features> tables;  ///< "emb00".."emb25"
+  DenseLayer<Space, T> bottom1, bottom2, top1, top2;
+
+ private:
+  template <std::size_t... F>
+  static std::array<Table, features> make_tables(const px::Context& ctx, const Config& cfg, std::index_sequence<F...>) {
+    auto name = [](std::size_t f) { return std::string("emb") + (f < 10 ? "0" : "") + std::to_string(f); };
+    return {Table(ctx, name(F), {cfg.table_rows.at(F), cfg.dim}, px::init::Uniform{-0.05f, 0.05f, cfg.seed})...};
+  }
+
+  Config cfg_;
+  px::Buffer<T, Space> dense_in_, concat_, grad_concat_, grad_rows_, loss_, hits_;
+  px::Buffer<std::int32_t, Space> labels_;
+  std::array<px::Buffer<px::index_t, Space>, features> ids_;
+};
+
+}  // namespace examples::ctr

@@ -1,0 +1,113 @@
+#pragma once
+/// @file
+/// Command-line boilerplate shared by the examples: the options every example
+/// takes (Boost.Program_options), parsing before MPI starts (the rank layout
+/// is itself an option), and --help / error output from rank 0 only.
+
+#include <parallax/parallax.hpp>
+
+#include <boost/program_options.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <iostream>
+#include <string>
+
+namespace examples {
+
+namespace po = boost::program_options;
+namespace px = parallax;
+
+/// Settings every example takes. Each example sets its own defaults before
+/// add_common_options().
+struct CommonOptions {
+  std::string arch = "hybrid";  ///< hybrid | allreduce | ps
+  std::size_t steps = 200;
+  std::size_t batch = 256;  ///< global batch: the ranks split it
+  float lr = 0.1f;
+  std::uint64_t seed = 1;
+  int ranks_per_host = 0;  ///< 0: the real hosts
+  std::size_t log_every = 20;
+  int threads = 0;  ///< OpenMP threads per rank (host build); 0: share the cores
+
+  px::ContextOptions context() const {
+    px::ContextOptions c;
+    c.ranks_per_host = ranks_per_host;
+    c.threads = threads;
+    return c;
+  }
+};
+
+/// Adds --help and the common options to `desc`, with o's values as defaults.
+inline void add_common_options(po::options_description& desc, CommonOptions& o) {
+  desc.add_options()
+    ("help,h", "print this help and exit")
+    ("arch", po::value(&o.arch)->default_value(o.arch),
+     "architecture: hybrid (dense all-reduced, sparse sharded), allreduce (sparse all-gathered, as Horovod), "
+     "ps (everything sharded, as TF-PS)")
+    ("steps", po::value(&o.steps)->default_value(o.steps), "training steps")
+    ("batch", po::value(&o.batch)->default_value(o.batch),
+     "global batch per step, split evenly over the ranks (must be divisible by the rank count)")
+    ("lr", po::value(&o.lr)->default_value(o.lr), "learning rate")
+    ("seed", po::value(&o.seed)->default_value(o.seed), "seed of the data and the initial values")
+    ("ranks-per-host", po::value(&o.ranks_per_host)->default_value(o.ranks_per_host),
+     "ranks that count as one host for byte accounting and local aggregation (0: the real hosts)")
+    ("log-every", po::value(&o.log_every)->default_value(o.log_every), "steps between progress lines")
+    ("threads", po::value(&o.threads)->default_value(o.threads),
+     "OpenMP threads per rank (0: the host's cores shared by its ranks)");
+}
+
+/// The outcome of parsing, decided before MPI starts and reported after.
+struct CommandLine {
+  bool help = false;
+  std::string error;  ///< empty if the command line is valid
+  po::variables_map values;
+
+  bool ok() const noexcept { return !help && error.empty(); }
+};
+
+/// Parses argv against `desc` without printing anything.
+inline CommandLine parse_command_line(int argc, char** argv, const po::options_description& desc) {
+  CommandLine cl;
+  try {
+    po::store(po::parse_command_line(argc, argv, desc), cl.values);
+    cl.help = cl.values.count("help") > 0;
+    po::notify(cl.values);
+  } catch (const std::exception& e) {
+    cl.error = e.what();
+  }
+  return cl;
+}
+
+/// Checks the common options against the job (architecture name, batch
+/// divisible by the rank count). Returns the problem, or "".
+inline std::string check_common(const CommonOptions& o, const px::Context& ctx) {
+  if (o.arch != "hybrid" && o.arch != "allreduce" && o.arch != "ps")
+    return "--arch must be hybrid, allreduce or ps, not '" + o.arch + "'";
+  if (o.steps == 0) return "--steps must be at least 1";
+  if (o.log_every == 0) return "--log-every must be at least 1";
+  const auto n = static_cast<std::size_t>(ctx.size());
+  if (o.batch == 0 || o.batch % n != 0)
+    return "--batch " + std::to_string(o.batch) + " is not divisible by the " + std::to_string(n) +
+           " ranks: every rank takes an equal share of the global batch, so N ranks train on the same examples "
+           "as one process";
+  return "";
+}
+
+/// After the Context exists: prints the help or the error (rank 0 only) and
+/// returns the exit code to leave with, or -1 to go on.
+inline int report_command_line(const CommandLine& cl, const std::string& problem, const px::Context& ctx,
+                               const char* about, const po::options_description& desc) {
+  if (cl.help) {
+    if (ctx.is_root()) std::cout << about << "\n\n" << desc << "\n";
+    return 0;
+  }
+  const std::string& e = cl.error.empty() ? problem : cl.error;
+  if (!e.empty()) {
+    if (ctx.is_root()) std::cerr << "error: " << e << "\n(see --help)\n";
+    return 2;
+  }
+  return -1;
+}
+
+}  // namespace examples

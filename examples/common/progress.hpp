@@ -1,0 +1,150 @@
+#pragma once
+/// @file
+/// The examples' progress line and summary: global mean loss, samples per
+/// second and bytes sent per step per rank (from the trainer's CommStats,
+/// exact), and the Passed / Failed verdict.
+///
+/// Losses and counts are combined across ranks with MPI directly on the
+/// context's communicator, outside the trainer, so reporting neither shows in
+/// the trainer's byte statistics nor needs the engine's memory space.
+
+#include <parallax/parallax.hpp>
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace examples {
+
+namespace px = parallax;
+
+/// What a training run measured.
+struct Summary {
+  std::uint64_t steps = 0;
+  double first_loss = 0;       ///< global mean loss of step 1 (the untrained model)
+  double final_loss = 0;       ///< global mean loss over the last progress window
+  std::uint64_t final_from = 0;  ///< first step of that window
+  double samples_per_s = 0;    ///< steps 2..end (step 1 warms up)
+  double seconds = 0;          ///< steps 2..end
+  double bytes_per_step = 0;   ///< bytes sent per step by a rank, mean over the ranks
+  double bytes_per_step_max = 0;  ///< the same, the busiest rank
+  int ranks = 1;
+};
+
+/// "12.3 MiB" style.
+inline std::string format_bytes(double b) {
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024.0 && u < 4) b /= 1024.0, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", b, unit[u]);
+  return buf;
+}
+
+/// Prints a progress line at step 1 and every `every` steps (rank 0), and a
+/// summary at the end. Every call is collective: all ranks call record()
+/// after each step and finish() once.
+template <class Trainer>
+class Progress {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  /// Construct right before the training loop (bytes count from here).
+  Progress(Trainer& trainer, std::size_t global_batch, std::size_t every, const char* unit = "samples")
+      : trainer_(&trainer), comm_(trainer.context().comm()), batch_(global_batch), every_(std::max<std::size_t>(every, 1)),
+        unit_(unit), root_(trainer.context().is_root()) {
+    summary_.ranks = trainer.context().size();
+    window_start_ = clock::now();
+    sent_at_window_ = sent_at_start_ = sent();
+  }
+
+  /// After every step: this rank's mean loss over its share of the batch.
+  void record(double local_loss) {
+    ++steps_;
+    window_loss_ += local_loss;
+    ++window_steps_;
+    if (steps_ == 1 || steps_ % every_ == 0) flush();
+  }
+
+  /// Prints the summary (rank 0) and returns it on every rank.
+  Summary finish() {
+    if (window_steps_) flush();
+    Summary& s = summary_;
+    s.steps = steps_;
+    s.seconds = std::chrono::duration<double>(last_flush_ - steady_start_).count();
+    s.samples_per_s = steps_ > 1 && s.seconds > 0 ? static_cast<double>((steps_ - 1) * batch_) / s.seconds : 0;
+    double bytes[2] = {static_cast<double>(sent() - sent_at_start_) / static_cast<double>(std::max<std::uint64_t>(steps_, 1)), 0};
+    bytes[1] = bytes[0];
+    MPI_Allreduce(MPI_IN_PLACE, &bytes[0], 1, MPI_DOUBLE, MPI_SUM, comm_);
+    MPI_Allreduce(MPI_IN_PLACE, &bytes[1], 1, MPI_DOUBLE, MPI_MAX, comm_);
+    s.bytes_per_step = bytes[0] / s.ranks;
+    s.bytes_per_step_max = bytes[1];
+    if (root_) {
+      std::printf("summary: %llu steps of %zu %s on %d rank%s\n", static_cast<unsigned long long>(s.steps), batch_, unit_,
+                  s.ranks, s.ranks == 1 ? "" : "s");
+      std::printf("  loss: step 1 %.4f, final %.4f (mean of steps %llu-%llu)\n", s.first_loss, s.final_loss,
+                  static_cast<unsigned long long>(s.final_from), static_cast<unsigned long long>(s.steps));
+      std::printf("  %s/s: %.1f (steps 2-%llu, %.2f s)\n", unit_, s.samples_per_s, static_cast<unsigned long long>(s.steps),
+                  s.seconds);
+      std::printf("  bytes sent per step per rank: %s mean, %s busiest rank (trainer.stats())\n",
+                  format_bytes(s.bytes_per_step).c_str(), format_bytes(s.bytes_per_step_max).c_str());
+      std::fflush(stdout);
+    }
+    return s;
+  }
+
+ private:
+  std::uint64_t sent() const { return trainer_->stats().total().sent(); }
+
+  void flush() {
+    double loss = window_loss_;
+    MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, comm_);  // also lines the ranks up for the clock
+    loss /= static_cast<double>(window_steps_) * summary_.ranks;
+    const auto now = clock::now();
+    const double secs = std::chrono::duration<double>(now - window_start_).count();
+    const std::uint64_t sent_now = sent();
+    const double bytes = static_cast<double>(sent_now - sent_at_window_) / static_cast<double>(window_steps_);
+    if (steps_ == 1) {
+      summary_.first_loss = loss;
+      steady_start_ = now;
+    }
+    summary_.final_loss = loss;
+    summary_.final_from = steps_ - window_steps_ + 1;
+    if (root_) {
+      std::printf("step %6llu  loss %8.4f  %s/s %10.1f  sent/step/rank %s\n", static_cast<unsigned long long>(steps_),
+                  loss, unit_, secs > 0 ? static_cast<double>(window_steps_ * batch_) / secs : 0.0,
+                  format_bytes(bytes).c_str());
+      std::fflush(stdout);
+    }
+    window_loss_ = 0;
+    window_steps_ = 0;
+    window_start_ = last_flush_ = now;
+    sent_at_window_ = sent_now;
+  }
+
+  Trainer* trainer_;
+  MPI_Comm comm_;
+  std::size_t batch_, every_;
+  const char* unit_;
+  bool root_;
+  std::uint64_t steps_ = 0, window_steps_ = 0;
+  double window_loss_ = 0;
+  clock::time_point window_start_, steady_start_, last_flush_;
+  std::uint64_t sent_at_start_ = 0, sent_at_window_ = 0;
+  Summary summary_;
+};
+
+/// Prints the verdict (rank 0) in CUTLASS's style and returns main's exit code.
+inline int verdict(const px::Context& ctx, bool passed, const std::string& why) {
+  if (ctx.is_root()) {
+    std::printf("%s\n%s\n", why.c_str(), passed ? "Passed" : "Failed");
+    std::fflush(stdout);
+  }
+  return passed ? 0 : 1;
+}
+
+}  // namespace examples
