@@ -1,0 +1,228 @@
+// End-to-end benchmarks of issue 5: whole training steps of the three host
+// examples' models (examples/0N_*/model.hpp, the same code the examples run)
+// under each architecture, at the rank count the binary is launched with.
+//
+//   mpiexec -n 4 build/host/bench/bench_end_to_end --benchmark_format=json
+//   bench/run_end_to_end.sh      # 1..4 ranks, table + plot into docs/
+//
+// Per benchmark `<model>/<arch>`: time per step (the slowest rank's, through
+// the shared harness), samples_per_s, and the bytes one rank sends per step
+// from the trainer's CommStats (exact): bytes_per_step (mean over the ranks)
+// and bytes_per_step_max (the busiest rank). Input batches are made outside
+// the timed region (data loading is not what is measured). After the timed
+// loop every rank checks that its loss is finite, reported as `wrong`.
+//
+// Shapes (global batch, split over the ranks):
+//  * word_lm: LM1B-like sparse tables scaled down: vocabulary 200,000, width
+//    256, 8192 sampled classes per step (LM1B's count), context 2, batch 32,
+//    Adagrad. The softmax rows of a step (8192 + labels) dwarf the batch.
+//  * ctr: 26 tables (Criteo's cardinalities capped at 100,000 rows), width 16,
+//    batch 256, Adagrad.
+//  * dense_mlp: MLP 32-512-512-10 (0.29M parameters), batch 256, Momentum.
+#include "common/harness.hpp"
+
+#include "../examples/01_word_lm/model.hpp"
+#include "../examples/02_ctr/model.hpp"
+#include "../examples/03_dense_mlp/model.hpp"
+
+#include <parallax/parallax.hpp>
+
+#include <benchmark/benchmark.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace px = parallax;
+namespace pb = parallax::bench;
+namespace lm = examples::word_lm;
+namespace ctr = examples::ctr;
+namespace mlp = examples::dense_mlp;
+
+namespace {
+
+using Space = px::HostSpace;
+
+constexpr std::uint64_t kSeed = 1;
+
+lm::Config word_lm_config() {
+  lm::Config c;
+  c.vocab = 200000;
+  c.dim = 256;
+  c.context = 2;
+  c.sampled = 8192;
+  c.seed = kSeed;
+  return c;
+}
+// Global batches divisible by 1, 2, 3 and 4 ranks.
+constexpr std::size_t kWordLmBatch = 24;
+constexpr std::size_t kCtrBatch = 240;
+constexpr std::size_t kMlpBatch = 240;
+
+/// Counters every end-to-end benchmark reports. `sent` is what this rank
+/// sent over `steps` steps; `loss` its last local loss.
+void report(benchmark::State& st, pb::Session& s, std::size_t global_batch, std::uint64_t sent, std::uint64_t steps,
+            double loss) {
+  using C = benchmark::Counter;
+  MPI_Comm comm = s.context().comm();
+  double per_step[2] = {static_cast<double>(sent) / static_cast<double>(steps), 0};
+  per_step[1] = per_step[0];
+  MPI_Allreduce(MPI_IN_PLACE, &per_step[0], 1, MPI_DOUBLE, MPI_SUM, comm);
+  MPI_Allreduce(MPI_IN_PLACE, &per_step[1], 1, MPI_DOUBLE, MPI_MAX, comm);
+  st.counters["samples_per_s"] = C(static_cast<double>(global_batch), C::kIsIterationInvariantRate);
+  st.counters["steps_per_s"] = C(1.0, C::kIsIterationInvariantRate);
+  st.counters["bytes_per_step"] = C(per_step[0] / s.size(), C::kDefaults, C::OneK::kIs1024);
+  st.counters["bytes_per_step_max"] = C(per_step[1], C::kDefaults, C::OneK::kIs1024);
+  st.counters["global_batch"] = C(static_cast<double>(global_batch));
+  st.counters["ranks"] = C(static_cast<double>(s.size()));
+  pb::set_wrong(st, std::isfinite(loss) ? 0 : 1, comm);
+}
+
+/// Runs `warmup` + timed steps of `step(batch)`, with `make(step, batch)`
+/// untimed before each, and reports.
+template <class Trainer, class Batch, class Make, class Step>
+void run_steps(benchmark::State& st, pb::Session& s, Trainer& trainer, std::size_t global_batch, Make make, Step step) {
+  Batch batch;
+  std::uint64_t n = 0;
+  double loss = 0;
+  const std::uint64_t sent0 = trainer.stats().total().sent();
+  pb::timed_loop(
+      st, s.context().comm(), 2, [&] { make(n, batch); },
+      [&] {
+        loss = step(batch);
+        ++n;
+      });
+  report(st, s, global_batch, trainer.stats().total().sent() - sent0, n, loss);
+}
+
+// ---------------------------------------------------------------- word_lm
+
+struct WordLm {
+template <class Arch>
+static void run(benchmark::State& st, pb::Session& s) {
+  px::Context& ctx = s.context();
+  const lm::Config cfg = word_lm_config();
+  static const std::vector<std::int32_t> tokens = examples::SyntheticCorpus{cfg.vocab, 2000000, 1.0, 0.5, kSeed}.make();
+  const lm::Windows windows(tokens, cfg.context, kSeed);
+  const examples::LogUniformSampler sampler(cfg.vocab);
+  const std::size_t local = kWordLmBatch / static_cast<std::size_t>(s.size());
+  const std::size_t first = local * static_cast<std::size_t>(s.rank());
+
+  lm::Model<Space> model(ctx, cfg);
+  px::TrainerOptions options;
+  // As the example plans it: hot low word ids spread over 32 partitions per rank.
+  options.partitions["emb"] = options.partitions["softmax"] = 32 * s.size();
+  px::Trainer<Arch, px::optim::Adagrad> trainer(ctx, options, px::optim::Adagrad{0.5f}, model.emb, model.hidden.w,
+                                                model.hidden.b, model.softmax);
+  struct Input {
+    lm::Batch batch;
+    lm::Candidates cand;
+  };
+  run_steps<decltype(trainer), Input>(
+      st, s, trainer, kWordLmBatch,
+      [&](std::uint64_t step, Input& in) {
+        in.batch = windows.training(step, kWordLmBatch, first, local);
+        in.cand = lm::make_candidates(sampler, cfg.sampled, kSeed, step, in.batch);
+      },
+      [&](const Input& in) { return model.train_step(trainer, in.batch, in.cand); });
+}
+};
+
+// ---------------------------------------------------------------- ctr
+
+struct ClickModel {
+template <class Arch>
+static void run(benchmark::State& st, pb::Session& s) {
+  px::Context& ctx = s.context();
+  ctr::Config cfg;
+  cfg.table_rows = ctr::criteo_table_rows(100000);
+  cfg.seed = kSeed;
+  const examples::SyntheticClicks clicks(cfg.table_rows, ctr::dense_features, kSeed);
+  const std::size_t local = kCtrBatch / static_cast<std::size_t>(s.size());
+  const std::size_t first = local * static_cast<std::size_t>(s.rank());
+
+  ctr::Model<Space> model(ctx, cfg);
+  auto trainer = std::apply(
+      [&](auto&... vars) { return px::Trainer<Arch, px::optim::Adagrad>(ctx, px::optim::Adagrad{0.2f}, vars...); },
+      model.variables());
+  run_steps<decltype(trainer), ctr::Batch>(
+      st, s, trainer, kCtrBatch,
+      [&](std::uint64_t step, ctr::Batch& b) {
+        b.clear(local);
+        examples::ClickExample e;
+        for (std::size_t i = first; i < first + local; ++i) {
+          clicks.make(step * kCtrBatch + i, e);
+          b.add(e);
+        }
+      },
+      [&](const ctr::Batch& b) { return model.train_step(trainer, b); });
+}
+};
+
+// ---------------------------------------------------------------- dense_mlp
+
+struct DenseMlp {
+template <class Arch>
+static void run(benchmark::State& st, pb::Session& s) {
+  px::Context& ctx = s.context();
+  mlp::Config cfg;
+  cfg.hidden = 512;
+  cfg.seed = kSeed;
+  const examples::TeacherData data(cfg.inputs, cfg.classes, kSeed);
+  const std::size_t local = kMlpBatch / static_cast<std::size_t>(s.size());
+  const std::size_t first = local * static_cast<std::size_t>(s.rank());
+
+  mlp::Model<Space> model(ctx, cfg);
+  auto trainer = std::apply(
+      [&](auto&... vars) {
+        return px::Trainer<Arch, px::optim::Momentum>(ctx, px::optim::Momentum{0.05f, 0.9f}, vars...);
+      },
+      model.variables());
+  run_steps<decltype(trainer), mlp::Batch>(
+      st, s, trainer, kMlpBatch,
+      [&](std::uint64_t step, mlp::Batch& b) {
+        b.rows = local;
+        b.x.resize(local * cfg.inputs);
+        b.labels.resize(local);
+        for (std::size_t i = 0; i < local; ++i)
+          b.labels[i] = data.make(step * kMlpBatch + first + i, b.x.data() + i * cfg.inputs);
+      },
+      [&](const mlp::Batch& b) { return model.train_step(trainer, b); });
+}
+};
+
+/// Registers `<model>/<arch>` for the three architectures, one after the
+/// other, each with a fixed step count (the same on every rank).
+template <class Model>
+void add(pb::Session& s, const std::string& model, std::int64_t steps) {
+  const auto iterations = std::max<std::int64_t>(1, std::llround(static_cast<double>(steps) * s.policy().scale));
+  auto one = [&](auto arch) {
+    using Arch = decltype(arch);
+    s.add(model + "/" + Arch::name, 0, [&s](benchmark::State& st) { Model::template run<Arch>(st, s); })
+        ->Iterations(iterations);
+  };
+  one(px::arch::Hybrid{});
+  one(px::arch::AllReduce{});
+  one(px::arch::PS{});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  pb::Session s(argc, argv);
+  for (std::size_t b : {kWordLmBatch, kCtrBatch, kMlpBatch}) {
+    if (b % static_cast<std::size_t>(s.size()) != 0) {
+      if (s.rank() == 0) std::fprintf(stderr, "bench_end_to_end: the global batches (24, 240) need 1, 2, 3, 4, 6 or 8 ranks\n");
+      return 1;
+    }
+  }
+  const bool slow = s.oversubscribed();  // collectives cost scheduler slices: fewer steps
+  add<WordLm>(s, "word_lm", slow ? 10 : 20);
+  add<ClickModel>(s, "ctr", slow ? 10 : 30);
+  add<DenseMlp>(s, "dense_mlp", slow ? 20 : 50);
+  return s.run();
+}

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Turns bench_end_to_end's JSON (one file per rank count) into the
+"End to end (issue 5)" section of docs/benchmarks.md and a plot.
+
+    bench/end_to_end_report.py --doc docs/benchmarks.md --plot docs/end_to_end.png \
+        --command "bench/run_end_to_end.sh" e2e_np1.json e2e_np2.json ...
+
+Only that section of the document is replaced (or appended); the rest of the
+file is left as it is. With --benchmark_repetitions the median is used.
+"""
+import argparse
+import json
+import os
+import re
+import sys
+
+SECTION = "## End to end (issue 5)"
+ARCHS = ["hybrid", "allreduce", "ps"]
+MODELS = ["word_lm", "ctr", "dense_mlp"]
+
+
+def load(paths):
+    """{(model, arch, ranks): counters} from the JSON files (median aggregate if present)."""
+    runs, context = {}, {}
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        context = data.get("context", context)
+        for b in data["benchmarks"]:
+            if b.get("error_occurred"):
+                sys.exit(f"{path}: {b['name']} failed: {b.get('error_message')}")
+            agg = b.get("aggregate_name")
+            if agg not in (None, "median"):
+                continue
+            name = b.get("run_name", b["name"]).split("/")
+            model, arch = name[0], name[1]
+            ranks = int(b["ranks"])
+            key = (model, arch, ranks)
+            if agg == "median" or key not in runs:
+                runs[key] = b
+    return runs, context
+
+
+def fmt_bytes(b):
+    for unit in ["B", "KiB", "MiB", "GiB"]:
+        if b < 1024 or unit == "GiB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.2f} {unit}"
+        b /= 1024
+
+
+def section(runs, context, command):
+    ranks = sorted({k[2] for k in runs})
+    lines = [SECTION, ""]
+    lines.append("Whole training steps of the examples' models (`examples/0N_*/model.hpp`, the code the "
+                 "examples run) under each architecture: `bench/end_to_end.cpp`, Google Benchmark through "
+                 "`bench/common/harness.hpp` (fixed step counts, the slowest rank's time per step). "
+                 "Bytes are what one rank sends per step, from the trainer's `CommStats` (exact): the mean "
+                 "over the ranks, and the busiest rank in parentheses. Shapes are in the benchmark's header "
+                 "comment.")
+    lines.append("")
+    lines.append("Produced by:")
+    lines.append("")
+    lines.append("```")
+    lines.append(command)
+    lines.append("```")
+    lines.append("")
+    host = context.get("host_name", "?")
+    cpus = context.get("num_cpus", "?")
+    lines.append(f"Machine: {host}, {cpus} CPUs, {context.get('mpi_library', 'MPI ?')}; "
+                 f"{context.get('date', '')}. With more ranks than cores (3 and 4 ranks here) every "
+                 "collective waits for scheduler time slices, so per-call latency, not bytes, sets much "
+                 "of the time.")
+    lines.append("")
+    for model in MODELS:
+        if not any(k[0] == model for k in runs):
+            continue
+        lines.append(f"### {model}")
+        lines.append("")
+        lines.append("| ranks | architecture | samples/s | ms/step | bytes sent/step/rank |")
+        lines.append("|---:|---|---:|---:|---|")
+        for n in ranks:
+            for arch in ARCHS:
+                b = runs.get((model, arch, n))
+                if not b:
+                    continue
+                ms = b["real_time"] if b.get("time_unit") == "ms" else b["real_time"] / 1000.0
+                lines.append(f"| {n} | {arch} | {b['samples_per_s']:.1f} | {ms:.1f} | "
+                             f"{fmt_bytes(b['bytes_per_step'])} ({fmt_bytes(b['bytes_per_step_max'])}) |")
+        lines.append("")
+    lines.append("### Hybrid against all-reduce")
+    lines.append("")
+    lines.append("The ratios the issue sets bars for: bytes per rank (mean) and samples/s of "
+                 "`arch::Hybrid` over `arch::AllReduce`.")
+    lines.append("")
+    lines.append("| model | ranks | bytes ratio | samples/s ratio |")
+    lines.append("|---|---:|---:|---:|")
+    for model in MODELS:
+        for n in ranks:
+            h, a = runs.get((model, "hybrid", n)), runs.get((model, "allreduce", n))
+            if not h or not a:
+                continue
+            br = h["bytes_per_step"] / a["bytes_per_step"] if a["bytes_per_step"] else float("nan")
+            sr = h["samples_per_s"] / a["samples_per_s"]
+            lines.append(f"| {model} | {n} | {br:.3f} | {sr:.3f} |")
+    lines.append("")
+    lines.append("![end to end](end_to_end.png)")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def write_doc(path, text):
+    old = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
+    start = old.find(SECTION)
+    if start < 0:
+        new = old.rstrip("\n") + "\n\n" + text
+    else:
+        nxt = re.search(r"^## ", old[start + len(SECTION):], flags=re.M)
+        end = start + len(SECTION) + nxt.start() if nxt else len(old)
+        new = old[:start] + text + ("\n" + old[end:] if nxt else "")
+    with open(path, "w") as f:
+        f.write(new.rstrip("\n") + "\n")
+
+
+def plot(runs, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranks = sorted({k[2] for k in runs})
+    fig, axes = plt.subplots(2, len(MODELS), figsize=(4.2 * len(MODELS), 7), squeeze=False)
+    for col, model in enumerate(MODELS):
+        for arch, marker in zip(ARCHS, "os^"):
+            xs = [n for n in ranks if (model, arch, n) in runs]
+            axes[0][col].plot(xs, [runs[(model, arch, n)]["samples_per_s"] for n in xs], marker=marker, label=arch)
+            axes[1][col].plot(xs, [runs[(model, arch, n)]["bytes_per_step"] / 2**20 for n in xs], marker=marker,
+                              label=arch)
+        axes[0][col].set_title(model)
+        axes[0][col].set_ylabel("samples/s")
+        axes[1][col].set_ylabel("MiB sent per step per rank")
+        for row in (0, 1):
+            axes[row][col].set_xlabel("ranks")
+            axes[row][col].set_xticks(ranks)
+            axes[row][col].set_ylim(bottom=0)
+            axes[row][col].grid(alpha=0.3)
+            axes[row][col].legend()
+    fig.suptitle("parallax end to end: samples/s and bytes per step, by architecture")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--doc", required=True)
+    p.add_argument("--plot", required=True)
+    p.add_argument("--command", default="bench/run_end_to_end.sh")
+    p.add_argument("json", nargs="+")
+    a = p.parse_args()
+    runs, context = load(a.json)
+    write_doc(a.doc, section(runs, context, a.command))
+    plot(runs, a.plot)
+    print(section(runs, context, a.command))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# End-to-end benchmarks of issue 5 at 1, 2, 3 and 4 ranks: builds
+# bench_end_to_end in build/host, runs it under mpiexec with JSON output, and
+# writes the "End to end (issue 5)" section of docs/benchmarks.md and the plot
+# docs/end_to_end.png (matplotlib, Debian's python3-matplotlib).
+#
+#   bench/run_end_to_end.sh              # 1..4 ranks, 3 repetitions each (median)
+#   RANKS="2 4" REPETITIONS=5 bench/run_end_to_end.sh
+#
+# Timings are only as quiet as the machine: run it with nothing else busy.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/setup.sh" python3-matplotlib
+ranks="${RANKS:-1 2 3 4}"
+repetitions="${REPETITIONS:-3}"
+build="$root/build/host"
+out="$build/bench/end_to_end"
+
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPARALLAX_ENABLE_CUDA=OFF >/dev/null
+cmake --build "$build" -j "$(nproc)" --target bench_end_to_end
+mkdir -p "$out"
+files=()
+for np in $ranks; do
+  echo "== $np rank(s); load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+  mpiexec -n "$np" "$build/bench/bench_end_to_end" --benchmark_repetitions="$repetitions" \
+    --benchmark_report_aggregates_only=true --benchmark_out_format=json --benchmark_out="$out/np$np.json"
+  files+=("$out/np$np.json")
+done
+# Debian's python3-matplotlib serves /usr/bin/python3 (another python3 may come first on PATH).
+py=python3
+if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then py=/usr/bin/python3; fi
+"$py" "$root/bench/end_to_end_report.py" --doc "$root/docs/benchmarks.md" --plot "$root/docs/end_to_end.png" \
+  --command "RANKS=\"$ranks\" REPETITIONS=$repetitions bench/run_end_to_end.sh" "${files[@]}"
+echo "== wrote docs/benchmarks.md (section \"End to end (issue 5)\") and docs/end_to_end.png"
