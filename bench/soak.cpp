@@ -1,0 +1,144 @@
+// Soak: trains many steps of a hybrid model (a sharded embedding, a dense
+// layer, Adam) and reports each rank's resident memory after warm-up and at
+// the end. Long jobs must not grow: every buffer a step needs is sized in
+// the first steps and reused, so the resident set must stay flat.
+//
+//   mpiexec -n 2 build/host/bench/bench_soak                 # 10,000 steps
+//   mpiexec -n 2 build/host/bench/bench_soak --steps 2000 --json soak.json
+//
+// Prints one line per report interval (step, RSS of the largest rank) and a
+// summary; exits 1 when the largest growth of any rank from the end of
+// warm-up to the last step reaches --max-growth (default 1%). The ids change
+// every step (a random batch) and a checkpoint is written every
+// --checkpoint-every steps (and once during warm-up, which sizes the save's
+// buffers), so the resizing paths, the partition exchange and the checkpoint
+// files are all exercised.
+#include <parallax/parallax.hpp>
+
+#include <boost/program_options.hpp>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+namespace px = parallax;
+namespace po = boost::program_options;
+
+namespace {
+
+/// Resident set size of this process in bytes (/proc/self/statm, field 2).
+double rss_bytes() {
+  std::ifstream f("/proc/self/statm");
+  long pages_total = 0, pages_resident = 0;
+  f >> pages_total >> pages_resident;
+  return double(pages_resident) * double(sysconf(_SC_PAGESIZE));
+}
+
+double max_over(double v, MPI_Comm c) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, c);
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  long steps = 10000, warmup = 1000, report_every = 1000, checkpoint_every = 2500;
+  std::size_t rows = 200000, cols = 32, batch = 512;
+  double max_growth = 0.01;
+  std::string json, dir;
+  po::options_description desc("bench_soak: resident memory over a long hybrid training run");
+  desc.add_options()("help", "this text")("steps", po::value(&steps)->default_value(steps), "training steps")(
+      "warmup", po::value(&warmup)->default_value(warmup), "steps before the first RSS reading")(
+      "report-every", po::value(&report_every)->default_value(report_every), "progress line every N steps")(
+      "checkpoint-every", po::value(&checkpoint_every)->default_value(checkpoint_every),
+      "save a checkpoint every N steps (0: never)")("rows", po::value(&rows)->default_value(rows),
+                                                     "embedding rows")(
+      "cols", po::value(&cols)->default_value(cols), "embedding width")(
+      "batch", po::value(&batch)->default_value(batch), "ids per rank per step")(
+      "max-growth", po::value(&max_growth)->default_value(max_growth), "largest tolerated RSS growth (fraction)")(
+      "json", po::value(&json), "write the result as JSON to this file (rank 0)")(
+      "dir", po::value(&dir), "checkpoint directory (default: a temporary one)");
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, desc), vm);
+    po::notify(vm);
+  } catch (const std::exception& e) {
+    std::cerr << "bench_soak: " << e.what() << "\n" << desc;
+    return 2;
+  }
+  px::Context ctx(argc, argv);
+  if (vm.count("help")) {
+    if (ctx.rank() == 0) std::cout << desc;
+    return 0;
+  }
+  const MPI_Comm comm = ctx.comm();
+  const bool root = ctx.rank() == 0;
+  if (dir.empty()) dir = (std::filesystem::temp_directory_path() / ("parallax-soak-" + std::to_string(getppid()))).string();
+
+  px::Variable<px::Sparse, float> emb(ctx, "emb", {rows, cols}, px::init::Uniform{-0.1f, 0.1f, 1});
+  px::Variable<px::Dense, float> w(ctx, "w", {cols, cols}, px::init::Glorot{2});
+  px::Variable<px::Dense, float> b(ctx, "b", {1, cols}, px::init::Zeros{});
+  px::TrainerOptions options;
+  options.checkpoint.dir = dir;
+  options.checkpoint.keep_last = 2;
+  px::Trainer<px::arch::Hybrid, px::optim::Adam> trainer(ctx, options, px::optim::Adam{1e-3f}, emb, w, b);
+
+  std::mt19937_64 rng(17 + static_cast<unsigned>(ctx.rank()));
+  std::uniform_int_distribution<px::index_t> pick(0, static_cast<px::index_t>(rows) - 1);
+  std::vector<px::index_t> ids(batch);
+  std::vector<float> grad;
+  double rss_start = 0, mine_start = 0, start_time = 0;
+  for (long s = 1; s <= steps; ++s) {
+    // A batch of a random size around `batch`, so buffers see new sizes.
+    ids.resize(batch / 2 + static_cast<std::size_t>(rng() % batch));
+    for (auto& id : ids) id = pick(rng);
+    const auto x = trainer.lookup(emb, ids);
+    grad.assign(x.size(), 0.f);
+    for (std::size_t i = 0; i < x.size(); ++i) grad[i] = 1e-2f * x.data[i];
+    emb.grad().add(ids, grad);
+    for (std::size_t i = 0; i < w.grad().size(); ++i) w.grad()[i] = 1e-3f * float(i % 7);
+    for (std::size_t i = 0; i < b.grad().size(); ++i) b.grad()[i] = 1e-3f;
+    trainer.step();
+    // Warm-up runs every path once, a save included: the first save sizes
+    // the buffers the later ones reuse.
+    if (checkpoint_every > 0 && (s % checkpoint_every == 0 || s == warmup / 2)) trainer.save();
+    if (s == warmup) {
+      mine_start = rss_bytes();
+      rss_start = max_over(mine_start, comm);
+      start_time = MPI_Wtime();
+    }
+    if (s % report_every == 0 || s == steps) {
+      const double r = max_over(rss_bytes(), comm);
+      if (root) std::printf("step %6ld  rss(max over ranks) %8.2f MiB\n", s, r / 1048576.0);
+    }
+  }
+  // Growth of each rank from warm-up to the end; the largest over the ranks.
+  const double mine_end = rss_bytes();
+  const double rss_end = max_over(mine_end, comm);
+  const double growth = max_over(mine_start > 0 ? (mine_end - mine_start) / mine_start : 0, comm);
+  const double elapsed = MPI_Wtime() - start_time;
+  const bool ok = growth < max_growth;
+  if (root) {
+    std::printf("soak: %d ranks, %ld steps (%.1f steps/s after warm-up), rss after step %ld: %.2f MiB, "
+                "after step %ld: %.2f MiB, growth %+.3f%% (limit %.2f%%): %s\n",
+                ctx.size(), steps, double(steps - warmup) / elapsed, warmup, rss_start / 1048576.0, steps,
+                rss_end / 1048576.0, 100 * growth, 100 * max_growth, ok ? "flat" : "GROWING");
+    if (!json.empty()) {
+      std::ofstream f(json);
+      f << "{\"ranks\": " << ctx.size() << ", \"steps\": " << steps << ", \"warmup\": " << warmup
+        << ", \"rss_start_bytes\": " << rss_start << ", \"rss_end_bytes\": " << rss_end
+        << ", \"growth\": " << growth << ", \"steps_per_s\": " << double(steps - warmup) / elapsed
+        << ", \"flat\": " << (ok ? "true" : "false") << "}\n";
+    }
+  }
+  MPI_Barrier(comm);
+  if (root) std::filesystem::remove_all(dir);
+  return ok ? 0 : 1;
+}
