@@ -33,6 +33,11 @@
 #include <parallax/variable.hpp>
 
 #if PARALLAX_HAS_CUDA
+#include <parallax/cuda/device.cuh>
 #include <parallax/cuda/error.cuh>
 #include <parallax/cuda/space.cuh>
+#include <parallax/engine/mpi_staged.cuh>
+#endif
+#if PARALLAX_HAS_NCCL
+#include <parallax/engine/nccl.cuh>
 #endif

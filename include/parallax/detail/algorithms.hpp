@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 
 namespace parallax::detail {
 
@@ -42,6 +43,10 @@ struct CoalesceScratch {
   Buffer<index_t, Space> keys;
   Buffer<index_t, Space> order;
   Buffer<index_t, Space> starts;
+  // Used by the CudaSpace path only (cuda/coalesce.cuh): CUB's input
+  // positions and run lengths, and its temporary storage.
+  Buffer<index_t, Space> positions;
+  Buffer<std::byte, Space> temp;
 };
 
 template <class T>
@@ -65,15 +70,11 @@ struct SetValue {
   PARALLAX_HOST_DEVICE void operator()(std::size_t) const { *where = value; }
 };
 
-/// Sorts `n` (id, row) pairs by id and sums the rows of equal ids, in the
-/// order the pairs appear (so the result is deterministic and, for input
-/// concatenated by rank, summed by row and then by rank). Writes the m unique
-/// ids, ascending, to out_ids and their summed rows to out_values; returns m.
-/// Output buffers must not alias the input.
+/// coalesce_rows with Thrust algorithms, for every space (the HostSpace path).
 template <class T, class Space>
-std::size_t coalesce_rows(const Exec<Space>& ex, const index_t* ids, const T* values, std::size_t n,
-                          std::size_t cols, Buffer<index_t, Space>& out_ids, Buffer<T, Space>& out_values,
-                          CoalesceScratch<Space>& scratch) {
+std::size_t coalesce_rows_thrust(const Exec<Space>& ex, const index_t* ids, const T* values, std::size_t n,
+                                 std::size_t cols, Buffer<index_t, Space>& out_ids, Buffer<T, Space>& out_values,
+                                 CoalesceScratch<Space>& scratch) {
   out_ids.resize_discard(n);
   if (n == 0) {
     out_values.resize_discard(0);
@@ -96,6 +97,34 @@ std::size_t coalesce_rows(const Exec<Space>& ex, const index_t* ids, const T* va
   out_values.resize_discard(m * cols);
   for_each_rows(ex, m, cols, SumSegments<T>{values, scratch.order.data(), scratch.starts.data(), out_values.data(), cols});
   return m;
+}
+
+#if PARALLAX_HAS_CUDA
+/// The CudaSpace path, with CUB (cuda/coalesce.cuh, included at the end).
+template <class T>
+std::size_t coalesce_rows_cub(const Exec<CudaSpace>& ex, const index_t* ids, const T* values, std::size_t n,
+                              std::size_t cols, Buffer<index_t, CudaSpace>& out_ids,
+                              Buffer<T, CudaSpace>& out_values, CoalesceScratch<CudaSpace>& scratch);
+#endif
+
+/// Sorts `n` (id, row) pairs by id and sums the rows of equal ids, in the
+/// order the pairs appear (so the result is deterministic and, for input
+/// concatenated by rank, summed by row and then by rank). Writes the m unique
+/// ids, ascending, to out_ids and their summed rows to out_values; returns m.
+/// Output buffers must not alias the input. CudaSpace runs CUB
+/// (cuda/coalesce.cuh), every other space Thrust; both give the same bits.
+template <class T, class Space>
+std::size_t coalesce_rows(const Exec<Space>& ex, const index_t* ids, const T* values, std::size_t n,
+                          std::size_t cols, Buffer<index_t, Space>& out_ids, Buffer<T, Space>& out_values,
+                          CoalesceScratch<Space>& scratch) {
+#if PARALLAX_HAS_CUDA
+  if constexpr (std::is_same_v<Space, CudaSpace>)
+    return coalesce_rows_cub(ex, ids, values, n, cols, out_ids, out_values, scratch);
+  else
+    return coalesce_rows_thrust(ex, ids, values, n, cols, out_ids, out_values, scratch);
+#else
+  return coalesce_rows_thrust(ex, ids, values, n, cols, out_ids, out_values, scratch);
+#endif
 }
 
 struct OutOfRange {
@@ -154,3 +183,7 @@ struct Subtract {
 };
 
 }  // namespace parallax::detail
+
+#if PARALLAX_HAS_CUDA
+#include <parallax/cuda/coalesce.cuh>
+#endif

@@ -36,6 +36,11 @@ namespace parallax::engine {
 /// reduce_scatter, allgather(v): one ring pass), since that is what MPICH
 /// does for large messages and what the cost table of docs/design.md assumes.
 class Mpi {
+  // The device-memory engines run their MPI side (and book their traffic)
+  // through an Mpi they own, with its deadlines, fault reports and byte rules.
+  friend class MpiStaged;
+  friend class Nccl;
+
  public:
   using space = HostSpace;
   static constexpr const char* name = "mpi";
@@ -93,16 +98,10 @@ class Mpi {
   /// block i (recv_counts[i] elements) in recv.
   void reduce_scatter(const void* send, void* recv, const std::size_t* recv_counts, DataType t, ReduceOp op) {
     begin("reduce_scatter", recv_counts[rank()], t);
-    const int n = size(), me = rank();
-    std::size_t total = 0;
+    const int n = size();
     counts_.resize(static_cast<std::size_t>(n));
-    for (int j = 0; j < n; ++j) {
-      counts_[j] = detail::to_mpi_count(recv_counts[j]);
-      total += recv_counts[j];
-    }
-    // Ring model: every block but our own is sent, every block but our left
-    // neighbour's is received.
-    book_ring(n > 1 ? total - recv_counts[me] : 0, n > 1 ? total - recv_counts[detail::ring::mod(me - 1, n)] : 0, t);
+    for (int j = 0; j < n; ++j) counts_[j] = detail::to_mpi_count(recv_counts[j]);
+    book_reduce_scatter(recv_counts, t);
     MPI_Request r;
     PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ireduce_scatter)(send, recv, counts_.data(), detail::mpi_datatype(t),
                                                            detail::mpi_op(op), comm_, &r));
@@ -112,8 +111,7 @@ class Mpi {
   /// Every rank contributes `count` elements; recv holds size()*count, rank order.
   void allgather(const void* send, void* recv, std::size_t count, DataType t) {
     begin("allgather", count, t);
-    const auto n = static_cast<std::size_t>(size());
-    book_ring(n > 1 ? (n - 1) * count : 0, n > 1 ? (n - 1) * count : 0, t);
+    book_allgather(count, t);
     MPI_Request r;
     const auto c = detail::to_mpi_count(count);
     PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Iallgather)(send, c, detail::mpi_datatype(t), recv, c,
@@ -125,15 +123,11 @@ class Mpi {
   void allgatherv(const void* send, std::size_t count, void* recv, const std::size_t* counts,
                   const std::size_t* displs, DataType t) {
     begin("allgatherv", 0, t);
-    const int n = size(), me = rank();
+    const int me = rank();
     PARALLAX_EXPECTS(counts[me] == count, "allgatherv: this rank sends ", count, " elements but counts[", me,
                      "] is ", counts[me]);
     fill_counts(counts, displs);
-    std::size_t total = 0;
-    for (int j = 0; j < n; ++j) total += counts[j];
-    // Ring model: every block but the right neighbour's is sent, every block
-    // but our own is received.
-    book_ring(n > 1 ? total - counts[detail::ring::mod(me + 1, n)] : 0, n > 1 ? total - count : 0, t);
+    book_allgatherv(count, counts, t);
     MPI_Request r;
     PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Iallgatherv)(send, detail::to_mpi_count(count), detail::mpi_datatype(t),
                                                        recv, counts_.data(), displs_.data(),
@@ -144,13 +138,7 @@ class Mpi {
   /// Rank i sends block j (count elements at send + j*count) to rank j.
   void alltoall(const void* send, void* recv, std::size_t count, DataType t) {
     begin("alltoall", count, t);
-    const int n = size();
-    for (int p = 0; p < n; ++p) {
-      if (p == rank()) continue;
-      book_send(p, count * size_of(t));
-      book_recv(p, count * size_of(t));
-    }
-    stats_.add_call();
+    book_alltoall(count, t);
     MPI_Request r;
     const auto c = detail::to_mpi_count(count);
     PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ialltoall)(send, c, detail::mpi_datatype(t), recv, c,
@@ -172,11 +160,8 @@ class Mpi {
       displs_[p] = static_cast<detail::mpi_displ>(sdispls[p]);
       counts_[un + p] = detail::to_mpi_count(rcounts[p]);
       displs_[un + p] = static_cast<detail::mpi_displ>(rdispls[p]);
-      if (p == rank()) continue;
-      book_send(p, scounts[p] * size_of(t));
-      book_recv(p, rcounts[p] * size_of(t));
     }
-    stats_.add_call();
+    book_alltoallv(scounts, rcounts, t);
     MPI_Request r;
     PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ialltoallv)(send, counts_.data(), displs_.data(), detail::mpi_datatype(t),
                                                       recv, counts_.data() + n, displs_.data() + n,
@@ -187,13 +172,7 @@ class Mpi {
   /// Copies `count` elements of root's buf to every rank's buf.
   void broadcast(void* buf, std::size_t count, DataType t, int root) {
     begin("broadcast", count, t);
-    if (rank() == root) {
-      for (int p = 0; p < size(); ++p)
-        if (p != root) book_send(p, count * size_of(t));
-    } else {
-      book_recv(root, count * size_of(t));
-    }
-    stats_.add_call();
+    book_broadcast(count, t, root);
     MPI_Request r;
     PARALLAX_MPI_CHECK(
         PARALLAX_MPI_C(MPI_Ibcast)(buf, detail::to_mpi_count(count), detail::mpi_datatype(t), root, comm_, &r));
@@ -210,8 +189,7 @@ class Mpi {
 
   void send(const void* buf, std::size_t count, DataType t, int peer, int tag = 0) {
     ++calls_;
-    book_send(peer, count * size_of(t));
-    stats_.add_call();
+    book_point_to_point(peer, count * size_of(t), -1, 0);
     MPI_Request r;
     PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Isend)(buf, detail::to_mpi_count(count), detail::mpi_datatype(t), peer,
                                                  tag, comm_, &r));
@@ -220,8 +198,7 @@ class Mpi {
 
   void recv(void* buf, std::size_t count, DataType t, int peer, int tag = 0) {
     ++calls_;
-    book_recv(peer, count * size_of(t));
-    stats_.add_call();
+    book_point_to_point(-1, 0, peer, count * size_of(t));
     MPI_Request r;
     PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Irecv)(buf, detail::to_mpi_count(count), detail::mpi_datatype(t), peer,
                                                  tag, comm_, &r));
@@ -234,9 +211,7 @@ class Mpi {
                           int src, DataType t, int tag = 0) {
     Exchange x;
     ++calls_;
-    book_send(dst, scount * size_of(t));
-    book_recv(src, rcount * size_of(t));
-    stats_.add_call();
+    book_point_to_point(dst, scount * size_of(t), src, rcount * size_of(t));
     PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Irecv)(recvbuf, detail::to_mpi_count(rcount), detail::mpi_datatype(t),
                                                  src, tag, comm_, &x.requests_[0]));
     PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Isend)(sendbuf, detail::to_mpi_count(scount), detail::mpi_datatype(t),
@@ -350,6 +325,60 @@ class Mpi {
   void book_ring_allreduce(std::size_t count, DataType t) {
     book_ring(detail::ring::allreduce_sent(count, size(), rank()),
               detail::ring::allreduce_received(count, size(), rank()), t);
+  }
+  // One helper per operation, shared with engine::MpiStaged and engine::Nccl,
+  // so every engine books the same bytes for the same call
+  // (docs/design.md, "Byte accounting").
+  /// Ring model: every block but our own is sent, every block but our left
+  /// neighbour's is received.
+  void book_reduce_scatter(const std::size_t* recv_counts, DataType t) {
+    const int n = size(), me = rank();
+    std::size_t total = 0;
+    for (int j = 0; j < n; ++j) total += recv_counts[j];
+    book_ring(n > 1 ? total - recv_counts[me] : 0, n > 1 ? total - recv_counts[detail::ring::mod(me - 1, n)] : 0, t);
+  }
+  void book_allgather(std::size_t count, DataType t) {
+    const auto n = static_cast<std::size_t>(size());
+    book_ring(n > 1 ? (n - 1) * count : 0, n > 1 ? (n - 1) * count : 0, t);
+  }
+  /// Ring model: every block but the right neighbour's is sent, every block
+  /// but our own is received.
+  void book_allgatherv(std::size_t count, const std::size_t* counts, DataType t) {
+    const int n = size(), me = rank();
+    std::size_t total = 0;
+    for (int j = 0; j < n; ++j) total += counts[j];
+    book_ring(n > 1 ? total - counts[detail::ring::mod(me + 1, n)] : 0, n > 1 ? total - count : 0, t);
+  }
+  void book_alltoall(std::size_t count, DataType t) {
+    for (int p = 0; p < size(); ++p) {
+      if (p == rank()) continue;
+      book_send(p, count * size_of(t));
+      book_recv(p, count * size_of(t));
+    }
+    stats_.add_call();
+  }
+  void book_alltoallv(const std::size_t* scounts, const std::size_t* rcounts, DataType t) {
+    for (int p = 0; p < size(); ++p) {
+      if (p == rank()) continue;
+      book_send(p, scounts[p] * size_of(t));
+      book_recv(p, rcounts[p] * size_of(t));
+    }
+    stats_.add_call();
+  }
+  void book_broadcast(std::size_t count, DataType t, int root) {
+    if (rank() == root) {
+      for (int p = 0; p < size(); ++p)
+        if (p != root) book_send(p, count * size_of(t));
+    } else {
+      book_recv(root, count * size_of(t));
+    }
+    stats_.add_call();
+  }
+  /// A send to `dst` and/or a receive from `src` (a negative peer: none).
+  void book_point_to_point(int dst, std::size_t sent_bytes, int src, std::size_t recv_bytes) {
+    if (dst >= 0) book_send(dst, sent_bytes);
+    if (src >= 0) book_recv(src, recv_bytes);
+    stats_.add_call();
   }
   void fill_counts(const std::size_t* counts, const std::size_t* displs) {
     const auto n = static_cast<std::size_t>(size());

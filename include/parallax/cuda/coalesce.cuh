@@ -1,0 +1,106 @@
+#pragma once
+/// @file
+/// Coalescing rows on the GPU with CUB: what detail::coalesce_rows runs for
+/// CudaSpace (detail/algorithms.hpp dispatches here in nvcc translation
+/// units). Same result, bit for bit, as the Thrust path: the sort is stable,
+/// and each output element is summed sequentially in the order its rows were
+/// added. nvcc only.
+///
+///   1. cub::DeviceRadixSort::SortPairs: keys = row ids, values = positions
+///      0..n-1 (a radix sort is stable, so equal ids keep their order);
+///   2. cub::DeviceRunLengthEncode::Encode: the m unique ids and the length
+///      of each run (m is read back: the one synchronisation);
+///   3. cub::DeviceScan::InclusiveSum of the lengths: segment starts;
+///   4. one thread per (unique row, column) sums its segment (SumSegments).
+///
+/// Temporary storage and the index arrays live in the caller's
+/// CoalesceScratch, so a training loop allocates nothing after its first
+/// steps.
+
+#include <parallax/config.hpp>
+
+#if !PARALLAX_HAS_CUDA
+#error "parallax/cuda/coalesce.cuh needs nvcc (a CUDA translation unit of a PARALLAX_ENABLE_CUDA build)"
+#endif
+
+#include <parallax/cuda/error.cuh>
+#include <parallax/cuda/space.cuh>
+#include <parallax/detail/algorithms.hpp>
+#include <parallax/space.hpp>
+#include <parallax/types.hpp>
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_run_length_encode.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+
+namespace parallax::detail {
+
+/// out[i] = i
+struct Iota {
+  index_t* out;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t i) const { out[i] = static_cast<index_t>(i); }
+};
+
+/// coalesce_rows for CudaSpace (see detail/algorithms.hpp for the contract).
+/// Inputs of more than INT_MAX rows (CUB's run-length encoding counts in
+/// int) take the Thrust path, which gives the same result.
+template <class T>
+std::size_t coalesce_rows_cub(const Exec<CudaSpace>& ex, const index_t* ids, const T* values, std::size_t n,
+                              std::size_t cols, Buffer<index_t, CudaSpace>& out_ids,
+                              Buffer<T, CudaSpace>& out_values, CoalesceScratch<CudaSpace>& scratch) {
+  if (n > static_cast<std::size_t>(INT_MAX))
+    return coalesce_rows_thrust(ex, ids, values, n, cols, out_ids, out_values, scratch);
+  out_ids.resize_discard(n);
+  if (n == 0) {
+    out_values.resize_discard(0);
+    out_ids.resize_discard(0);
+    return 0;
+  }
+  const cudaStream_t s = ex.stream();
+  const int items = static_cast<int>(n);
+  scratch.keys.resize_discard(n);        // ids, sorted
+  scratch.order.resize_discard(n);       // input position of each sorted id
+  scratch.positions.resize_discard(n);   // 0..n-1, then the run lengths
+  scratch.starts.resize_discard(n + 1);  // segment starts; starts[n] first receives the run count
+  index_t* keys = scratch.keys.data();
+  index_t* order = scratch.order.data();
+  index_t* positions = scratch.positions.data();
+  index_t* starts = scratch.starts.data();
+  for_each(ex, n, Iota{positions});
+
+  std::size_t sort_bytes = 0, rle_bytes = 0, scan_bytes = 0;
+  PARALLAX_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, ids, keys, positions, order, items, 0,
+                                                      static_cast<int>(sizeof(index_t) * 8), s));
+  PARALLAX_CUDA_CHECK(cub::DeviceRunLengthEncode::Encode(nullptr, rle_bytes, keys, out_ids.data(), positions,
+                                                         starts + n, items, s));
+  PARALLAX_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, positions, starts + 1, items, s));
+  std::size_t temp_bytes = std::max({sort_bytes, rle_bytes, scan_bytes, std::size_t{1}});
+  scratch.temp.resize_discard(temp_bytes);
+  void* temp = scratch.temp.data();
+
+  PARALLAX_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, ids, keys, positions, order, items, 0,
+                                                      static_cast<int>(sizeof(index_t) * 8), s));
+  temp_bytes = scratch.temp.size();
+  PARALLAX_CUDA_CHECK(
+      cub::DeviceRunLengthEncode::Encode(temp, temp_bytes, keys, out_ids.data(), positions, starts + n, items, s));
+  index_t runs = 0;
+  PARALLAX_CUDA_CHECK(cudaMemcpyAsync(&runs, starts + n, sizeof(index_t), cudaMemcpyDeviceToHost, s));
+  PARALLAX_CUDA_CHECK(cudaStreamSynchronize(s));
+  const auto m = static_cast<std::size_t>(runs);
+
+  PARALLAX_CUDA_CHECK(cudaMemsetAsync(starts, 0, sizeof(index_t), s));
+  temp_bytes = scratch.temp.size();
+  PARALLAX_CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, temp_bytes, positions, starts + 1, static_cast<int>(m), s));
+  out_ids.resize(m);
+  out_values.resize_discard(m * cols);
+  for_each_rows(ex, m, cols, SumSegments<T>{values, order, starts, out_values.data(), cols});
+  return m;
+}
+
+}  // namespace parallax::detail

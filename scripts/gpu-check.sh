@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The GPU half of the test suite, on a machine with (at least) one NVIDIA GPU:
+# installs dependencies, builds the CUDA configuration in build/cuda, runs
+# every test labelled gpu (engine::MpiStaged at 1-4 ranks sharing the GPU,
+# engine::Nccl at 1 rank, the CUB coalesce, the CUDA twins of the portable
+# tests), then the GPU benchmarks: at 1 rank (kernels, MpiStaged, Nccl) and
+# with MpiStaged at 2-4 ranks sharing the GPU. Results go to
+# build/cuda/gpu-results/ as JSON (Google Benchmark's format) plus the
+# CTest log and a summary.
+#
+#   scripts/gpu-check.sh                    # everything
+#   PARALLAX_GPU_SKIP_BENCH=1 scripts/gpu-check.sh   # tests only
+#   PARALLAX_GPU_MAX_RANKS=2 scripts/gpu-check.sh    # fewer ranks for the bench
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/setup.sh"
+jobs="$(nproc)"
+build="$root/build/cuda"
+results="$build/gpu-results"
+max_ranks="${PARALLAX_GPU_MAX_RANKS:-4}"
+
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu-check: no NVIDIA GPU visible (nvidia-smi failed); nothing to do" >&2
+  exit 1
+fi
+gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)"
+gpu_count="$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)"
+driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)"
+echo "== GPU: $gpu_name (x$gpu_count, driver $driver)"
+
+echo "== CUDA build ($build)"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPARALLAX_ENABLE_CUDA=ON >/dev/null
+cmake --build "$build" -j "$jobs"
+
+mkdir -p "$results"
+echo "== GPU tests (ctest -L gpu)"
+# One test at a time: they share the GPU, and MpiStaged tests start up to 4
+# ranks on it.
+status=0
+(cd "$build" && ctest -L gpu --output-on-failure -j 1 2>&1 | tee "$results/ctest.log") || status=$?
+if grep -q "tests failed" "$results/ctest.log"; then status=1; fi
+
+bench_status=0
+if [ -z "${PARALLAX_GPU_SKIP_BENCH:-}" ]; then
+  bench="$build/bench/bench_gpu"
+  mpiexec_bin="$(command -v mpiexec)"
+  echo "== GPU benchmarks, 1 rank (kernels, MpiStaged, Nccl)"
+  "$mpiexec_bin" -n 1 "$bench" --benchmark_out="$results/bench_gpu_np1.json" --benchmark_out_format=json \
+    || bench_status=1
+  for k in $(seq 2 "$max_ranks"); do
+    echo "== GPU benchmarks, $k ranks sharing the GPU (MpiStaged; Nccl only with a GPU per rank)"
+    "$mpiexec_bin" -n "$k" "$bench" --benchmark_out="$results/bench_gpu_np$k.json" --benchmark_out_format=json \
+      || bench_status=1
+  done
+fi
+
+# A summary a person (or CI) can read without parsing the logs.
+passed="$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$results/ctest.log" | tail -n 1 || true)"
+cat >"$results/summary.json" <<EOF
+{
+  "gpu": "$gpu_name",
+  "gpu_count": $gpu_count,
+  "driver": "$driver",
+  "git_commit": "$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)",
+  "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
+  "ctest": "${passed:-no summary}",
+  "tests_ok": $([ "$status" = 0 ] && echo true || echo false),
+  "bench_ok": $([ "$bench_status" = 0 ] && echo true || echo false)
+}
+EOF
+echo "== results in $results"
+cat "$results/summary.json"
+if [ "$status" != 0 ] || [ "$bench_status" != 0 ]; then
+  echo "== gpu-check FAILED" >&2
+  exit 1
+fi
+echo "== gpu-check passed on $gpu_name"

@@ -1,0 +1,324 @@
+// engine::MpiStaged (CUDA builds, [gpu]): every call with device buffers
+// against a closed-form expectation, the pipelined paths with many chunks,
+// host and mixed buffers, the bytes booked (exactly engine::Mpi's rules), the
+// ring all-reduce over the engine, and whole trainers in device memory
+// against the same trainers on the host. Runs at 1-4 ranks on one GPU.
+#include "support.hpp"
+
+#include <parallax/engine/mpi_staged.cuh>
+
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+using px::DataType;
+using px::ReduceOp;
+
+namespace {
+
+using Engine = px::engine::MpiStaged;
+
+template <class T>
+px::Buffer<T, px::CudaSpace> device(const std::vector<T>& v) {
+  return px::Buffer<T, px::CudaSpace>::from_host(v);
+}
+
+std::uint64_t f32(std::size_t n) { return n * sizeof(float); }
+
+struct Fixture {
+  Engine eng{test::world()};
+  int n = eng.size();
+  int me = eng.rank();
+  int right = (me + 1) % n;
+  int left = (me - 1 + n) % n;
+};
+
+}  // namespace
+
+TEST_CASE("MpiStaged::allreduce sums device buffers, in chunks", "[gpu][engine][mpi_staged]") {
+  Fixture f;
+  const std::size_t count = GENERATE(0u, 1u, 7u, 1001u, 300000u);
+  const std::size_t chunk = GENERATE(std::size_t{64}, Engine::default_chunk_bytes);
+  f.eng.set_chunk_bytes(chunk);
+  std::vector<float> in(count);
+  for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(f.me * 1000 + i % 1000);
+  auto send = device(in);
+  px::Buffer<float, px::CudaSpace> recv(count);
+  f.eng.allreduce(send.data(), recv.data(), count, DataType::f32, ReduceOp::sum);
+  const auto out = recv.to_host();
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < count; ++i)
+    wrong += out[i] != static_cast<float>(1000 * f.n * (f.n - 1) / 2 + f.n * static_cast<int>(i % 1000));
+  CHECK(wrong == 0);
+  const px::Traffic t = f.eng.stats().total();
+  CHECK(t.calls == 1);
+  CHECK(t.sent() == f32(px::detail::ring::allreduce_sent(count, f.n, f.me)));
+  CHECK(t.received() == f32(px::detail::ring::allreduce_received(count, f.n, f.me)));
+  CHECK(f.eng.calls() == 1);
+}
+
+TEST_CASE("MpiStaged::allreduce in place, max and min, host and mixed buffers", "[gpu][engine][mpi_staged]") {
+  Fixture f;
+  f.eng.set_chunk_bytes(16);  // two i64 per chunk
+  const std::vector<std::int64_t> v{f.me, -f.me, 7, 3 * f.me + 1, 100};
+  const std::vector<std::int64_t> sum{f.n * (f.n - 1) / 2, -f.n * (f.n - 1) / 2, 7 * f.n,
+                                      3 * f.n * (f.n - 1) / 2 + f.n, 100 * f.n};
+  auto d = device(v);
+  f.eng.allreduce(d.data(), d.data(), v.size(), DataType::i64, ReduceOp::sum);
+  CHECK(d.to_host() == sum);
+
+  std::vector<std::int64_t> h = v;  // host memory: MPI directly
+  f.eng.allreduce(h.data(), h.data(), h.size(), DataType::i64, ReduceOp::sum);
+  CHECK(h == sum);
+
+  px::Buffer<std::int64_t, px::CudaSpace> mixed(v.size());  // host in, device out
+  f.eng.allreduce(v.data(), mixed.data(), v.size(), DataType::i64, ReduceOp::sum);
+  CHECK(mixed.to_host() == sum);
+
+  auto mx = device(std::vector<std::int32_t>{f.me, -f.me});
+  f.eng.allreduce(mx.data(), mx.data(), 2, DataType::i32, ReduceOp::max);
+  CHECK(mx.to_host() == std::vector<std::int32_t>{f.n - 1, 0});
+  auto mn = device(std::vector<double>{static_cast<double>(f.me), -0.5 * f.me});
+  f.eng.allreduce(mn.data(), mn.data(), 2, DataType::f64, ReduceOp::min);
+  CHECK(mn.to_host() == std::vector<double>{0.0, -0.5 * (f.n - 1)});
+}
+
+TEST_CASE("MpiStaged::reduce_scatter gives rank i the sum of block i", "[gpu][engine][mpi_staged]") {
+  Fixture f;
+  std::vector<std::size_t> counts(static_cast<std::size_t>(f.n));
+  for (int j = 0; j < f.n; ++j) counts[j] = static_cast<std::size_t>(j % 3);
+  const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  std::vector<double> in(total);
+  for (std::size_t i = 0; i < total; ++i) in[i] = f.me + 10.0 * i;
+  auto send = device(in);
+  auto recv = device(std::vector<double>(counts[f.me] + 1, -1.0));
+  f.eng.reduce_scatter(send.data(), recv.data(), counts.data(), DataType::f64, ReduceOp::sum);
+  const auto out = recv.to_host();
+  const std::size_t first = std::accumulate(counts.begin(), counts.begin() + f.me, std::size_t{0});
+  for (std::size_t k = 0; k < counts[f.me]; ++k) CHECK(out[k] == f.n * (f.n - 1) / 2.0 + f.n * 10.0 * (first + k));
+  CHECK(out[counts[f.me]] == -1.0);  // nothing written past the block
+  const px::Traffic t = f.eng.stats().total();
+  const std::size_t left = static_cast<std::size_t>(f.left);
+  CHECK(t.sent() == (f.n > 1 ? 8 * (total - counts[f.me]) : 0));
+  CHECK(t.received() == (f.n > 1 ? 8 * (total - counts[left]) : 0));
+}
+
+TEST_CASE("MpiStaged::allgather and allgatherv place every rank's block", "[gpu][engine][mpi_staged]") {
+  Fixture f;
+  auto mine = device(std::vector<std::int32_t>{f.me, f.me * 10});
+  px::Buffer<std::int32_t, px::CudaSpace> all(2 * static_cast<std::size_t>(f.n));
+  f.eng.allgather(mine.data(), all.data(), 2, DataType::i32);
+  const auto a = all.to_host();
+  for (int r = 0; r < f.n; ++r) {
+    CHECK(a[2 * r] == r);
+    CHECK(a[2 * r + 1] == 10 * r);
+  }
+  CHECK(f.eng.stats().total().sent() == static_cast<std::uint64_t>(4 * 2 * (f.n - 1)));
+
+  // Rank r sends r+1 elements; blocks land with a gap of one element.
+  std::vector<std::size_t> counts(f.n), displs(f.n);
+  std::size_t at = 0;
+  for (int r = 0; r < f.n; ++r) {
+    counts[r] = static_cast<std::size_t>(r + 1);
+    displs[r] = at;
+    at += counts[r] + 1;
+  }
+  std::vector<float> block(counts[f.me]);
+  for (std::size_t k = 0; k < block.size(); ++k) block[k] = static_cast<float>(100 * f.me + k);
+  auto send = device(block);
+  auto recv = device(std::vector<float>(at, -1.f));
+  f.eng.stats().reset();
+  f.eng.allgatherv(send.data(), counts[f.me], recv.data(), counts.data(), displs.data(), DataType::f32);
+  const auto g = recv.to_host();
+  for (int r = 0; r < f.n; ++r) {
+    for (std::size_t k = 0; k < counts[r]; ++k) CHECK(g[displs[r] + k] == static_cast<float>(100 * r + k));
+    CHECK(g[displs[r] + counts[r]] == -1.f);
+  }
+  const std::size_t total = static_cast<std::size_t>(f.n * (f.n + 1) / 2);
+  const px::Traffic t = f.eng.stats().total();
+  CHECK(t.sent() == (f.n > 1 ? f32(total - counts[f.right]) : 0));
+  CHECK(t.received() == (f.n > 1 ? f32(total - counts[f.me]) : 0));
+}
+
+TEST_CASE("MpiStaged::alltoall and alltoallv move every block to its rank", "[gpu][engine][mpi_staged]") {
+  Fixture f;
+  const auto un = static_cast<std::size_t>(f.n);
+  std::vector<std::int64_t> s(2 * un);
+  for (int p = 0; p < f.n; ++p) {
+    s[2 * p] = 100 * f.me + p;
+    s[2 * p + 1] = -(100 * f.me + p);
+  }
+  auto send = device(s);
+  px::Buffer<std::int64_t, px::CudaSpace> recv(2 * un);
+  f.eng.alltoall(send.data(), recv.data(), 2, DataType::i64);
+  const auto r = recv.to_host();
+  for (int p = 0; p < f.n; ++p) {
+    CHECK(r[2 * p] == 100 * p + f.me);
+    CHECK(r[2 * p + 1] == -(100 * p + f.me));
+  }
+  CHECK(f.eng.stats().total().sent() == 16 * (un - 1));
+  CHECK(f.eng.stats().total().received() == 16 * (un - 1));
+
+  // Rank i sends i+p+1 elements to rank p, valued 1000*i + 10*p + k.
+  std::vector<std::size_t> sc(un), sd(un), rc(un), rd(un);
+  std::size_t st = 0, rt = 0;
+  for (int p = 0; p < f.n; ++p) {
+    sc[p] = static_cast<std::size_t>(f.me + p + 1);
+    sd[p] = st;
+    st += sc[p];
+    rc[p] = static_cast<std::size_t>(p + f.me + 1);
+    rd[p] = rt;
+    rt += rc[p];
+  }
+  std::vector<float> sv(st);
+  for (int p = 0; p < f.n; ++p)
+    for (std::size_t k = 0; k < sc[p]; ++k) sv[sd[p] + k] = static_cast<float>(1000 * f.me + 10 * p + k);
+  auto vs = device(sv);
+  px::Buffer<float, px::CudaSpace> vr(rt);
+  f.eng.stats().reset();
+  f.eng.alltoallv(vs.data(), sc.data(), sd.data(), vr.data(), rc.data(), rd.data(), DataType::f32);
+  const auto got = vr.to_host();
+  std::size_t wrong = 0;
+  for (int p = 0; p < f.n; ++p)
+    for (std::size_t k = 0; k < rc[p]; ++k) wrong += got[rd[p] + k] != static_cast<float>(1000 * p + 10 * f.me + k);
+  CHECK(wrong == 0);
+  std::uint64_t sent = 0, received = 0;
+  for (int p = 0; p < f.n; ++p)
+    if (p != f.me) {
+      sent += f32(sc[p]);
+      received += f32(rc[p]);
+    }
+  CHECK(f.eng.stats().total().sent() == sent);
+  CHECK(f.eng.stats().total().received() == received);
+}
+
+TEST_CASE("MpiStaged::broadcast copies the root's device buffer", "[gpu][engine][mpi_staged]") {
+  Fixture f;
+  const int root = f.n - 1;
+  std::vector<float> v(1000);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = f.me == root ? static_cast<float>(i) : -1.f;
+  auto d = device(v);
+  f.eng.broadcast(d.data(), v.size(), DataType::f32, root);
+  const auto out = d.to_host();
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) wrong += out[i] != static_cast<float>(i);
+  CHECK(wrong == 0);
+  const px::Traffic t = f.eng.stats().total();
+  CHECK(t.sent() == (f.me == root ? f32(1000) * static_cast<std::uint64_t>(f.n - 1) : 0));
+  CHECK(t.received() == (f.me == root ? 0 : f32(1000)));
+}
+
+TEST_CASE("MpiStaged::start_sendrecv pipelines chunks round a ring, two exchanges in flight",
+          "[gpu][engine][mpi_staged]") {
+  Fixture f;
+  const std::size_t count = GENERATE(0u, 1u, 37u, 5000u);
+  f.eng.set_chunk_bytes(40);  // 10 floats per chunk: many chunks
+  auto value = [](int rank, int which, std::size_t i) { return static_cast<float>(rank * 100000 + which * 50000 + i); };
+  std::vector<float> a(count), b(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    a[i] = value(f.me, 0, i);
+    b[i] = value(f.me, 1, i);
+  }
+  auto sa = device(a), sb = device(b);
+  px::Buffer<float, px::CudaSpace> ra(count), rb(count);
+  auto xa = f.eng.start_sendrecv(sa.data(), count, f.right, ra.data(), count, f.left, DataType::f32);
+  auto xb = f.eng.start_sendrecv(sb.data(), count, f.right, rb.data(), count, f.left, DataType::f32);
+  f.eng.wait(xb);  // completion in either order
+  f.eng.wait(xa);
+  const auto ga = ra.to_host(), gb = rb.to_host();
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < count; ++i) wrong += (ga[i] != value(f.left, 0, i)) + (gb[i] != value(f.left, 1, i));
+  CHECK(wrong == 0);
+  const px::Traffic t = f.eng.stats().total();
+  CHECK(t.calls == 2);
+  CHECK(t.sent() == 2 * f32(count));
+  CHECK(t.received() == 2 * f32(count));
+}
+
+TEST_CASE("MpiStaged::send and recv pair even ranks with odd ones", "[gpu][engine][mpi_staged]") {
+  Fixture f;
+  if (f.n < 2) return;
+  const int partner = f.me ^ 1;
+  if (partner >= f.n) return;
+  std::vector<std::int32_t> v(300);
+  std::iota(v.begin(), v.end(), 1000 * f.me);
+  auto d = device(v);
+  px::Buffer<std::int32_t, px::CudaSpace> got(v.size());
+  if (f.me % 2 == 0) {
+    f.eng.send(d.data(), v.size(), DataType::i32, partner);
+    f.eng.recv(got.data(), v.size(), DataType::i32, partner);
+  } else {
+    f.eng.recv(got.data(), v.size(), DataType::i32, partner);
+    f.eng.send(d.data(), v.size(), DataType::i32, partner);
+  }
+  std::vector<std::int32_t> want(v.size());
+  std::iota(want.begin(), want.end(), 1000 * partner);
+  CHECK(got.to_host() == want);
+  CHECK(f.eng.stats().total().sent() == 4 * v.size());
+}
+
+TEST_CASE("RingAllReducer over MpiStaged sums device buffers with the ring", "[gpu][engine][mpi_staged]") {
+  Fixture f;
+  f.eng.set_chunk_bytes(256);
+  px::RingOptions o;
+  o.algorithm = px::engine::Algorithm::ring;
+  o.segment_bytes = 512;
+  o.adapt_to_oversubscription = false;
+  px::RingAllReducer<Engine> reducer(f.eng, o);
+  const std::size_t count = GENERATE(1u, 10u, 4097u);
+  std::vector<float> v(count);
+  for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>((f.me + 1) + static_cast<int>(i % 97));
+  auto d = device(v);
+  reducer.allreduce(d.data(), count);
+  const auto out = d.to_host();
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < count; ++i)
+    wrong += out[i] != static_cast<float>(f.n * (f.n + 1) / 2 + f.n * static_cast<int>(i % 97));
+  CHECK(wrong == 0);
+  if (f.n > 1) {
+    // The ring books its point-to-point messages exactly: 2(N-1)/N of the buffer.
+    CHECK(f.eng.stats().total().sent() == f32(px::detail::ring::allreduce_sent(count, f.n, f.me)));
+  }
+}
+
+namespace {
+
+constexpr std::size_t kRows = 50, kDim = 3, kSteps = 3;
+
+/// A few steps of SGD with fixed, integer-valued gradients (so every sum is
+/// exact): the final values of a sparse and a dense variable.
+template <class Arch, class Space, class Eng>
+std::pair<std::vector<float>, std::vector<float>> train_fixed(px::Context& ctx) {
+  px::Variable<px::Sparse, float, Space> emb(ctx, "emb", {kRows, kDim}, px::init::Constant{1.0});
+  px::Variable<px::Dense, float, Space> w(ctx, "w", {4, 2}, px::init::Constant{2.0});
+  px::TrainerOptions options;
+  options.reduction = px::Reduction::sum;
+  px::Trainer<Arch, px::optim::Sgd, Eng> trainer(ctx, options, px::optim::Sgd{0.5f}, emb, w);
+  const int me = ctx.rank();
+  for (std::size_t s = 0; s < kSteps; ++s) {
+    std::vector<px::index_t> ids;
+    for (std::size_t k = 0; k < 6; ++k) ids.push_back(static_cast<px::index_t>((me * 7 + s * 3 + k * 11) % kRows));
+    ids.push_back(ids.front());  // a duplicate
+    (void)trainer.lookup(emb, ids);
+    std::vector<float> rows(ids.size() * kDim);
+    for (std::size_t k = 0; k < rows.size(); ++k) rows[k] = static_cast<float>(static_cast<int>((k + me + s) % 5) - 2);
+    emb.grad().add(ids, rows);
+    std::vector<float> g(8);
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>((i + me + s) % 3);
+    px::space_traits<Space>::copy_from_host(w.grad().data(), g.data(), g.size() * sizeof(float));
+    trainer.step();
+  }
+  return {trainer.fetch(emb), trainer.fetch(w)};
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("Trainer over MpiStaged in device memory equals the host trainer", "[gpu][engine][mpi_staged]",
+                   px::arch::Hybrid, px::arch::AllReduce, px::arch::PS) {
+  auto& ctx = test::world();
+  const auto gpu = train_fixed<TestType, px::CudaSpace, Engine>(ctx);
+  const auto host = train_fixed<TestType, px::HostSpace, px::engine::Mpi>(ctx);
+  CHECK(gpu.first == host.first);
+  CHECK(gpu.second == host.second);
+  CHECK(test::all_ranks(gpu == host));
+}

@@ -1,0 +1,274 @@
+// engine::Nccl (CUDA builds, [gpu]): every call against a closed-form
+// expectation with device buffers, host buffers through the device scratch,
+// the bytes booked (exactly engine::Mpi's rules), and the GPU placement rule.
+// CTest runs it with one rank (one GPU); it is written for any rank count
+// with a GPU per rank.
+#include "support.hpp"
+
+#include <parallax/cuda/device.cuh>
+#include <parallax/engine/nccl.cuh>
+
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+using px::DataType;
+using px::ReduceOp;
+
+namespace {
+
+using Engine = px::engine::Nccl;
+
+template <class T>
+px::Buffer<T, px::CudaSpace> device(const std::vector<T>& v) {
+  return px::Buffer<T, px::CudaSpace>::from_host(v);
+}
+
+std::uint64_t f32(std::size_t n) { return n * sizeof(float); }
+
+struct Fixture {
+  Engine eng{test::world()};
+  int n = eng.size();
+  int me = eng.rank();
+  int right = (me + 1) % n;
+  int left = (me - 1 + n) % n;
+};
+
+}  // namespace
+
+TEST_CASE("choose_device: local rank mod GPUs, one GPU per rank for Nccl", "[gpu][engine][nccl]") {
+  CHECK(px::choose_device({0, 1}, 1, px::DeviceSharing::exclusive, "engine::Nccl") == 0);
+  CHECK(px::choose_device({3, 4}, 4, px::DeviceSharing::exclusive, "engine::Nccl") == 3);
+  CHECK(px::choose_device({3, 4}, 1, px::DeviceSharing::shared, "engine::MpiStaged") == 0);
+  CHECK(px::choose_device({5, 8}, 2, px::DeviceSharing::shared, "engine::MpiStaged") == 1);
+  const std::string crowded =
+      test::error_of([] { (void)px::choose_device({1, 3}, 2, px::DeviceSharing::exclusive, "engine::Nccl"); });
+  CHECK(crowded.find("engine::Nccl needs one GPU per rank, but this host runs 3 ranks and has 2 GPUs") !=
+        std::string::npos);
+  CHECK(crowded.find("engine::MpiStaged") != std::string::npos);
+  const std::string none =
+      test::error_of([] { (void)px::choose_device({0, 1}, 0, px::DeviceSharing::shared, "engine::MpiStaged"); });
+  CHECK(none.find("sees none") != std::string::npos);
+}
+
+TEST_CASE("Nccl::allreduce sums device buffers, in place and not", "[gpu][engine][nccl]") {
+  Fixture f;
+  const std::size_t count = GENERATE(0u, 1u, 7u, 1001u, 300000u);
+  std::vector<float> in(count);
+  for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(f.me * 1000 + i % 1000);
+  auto send = device(in);
+  px::Buffer<float, px::CudaSpace> recv(count);
+  f.eng.allreduce(send.data(), recv.data(), count, DataType::f32, ReduceOp::sum);
+  f.eng.allreduce(send.data(), send.data(), count, DataType::f32, ReduceOp::sum);
+  const auto out = recv.to_host(), inplace = send.to_host();
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto want = static_cast<float>(1000 * f.n * (f.n - 1) / 2 + f.n * static_cast<int>(i % 1000));
+    wrong += (out[i] != want) + (inplace[i] != want);
+  }
+  CHECK(wrong == 0);
+  const px::Traffic t = f.eng.stats().total();
+  CHECK(t.calls == 2);
+  CHECK(t.sent() == 2 * f32(px::detail::ring::allreduce_sent(count, f.n, f.me)));
+  CHECK(t.received() == 2 * f32(px::detail::ring::allreduce_received(count, f.n, f.me)));
+}
+
+TEST_CASE("Nccl takes host buffers for control messages", "[gpu][engine][nccl]") {
+  Fixture f;
+  std::vector<std::int64_t> v{f.me, -f.me, 7};
+  f.eng.allreduce(v.data(), v.data(), 3, DataType::i64, ReduceOp::sum);
+  CHECK(v == std::vector<std::int64_t>{f.n * (f.n - 1) / 2, -f.n * (f.n - 1) / 2, 7 * f.n});
+  std::int32_t mx = f.me, mn = f.me;
+  f.eng.allreduce(&mx, &mx, 1, DataType::i32, ReduceOp::max);
+  f.eng.allreduce(&mn, &mn, 1, DataType::i32, ReduceOp::min);
+  CHECK(mx == f.n - 1);
+  CHECK(mn == 0);
+  std::vector<std::int64_t> header(2 * static_cast<std::size_t>(f.n)), got(header.size());
+  for (int p = 0; p < f.n; ++p) {
+    header[2 * p] = 10 * f.me + p;
+    header[2 * p + 1] = -1;
+  }
+  f.eng.alltoall(header.data(), got.data(), 2, DataType::i64);
+  for (int p = 0; p < f.n; ++p) {
+    CHECK(got[2 * p] == 10 * p + f.me);
+    CHECK(got[2 * p + 1] == -1);
+  }
+  std::vector<char> text{'o', 'k', char('0' + f.me)};
+  f.eng.broadcast(text.data(), text.size(), DataType::u8, 0);
+  CHECK(text == std::vector<char>{'o', 'k', '0'});
+}
+
+TEST_CASE("Nccl::reduce_scatter, equal and unequal blocks", "[gpu][engine][nccl]") {
+  Fixture f;
+  const bool equal = GENERATE(true, false);
+  std::vector<std::size_t> counts(static_cast<std::size_t>(f.n));
+  for (int j = 0; j < f.n; ++j) counts[j] = equal ? 5 : static_cast<std::size_t>(j % 3 + (j == 0));
+  const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  std::vector<double> in(total);
+  for (std::size_t i = 0; i < total; ++i) in[i] = f.me + 10.0 * i;
+  auto send = device(in);
+  auto recv = device(std::vector<double>(counts[f.me] + 1, -1.0));
+  f.eng.reduce_scatter(send.data(), recv.data(), counts.data(), DataType::f64, ReduceOp::sum);
+  const auto out = recv.to_host();
+  const std::size_t first = std::accumulate(counts.begin(), counts.begin() + f.me, std::size_t{0});
+  for (std::size_t k = 0; k < counts[f.me]; ++k) CHECK(out[k] == f.n * (f.n - 1) / 2.0 + f.n * 10.0 * (first + k));
+  CHECK(out[counts[f.me]] == -1.0);
+  const px::Traffic t = f.eng.stats().total();
+  CHECK(t.sent() == (f.n > 1 ? 8 * (total - counts[f.me]) : 0));
+  CHECK(t.received() == (f.n > 1 ? 8 * (total - counts[static_cast<std::size_t>(f.left)]) : 0));
+}
+
+TEST_CASE("Nccl::allgather and allgatherv place every rank's block", "[gpu][engine][nccl]") {
+  Fixture f;
+  auto mine = device(std::vector<std::int32_t>{f.me, f.me * 10});
+  px::Buffer<std::int32_t, px::CudaSpace> all(2 * static_cast<std::size_t>(f.n));
+  f.eng.allgather(mine.data(), all.data(), 2, DataType::i32);
+  const auto a = all.to_host();
+  for (int r = 0; r < f.n; ++r) {
+    CHECK(a[2 * r] == r);
+    CHECK(a[2 * r + 1] == 10 * r);
+  }
+  CHECK(f.eng.stats().total().sent() == static_cast<std::uint64_t>(4 * 2 * (f.n - 1)));
+
+  std::vector<std::size_t> counts(f.n), displs(f.n);
+  std::size_t at = 0;
+  for (int r = 0; r < f.n; ++r) {
+    counts[r] = static_cast<std::size_t>(r + 1);
+    displs[r] = at;
+    at += counts[r] + 1;
+  }
+  std::vector<float> block(counts[f.me]);
+  for (std::size_t k = 0; k < block.size(); ++k) block[k] = static_cast<float>(100 * f.me + k);
+  auto send = device(block);
+  auto recv = device(std::vector<float>(at, -1.f));
+  f.eng.stats().reset();
+  f.eng.allgatherv(send.data(), counts[f.me], recv.data(), counts.data(), displs.data(), DataType::f32);
+  const auto g = recv.to_host();
+  for (int r = 0; r < f.n; ++r) {
+    for (std::size_t k = 0; k < counts[r]; ++k) CHECK(g[displs[r] + k] == static_cast<float>(100 * r + k));
+    CHECK(g[displs[r] + counts[r]] == -1.f);
+  }
+  const std::size_t total = static_cast<std::size_t>(f.n * (f.n + 1) / 2);
+  CHECK(f.eng.stats().total().sent() == (f.n > 1 ? f32(total - counts[f.right]) : 0));
+  CHECK(f.eng.stats().total().received() == (f.n > 1 ? f32(total - counts[f.me]) : 0));
+}
+
+TEST_CASE("Nccl::alltoallv moves every block to its rank", "[gpu][engine][nccl]") {
+  Fixture f;
+  const auto un = static_cast<std::size_t>(f.n);
+  std::vector<std::size_t> sc(un), sd(un), rc(un), rd(un);
+  std::size_t st = 0, rt = 0;
+  for (int p = 0; p < f.n; ++p) {
+    sc[p] = static_cast<std::size_t>(f.me + p + 1);
+    sd[p] = st;
+    st += sc[p];
+    rc[p] = static_cast<std::size_t>(p + f.me + 1);
+    rd[p] = rt;
+    rt += rc[p];
+  }
+  std::vector<float> sv(st);
+  for (int p = 0; p < f.n; ++p)
+    for (std::size_t k = 0; k < sc[p]; ++k) sv[sd[p] + k] = static_cast<float>(1000 * f.me + 10 * p + k);
+  auto vs = device(sv);
+  px::Buffer<float, px::CudaSpace> vr(rt);
+  f.eng.alltoallv(vs.data(), sc.data(), sd.data(), vr.data(), rc.data(), rd.data(), DataType::f32);
+  const auto got = vr.to_host();
+  std::size_t wrong = 0;
+  for (int p = 0; p < f.n; ++p)
+    for (std::size_t k = 0; k < rc[p]; ++k) wrong += got[rd[p] + k] != static_cast<float>(1000 * p + 10 * f.me + k);
+  CHECK(wrong == 0);
+  std::uint64_t sent = 0;
+  for (int p = 0; p < f.n; ++p)
+    if (p != f.me) sent += f32(sc[p]);
+  CHECK(f.eng.stats().total().sent() == sent);
+  CHECK(f.eng.stats().total().calls == 1);
+}
+
+TEST_CASE("Nccl::broadcast and start_sendrecv round a ring", "[gpu][engine][nccl]") {
+  Fixture f;
+  std::vector<float> v(1000);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = f.me == 0 ? static_cast<float>(i) : -1.f;
+  auto d = device(v);
+  f.eng.broadcast(d.data(), v.size(), DataType::f32, 0);
+  const auto b = d.to_host();
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < b.size(); ++i) wrong += b[i] != static_cast<float>(i);
+  CHECK(wrong == 0);
+
+  const std::size_t count = 4097;
+  std::vector<float> a(count);
+  for (std::size_t i = 0; i < count; ++i) a[i] = static_cast<float>(f.me * 100000 + i);
+  auto sa = device(a);
+  px::Buffer<float, px::CudaSpace> ra(count);
+  f.eng.stats().reset();
+  auto x = f.eng.start_sendrecv(sa.data(), count, f.right, ra.data(), count, f.left, DataType::f32);
+  f.eng.wait(x);
+  const auto g = ra.to_host();
+  wrong = 0;
+  for (std::size_t i = 0; i < count; ++i) wrong += g[i] != static_cast<float>(f.left * 100000 + i);
+  CHECK(wrong == 0);
+  CHECK(f.eng.stats().total().sent() == f32(count));
+  CHECK(f.eng.stats().total().received() == f32(count));
+}
+
+TEST_CASE("RingAllReducer over Nccl sums with the ring and natively", "[gpu][engine][nccl]") {
+  Fixture f;
+  const auto algorithm = GENERATE(px::engine::Algorithm::ring, px::engine::Algorithm::native);
+  px::RingOptions o;
+  o.algorithm = algorithm;
+  o.segment_bytes = 512;
+  o.adapt_to_oversubscription = false;
+  px::RingAllReducer<Engine> reducer(f.eng, o);
+  const std::size_t count = 4097;
+  std::vector<float> v(count);
+  for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>((f.me + 1) + static_cast<int>(i % 97));
+  auto d = device(v);
+  reducer.allreduce(d.data(), count);
+  const auto out = d.to_host();
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < count; ++i)
+    wrong += out[i] != static_cast<float>(f.n * (f.n + 1) / 2 + f.n * static_cast<int>(i % 97));
+  CHECK(wrong == 0);
+}
+
+namespace {
+
+constexpr std::size_t kRows = 50, kDim = 3, kSteps = 3;
+
+/// A few steps of SGD with fixed, integer-valued gradients (so every sum is
+/// exact): the final values of a sparse and a dense variable.
+template <class Arch, class Space, class Eng>
+std::pair<std::vector<float>, std::vector<float>> train_fixed(px::Context& ctx) {
+  px::Variable<px::Sparse, float, Space> emb(ctx, "emb", {kRows, kDim}, px::init::Constant{1.0});
+  px::Variable<px::Dense, float, Space> w(ctx, "w", {4, 2}, px::init::Constant{2.0});
+  px::TrainerOptions options;
+  options.reduction = px::Reduction::sum;
+  px::Trainer<Arch, px::optim::Sgd, Eng> trainer(ctx, options, px::optim::Sgd{0.5f}, emb, w);
+  const int me = ctx.rank();
+  for (std::size_t s = 0; s < kSteps; ++s) {
+    std::vector<px::index_t> ids;
+    for (std::size_t k = 0; k < 6; ++k) ids.push_back(static_cast<px::index_t>((me * 7 + s * 3 + k * 11) % kRows));
+    ids.push_back(ids.front());  // a duplicate
+    (void)trainer.lookup(emb, ids);
+    std::vector<float> rows(ids.size() * kDim);
+    for (std::size_t k = 0; k < rows.size(); ++k) rows[k] = static_cast<float>(static_cast<int>((k + me + s) % 5) - 2);
+    emb.grad().add(ids, rows);
+    std::vector<float> g(8);
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>((i + me + s) % 3);
+    px::space_traits<Space>::copy_from_host(w.grad().data(), g.data(), g.size() * sizeof(float));
+    trainer.step();
+  }
+  return {trainer.fetch(emb), trainer.fetch(w)};
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("Trainer over Nccl in device memory equals the host trainer", "[gpu][engine][nccl]",
+                   px::arch::Hybrid, px::arch::PS) {
+  auto& ctx = test::world();
+  const auto gpu = train_fixed<TestType, px::CudaSpace, Engine>(ctx);
+  const auto host = train_fixed<TestType, px::HostSpace, px::engine::Mpi>(ctx);
+  CHECK(gpu.first == host.first);
+  CHECK(gpu.second == host.second);
+  CHECK(test::all_ranks(gpu == host));
+}
