@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs dependencies, builds
-# the host configuration and runs every test (1-4 MPI ranks each), then
-# compiles and links the CUDA configuration when nvcc is present (its tests
-# need a GPU: scripts/gpu-check.sh runs them).
+# the host configuration and runs every test (1-4 MPI ranks each), runs the
+# tests again under AddressSanitizer + UndefinedBehaviorSanitizer
+# (scripts/sanitize.sh), runs every libFuzzer target for a bounded time
+# (scripts/fuzz.sh), then compiles and links the CUDA configuration when nvcc
+# is present (its tests need a GPU: scripts/gpu-check.sh runs them).
 #
-#   scripts/test.sh              # everything
-#   PARALLAX_SKIP_CUDA=1 scripts/test.sh   # host build and tests only
+#   scripts/test.sh                          # everything
+#   PARALLAX_SKIP_CUDA=1 scripts/test.sh     # skip a stage: also
+#   PARALLAX_SKIP_SANITIZE=1, PARALLAX_SKIP_FUZZ=1; FUZZ_SECONDS=20 (per target)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup.sh"
@@ -16,6 +19,16 @@ cmake -S "$root" -B "$root/build/host" -DCMAKE_BUILD_TYPE=Release -DPARALLAX_ENA
 cmake --build "$root/build/host" -j "$jobs"
 echo "== host tests"
 (cd "$root/build/host" && ctest -LE gpu --output-on-failure -j "$jobs")
+
+if [ -z "${PARALLAX_SKIP_SANITIZE:-}" ]; then
+  echo "== sanitizers (ASan + UBSan + LSan)"
+  "$root/scripts/sanitize.sh"
+fi
+
+if [ -z "${PARALLAX_SKIP_FUZZ:-}" ]; then
+  echo "== fuzzing (libFuzzer, ${FUZZ_SECONDS:=20} s per target)"
+  FUZZ_SECONDS="$FUZZ_SECONDS" "$root/scripts/fuzz.sh"
+fi
 
 if [ -z "${PARALLAX_SKIP_CUDA:-}" ] && command -v nvcc >/dev/null; then
   echo "== CUDA build (compile and link only; no GPU needed)"

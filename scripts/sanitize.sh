@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The test suite under AddressSanitizer + UndefinedBehaviorSanitizer (with
+# LeakSanitizer), host configuration. Suppressions: tests/sanitizers/*.supp,
+# for MPICH's (and its transports') own allocations and one Thrust idiom
+# only, each entry explained there. Any report fails the run.
+#
+#   scripts/sanitize.sh                  # tests at 1 and 2 ranks, fault drills
+#   SANITIZE_LABELS='host' scripts/sanitize.sh   # every host test (slower)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/setup.sh"
+build="$root/build/sanitize"
+supp="$root/tests/sanitizers"
+
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPARALLAX_ENABLE_CUDA=OFF \
+  -DPARALLAX_BUILD_EXAMPLES=OFF -DPARALLAX_BUILD_BENCH=OFF \
+  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
+  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+# Only what the tests run (tests/CMakeLists.txt: parallax_test_programs),
+# not the per-header compile checks or the packaging projects.
+cmake --build "$build" -j "$(nproc)" --target parallax_test_programs
+
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=86"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$supp/ubsan.supp"
+export LSAN_OPTIONS="suppressions=$supp/lsan.supp:fast_unwind_on_malloc=0:print_suppressions=0"
+# The 3- and 4-rank runs of the same tests add oversubscription, not code
+# paths, and cost most of the time under ASan; the fault drills (4 ranks)
+# stay: they are the paths that abort. Packaging and header checks only
+# compile, and the soak measures memory, which ASan changes.
+labels="${SANITIZE_LABELS:-np1|np2|fault|fuzz}"
+cd "$build"
+ctest -L "$labels" -LE "gpu|package|headers|soak" --output-on-failure -j "$(nproc)"
