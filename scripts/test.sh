@@ -13,26 +13,32 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup.sh"
 jobs="$(nproc)"
+# Each stage prints how long it took, so CI time is easy to follow.
+stage() {
+  [ -n "${stage_name:-}" ] && echo "== $stage_name: $((SECONDS - stage_start)) s"
+  echo "== $*"
+  stage_name="$*" stage_start=$SECONDS
+}
 
-echo "== host build (HostSpace, engine::Mpi)"
+stage "host build (HostSpace, engine::Mpi)"
 cmake -S "$root" -B "$root/build/host" -DCMAKE_BUILD_TYPE=Release -DPARALLAX_ENABLE_CUDA=OFF >/dev/null
 cmake --build "$root/build/host" -j "$jobs"
-echo "== host tests"
+stage "host tests"
 (cd "$root/build/host" && ctest -LE gpu --output-on-failure -j "$jobs")
 
 if [ -z "${PARALLAX_SKIP_SANITIZE:-}" ]; then
-  echo "== sanitizers (ASan + UBSan + LSan)"
+  stage "sanitizers (ASan + UBSan + LSan)"
   "$root/scripts/sanitize.sh"
 fi
 
 if [ -z "${PARALLAX_SKIP_FUZZ:-}" ]; then
-  echo "== fuzzing (libFuzzer, ${FUZZ_SECONDS:=20} s per target)"
+  stage "fuzzing (libFuzzer, ${FUZZ_SECONDS:=20} s per target)"
   FUZZ_SECONDS="$FUZZ_SECONDS" "$root/scripts/fuzz.sh"
 fi
 
 if [ -z "${PARALLAX_SKIP_CUDA:-}" ] && command -v nvcc >/dev/null; then
-  echo "== CUDA build (compile and link only; no GPU needed)"
+  stage "CUDA build (compile and link only; no GPU needed)"
   cmake -S "$root" -B "$root/build/cuda" -DCMAKE_BUILD_TYPE=Release -DPARALLAX_ENABLE_CUDA=ON >/dev/null
   cmake --build "$root/build/cuda" -j "$jobs"
 fi
-echo "== all tests passed"
+stage "all tests passed (total $SECONDS s)"
