@@ -26,6 +26,39 @@ TEMPLATE_TEST_CASE("Buffer round-trips host data and grows keeping contents", "[
   CHECK(b.empty());  // NOLINT(bugprone-use-after-move): moved-from is empty by contract
 }
 
+TEST_CASE("Buffer grows by half its capacity at least, so creeping sizes settle", "[space]") {
+  px::Buffer<float> b;
+  b.resize_discard(1000);
+  CHECK(b.capacity() == 1000);  // the first allocation is exact
+  b.resize_discard(1001);
+  CHECK(b.capacity() == 1500);
+  const float* at = b.data();
+  for (std::size_t n = 1002; n <= 1500; ++n) b.resize_discard(n);  // a new largest size each time
+  CHECK(b.data() == at);  // no reallocation among them
+  b.resize(1501);
+  CHECK(b.capacity() == 2250);
+  b.resize_discard(5000);
+  CHECK(b.capacity() == 5000);  // a jump past 1.5x takes what was asked
+}
+
+TEST_CASE("A borrowed Buffer uses memory it does not free, until it grows", "[space]") {
+  std::vector<float> arena(8, 1.f);
+  {
+    auto b = px::Buffer<float>::borrow(arena.data() + 2, 4);
+    CHECK_FALSE(b.owned());
+    CHECK(b.data() == arena.data() + 2);
+    b.zero();
+    px::Buffer<float> moved = std::move(b);
+    CHECK_FALSE(moved.owned());
+    CHECK(b.owned());  // NOLINT(bugprone-use-after-move): moved-from is empty and owning
+    moved.resize(6);   // grows: into memory of its own, contents kept
+    CHECK(moved.owned());
+    CHECK(moved.data() != arena.data() + 2);
+    CHECK(moved[0] == 0.f);
+  }  // freeing the grown buffer leaves the arena alone
+  CHECK(arena == std::vector<float>{1, 1, 0, 0, 0, 0, 1, 1});
+}
+
 TEST_CASE("Buffer allocations are 64-byte aligned on the host", "[space]") {
   px::Buffer<float> b(3);
   CHECK(reinterpret_cast<std::uintptr_t>(b.data()) % 64 == 0);

@@ -121,6 +121,38 @@ TEST_CASE("summed gradients equal N times the mean with SGD", "[trainer]") {
   CHECK(max_relative_error(summed.w, mean.w) <= 1e-5);
 }
 
+TEST_CASE("the trainer lays dense gradients end to end in one arena and gives them back", "[trainer][fusion]") {
+  auto& ctx = test::world();
+  px::Variable<px::Dense, float> a(ctx, "a", {3, 5}), b(ctx, "b", {7}), c(ctx, "c", {2, 2});
+  px::Variable<px::Sparse, float> e(ctx, "e", {10, 4});
+  a.grad()[4] = 2.f;  // written before the trainer exists: moved with the gradient
+  {
+    px::Trainer<px::arch::Hybrid, px::optim::Sgd> trainer(ctx, px::optim::Sgd{0.f}, a, e, b, c);
+    // Adjacent in registration order, the sparse variable skipped: the fused
+    // all-reduce sees one piece and packs nothing.
+    CHECK(a.grad().data() + a.grad().size() == b.grad().data());
+    CHECK(b.grad().data() + b.grad().size() == c.grad().data());
+    CHECK_FALSE(a.grad().owned());
+    CHECK(a.grad()[4] == 2.f);
+    b.grad()[6] = 3.f;
+  }
+  // Back in memory of their own, with what they held.
+  CHECK(a.grad().owned());
+  CHECK(b.grad().owned());
+  CHECK(a.grad()[4] == 2.f);
+  CHECK(b.grad()[6] == 3.f);
+  // And a new trainer sums and applies them: every rank gave the same
+  // gradient, so the mean is that gradient.
+  px::Trainer<px::arch::Hybrid, px::optim::Sgd> again(ctx, px::optim::Sgd{1.f}, a, b, c);
+  CHECK(a.grad()[4] == 2.f);
+  c.grad()[3] = 0.5f;
+  again.step();
+  CHECK(a.value()[4] == -2.f);
+  CHECK(b.value()[6] == -3.f);
+  CHECK(c.value()[3] == -0.5f);
+  CHECK(a.grad()[4] == 0.f);  // cleared by the step
+}
+
 TEST_CASE("partitions, local aggregation and the ring's algorithm change bytes, not the model", "[trainer]") {
   const px::optim::Adam opt{0.05f};
   const Model base = train<px::arch::Hybrid>(test::world(), opt);

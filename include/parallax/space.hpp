@@ -130,8 +130,9 @@ void for_each_rows(const Exec<HostSpace>&, std::size_t rows, std::size_t cols, F
   }
 }
 
-/// A contiguous, owning array of `T` in `Space`. Move-only; growing it
-/// reallocates, shrinking keeps the allocation (buffers are reused across steps).
+/// A contiguous array of `T` in `Space`, owning its memory unless made by
+/// borrow(). Move-only; growing it reallocates (into memory it owns),
+/// shrinking keeps the allocation (buffers are reused across steps).
 template <class T, class Space = HostSpace>
 class Buffer {
   static_assert(std::is_trivially_copyable_v<T>, "parallax::Buffer holds trivially copyable elements");
@@ -145,17 +146,34 @@ class Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   Buffer(Buffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), capacity_(std::exchange(o.capacity_, 0)) {}
+      : data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)),
+        capacity_(std::exchange(o.capacity_, 0)),
+        owned_(std::exchange(o.owned_, true)) {}
   Buffer& operator=(Buffer&& o) noexcept {
     if (this != &o) {
       release();
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
       capacity_ = std::exchange(o.capacity_, 0);
+      owned_ = std::exchange(o.owned_, true);
     }
     return *this;
   }
   ~Buffer() { release(); }
+
+  /// A buffer of the `n` elements at `data`, which it uses but never frees
+  /// (a slice of an arena that outlives it). Growing it past n moves the
+  /// contents into memory it owns.
+  static Buffer borrow(T* data, std::size_t n) noexcept {
+    Buffer b;
+    b.data_ = data;
+    b.size_ = b.capacity_ = n;
+    b.owned_ = false;
+    return b;
+  }
+  /// False for a buffer made by borrow() (until it grows).
+  bool owned() const noexcept { return owned_; }
 
   /// A buffer holding a copy of host data.
   static Buffer from_host(const T* src, std::size_t n) {
@@ -166,9 +184,10 @@ class Buffer {
   static Buffer from_host(const std::vector<T>& v) { return from_host(v.data(), v.size()); }
 
   /// Sets the size to n, keeping the first min(size, n) elements. New elements
-  /// are uninitialised.
+  /// are uninitialised. Like resize_discard, a buffer that already held
+  /// memory grows by at least half its capacity.
   void resize(std::size_t n) {
-    reserve(n);
+    if (n > capacity_) reserve(grown(n));
     size_ = n;
   }
   /// Makes room for n elements, keeping the contents and the size.
@@ -191,11 +210,16 @@ class Buffer {
     size_ = old + n;
   }
   /// Sets the size to n without keeping the contents (cheaper than resize).
+  /// The first allocation is exact; growing one takes at least 1.5x the old
+  /// capacity, so sizes that creep upwards step after step (a per-peer
+  /// message meeting a new largest batch) reallocate a few times, not at
+  /// every new maximum: a long job's memory settles (bench/soak.cpp).
   void resize_discard(std::size_t n) {
     if (n > capacity_) {
+      const std::size_t want = grown(n);
       release();
-      data_ = static_cast<T*>(space_traits<Space>::allocate(n * sizeof(T)));
-      capacity_ = n;
+      data_ = static_cast<T*>(space_traits<Space>::allocate(want * sizeof(T)));
+      capacity_ = want;
     }
     size_ = n;
   }
@@ -236,8 +260,13 @@ class Buffer {
   const T* end() const noexcept { return data_ + size_; }
 
  private:
+  /// The capacity to allocate for n (> capacity_) elements.
+  std::size_t grown(std::size_t n) const noexcept {
+    return capacity_ == 0 ? n : std::max(n, capacity_ + capacity_ / 2);
+  }
   void release() noexcept {
-    space_traits<Space>::deallocate(data_);
+    if (owned_) space_traits<Space>::deallocate(data_);
+    owned_ = true;
     data_ = nullptr;
     capacity_ = 0;
     size_ = 0;
@@ -245,6 +274,7 @@ class Buffer {
   T* data_ = nullptr;
   std::size_t size_ = 0;
   std::size_t capacity_ = 0;
+  bool owned_ = true;  // false: data_ belongs to someone else (borrow())
 };
 
 /// A non-owning view of `n` rows of `cols` elements in a space, row-major.

@@ -18,6 +18,7 @@
 #include <parallax/variable.hpp>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -94,8 +95,7 @@ class Trainer {
     detail::agree_on_variables(*engine_, records);
 
     (add(vars), ...);
-    std::vector<TensorRef> fused;
-    for (auto& s : slots_) s->fused_tensors(fused);
+    const std::vector<TensorRef> fused = place_fused_gradients();
     reducer_ = std::make_unique<RingAllReducer<Engine>>(*engine_, options_.ring);
     fusion_ = std::make_unique<FusedAllReducer<Engine>>(*reducer_, std::move(fused));
   }
@@ -348,6 +348,38 @@ class Trainer {
     slots_.push_back(detail::make_slot<Policy>(var, *engine_, opt_, sharded, options_.ring));
     var.state().trainer = this;
   }
+  /// Moves the gradients of the fused all-reduce into one arena, end to end
+  /// in registration order (each aligned for its elements), as PyTorch DDP's
+  /// gradient_as_bucket_view does: the ring then finds a bucket's tensors
+  /// adjacent and sends them in place, with no packing. Returns them.
+  std::vector<TensorRef> place_fused_gradients() {
+    std::vector<std::size_t> offsets;
+    std::vector<TensorRef> fused, one;
+    std::size_t bytes = 0;
+    for (auto& s : slots_) {
+      one.clear();
+      s->fused_tensors(one);
+      PARALLAX_EXPECTS(one.size() <= 1, "a slot hands at most one gradient to the fused all-reduce");
+      if (one.empty()) {
+        offsets.push_back(0);
+        continue;
+      }
+      const std::size_t align = size_of(one[0].type);
+      bytes = (bytes + align - 1) / align * align;
+      offsets.push_back(bytes);
+      bytes += one[0].count * align;
+    }
+    grad_arena_.resize_discard(bytes);
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      one.clear();
+      slots_[i]->fused_tensors(one);
+      if (one.empty()) continue;
+      slots_[i]->move_fused_gradient(grad_arena_.data() + offsets[i]);
+      slots_[i]->fused_tensors(fused);
+    }
+    return fused;
+  }
+
   template <class V>
   void check_unregistered(const V& var) {
     PARALLAX_EXPECTS(var.state().trainer == nullptr, "variable '", var.name(),
@@ -433,6 +465,7 @@ class Trainer {
   TrainerOptions options_;
   Optimizer opt_;
   std::unique_ptr<Engine> engine_;
+  Buffer<std::byte, space> grad_arena_;  // the fused dense gradients; outlives the slots that borrow it
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<RingAllReducer<Engine>> reducer_;
   std::unique_ptr<FusedAllReducer<Engine>> fusion_;

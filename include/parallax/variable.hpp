@@ -103,7 +103,10 @@ class Variable {
     return state_->value;
   }
   /// The gradient to fill this step: a dense buffer (zeroed after every step)
-  /// for dense variables, a SparseGrad for sparse ones.
+  /// for dense variables, a SparseGrad for sparse ones. A Trainer moves the
+  /// dense gradients it all-reduces into one arena when it is constructed
+  /// (so they are fused without copies), and back when it is destroyed:
+  /// take `grad().data()` after constructing the Trainer, not before.
   grad_type& grad() {
     state_->grad_touched = true;
     if constexpr (is_sparse()) return state_->sparse_grad;

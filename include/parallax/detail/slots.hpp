@@ -43,6 +43,11 @@ class SlotBase {
   virtual VarRecord record() const = 0;
   /// Dense gradients this slot wants summed by the trainer's fused all-reduce.
   virtual void fused_tensors(std::vector<TensorRef>&) {}
+  /// Moves that gradient to `at` (room for it in the engine's space, aligned
+  /// for its elements), where it stays while the slot lives. The trainer
+  /// lays every fused gradient out in one arena, end to end, so the fused
+  /// all-reduce sends and receives them where they lie, with no packing.
+  virtual void move_fused_gradient(void* /*at*/) {}
   /// The first problem with this step's data on this rank, if any.
   virtual std::optional<std::string> problem() = 0;
   virtual bool has_gradient() const = 0;
@@ -173,10 +178,28 @@ class DenseRingSlot final : public SlotCommon<SlotBase<Engine, Optimizer>, Var, 
  public:
   DenseRingSlot(Var var, Engine& engine, const Optimizer& opt, const ShardedOptions&)
       : Common(std::move(var), engine, opt), state_(opt, this->var_.shape().elements()) {}
+  /// Gives the variable its own gradient back, out of the trainer's arena.
+  ~DenseRingSlot() override {
+    auto& g = this->var_.state().grad;
+    if (g.owned()) return;
+    try {
+      Buffer<T, typename Common::space> own(g.size());
+      space_traits<typename Common::space>::copy(own.data(), g.data(), g.bytes());
+      g = std::move(own);
+    } catch (...) {
+      g = Buffer<T, typename Common::space>();  // out of memory: the next step's grad() starts empty
+    }
+  }
 
   void fused_tensors(std::vector<TensorRef>& out) override {
     auto& s = this->var_.state();
     out.push_back(TensorRef{s.grad.data(), s.grad.size(), data_type_of_v<T>});
+  }
+  void move_fused_gradient(void* at) override {
+    auto& g = this->var_.state().grad;
+    T* to = static_cast<T*>(at);
+    space_traits<typename Common::space>::copy(to, g.data(), g.bytes());
+    g = Buffer<T, typename Common::space>::borrow(to, g.size());
   }
   std::optional<std::string> problem() override { return std::nullopt; }
   bool has_gradient() const override { return this->var_.state().grad_touched; }
