@@ -5,11 +5,17 @@
 #   configuration, also builds <name>_cuda from the same sources compiled by
 #   nvcc, so templated code is instantiated for CudaSpace too.
 #
-# In a CUDA configuration the C++ <name> of an executable that has a twin is
-# left out of `all` (PARALLAX_CUDA_BUILD_HOST_COPIES=OFF, the default): the
-# host configuration builds and runs exactly that program, and CI builds both
-# configurations on the same machine, so compiling it again would only cost
-# time. It stays a target: `cmake --build <dir> --target <name>` builds it.
+# In a CUDA configuration every program compiled by the C++ compiler alone is
+# left out of `all` (PARALLAX_CUDA_BUILD_HOST_COPIES=OFF, the default): the C++
+# <name> of an executable that has a twin, and the host-only programs (the
+# MPI benchmarks, the fault drill, the fuzz replays, the README example). Their
+# C++ translation units see no CUDA code (the umbrella adds the .cuh headers
+# under nvcc only), so the host configuration builds and runs exactly these
+# programs, and CI builds both configurations on the same machine: compiling
+# them again would only cost time (about 2 minutes of CI). Each stays a
+# target: `cmake --build <dir> --target <name>` builds it.
+#
+# parallax_host_only(<target>...) applies that rule to targets made otherwise.
 
 set(PARALLAX_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wno-unknown-pragmas)
 
@@ -24,6 +30,12 @@ function(_parallax_configure_target target)
   set_target_properties(${target} PROPERTIES CXX_EXTENSIONS OFF CUDA_EXTENSIONS OFF)
 endfunction()
 
+function(parallax_host_only)
+  if(PARALLAX_ENABLE_CUDA AND NOT PARALLAX_CUDA_BUILD_HOST_COPIES)
+    set_target_properties(${ARGN} PROPERTIES EXCLUDE_FROM_ALL TRUE)
+  endif()
+endfunction()
+
 function(parallax_add_executable name)
   cmake_parse_arguments(ARG "CUDA_TWIN" "" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
@@ -31,10 +43,10 @@ function(parallax_add_executable name)
   if(ARG_LIBS)
     target_link_libraries(${name} PRIVATE ${ARG_LIBS})
   endif()
+  if(NOT ARG_SOURCES MATCHES "\\.cu(;|$)")
+    parallax_host_only(${name})  # a twin, if asked for, is what the CUDA configuration builds
+  endif()
   if(ARG_CUDA_TWIN AND PARALLAX_ENABLE_CUDA)
-    if(NOT PARALLAX_CUDA_BUILD_HOST_COPIES)
-      set_target_properties(${name} PROPERTIES EXCLUDE_FROM_ALL TRUE)
-    endif()
     # Copies of the C++ sources with a .cu name, so nvcc compiles them (a
     # source file has one language per directory, so the original cannot be
     # both). The copies keep their path below the source directory, so two

@@ -25,22 +25,30 @@ for src in "$root"/tests/fuzz/fuzz_*.cpp; do
 done
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
 
-status=0
-for t in "${targets[@]}"; do
-  name="${t#fuzz_}"
-  work="$build/work/$name" crashes="$build/crashes/$name"
+# One fuzzer per core at a time: each is single-threaded.
+fuzz_one() {
+  local t="$1" name="${1#fuzz_}"
+  local work="$build/work/$name" crashes="$build/crashes/$name"
   rm -rf "$work"
   mkdir -p "$work" "$crashes"
-  echo "== $t: $seconds s (seeds: tests/fuzz/corpus/$name)"
   # The working corpus starts from the seeds; new inputs stay in build/.
   if ! "$build/tests/fuzz/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
         -artifact_prefix="$crashes/" "$work" "$root/tests/fuzz/corpus/$name" >"$build/$name.log" 2>&1; then
     echo "FUZZ FAILURE in $t: input and log in $crashes/ and $build/$name.log" >&2
     tail -40 "$build/$name.log" >&2
-    status=1
-  else
-    grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$build/$name.log" | tr '\n' ' '
-    echo
+    return 1
   fi
+  echo "== $t: $seconds s (seeds: tests/fuzz/corpus/$name): $(grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$build/$name.log" | tr '\n' ' ')"
+}
+
+status=0
+jobs="$(nproc)"
+for ((i = 0; i < ${#targets[@]}; i += jobs)); do
+  pids=()
+  for t in "${targets[@]:i:jobs}"; do
+    fuzz_one "$t" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || status=1; done
 done
 exit $status
