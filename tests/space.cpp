@@ -1,6 +1,9 @@
 // space.hpp: Buffer ownership and growth, for_each coverage, host copies.
 #include "support.hpp"
 
+#include <thrust/sort.h>
+
+#include <algorithm>
 #include <atomic>
 
 TEMPLATE_TEST_CASE("Buffer round-trips host data and grows keeping contents", "[space]", PARALLAX_TEST_SPACES) {
@@ -57,6 +60,29 @@ TEST_CASE("A borrowed Buffer uses memory it does not free, until it grows", "[sp
     CHECK(moved[0] == 0.f);
   }  // freeing the grown buffer leaves the arena alone
   CHECK(arena == std::vector<float>{1, 1, 0, 0, 0, 0, 1, 1});
+}
+
+TEST_CASE("Thrust's temporary storage comes from the context's pool and is reused", "[space]") {
+  px::Exec<px::HostSpace> ex;
+  auto sort = [&](std::size_t n) {
+    std::vector<px::index_t> keys(n);
+    std::vector<int> order(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      keys[i] = static_cast<px::index_t>((i * 7919) % 1013);
+      order[i] = static_cast<int>(i);
+    }
+    thrust::stable_sort_by_key(ex.thrust_policy(), keys.data(), keys.data() + n, order.data());
+    return std::is_sorted(keys.begin(), keys.end());
+  };
+  CHECK(sort(50000));  // the pool's blocks are real storage: the sort is right
+  const std::size_t blocks = ex.temp_pool().blocks(), bytes = ex.temp_pool().bytes();
+  CHECK(blocks > 0);
+  // Sizes that creep up within the same power-of-two classes reuse the blocks.
+  for (std::size_t n = 50001; n < 50400; n += 37) CHECK(sort(n));
+  CHECK(ex.temp_pool().blocks() == blocks);
+  CHECK(ex.temp_pool().bytes() == bytes);
+  px::Exec<px::HostSpace> copy = ex;  // copies share the pool
+  CHECK(&copy.temp_pool() == &ex.temp_pool());
 }
 
 TEST_CASE("Buffer allocations are 64-byte aligned on the host", "[space]") {

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <type_traits>
 #include <utility>
@@ -66,6 +67,58 @@ struct space_traits<HostSpace> {
   }
 };
 
+namespace detail {
+/// Temporary storage for Thrust's algorithms (a sort's buffers), kept and
+/// reused from call to call instead of allocated and freed by each. Requests
+/// are rounded up to a power of two, so sizes that vary from step to step
+/// (every batch touches a different number of rows) reuse a few blocks
+/// rather than fragment the heap: a long job's memory stays flat
+/// (bench/soak.cpp). At most twice the largest request per block in use at
+/// once, plus the smaller classes seen (less than that again).
+template <class Space>
+class TempPool {
+ public:
+  using value_type = char;
+  TempPool() = default;
+  TempPool(const TempPool&) = delete;
+  TempPool& operator=(const TempPool&) = delete;
+  ~TempPool() {
+    for (const Block& b : blocks_) space_traits<Space>::deallocate(b.data);
+  }
+  char* allocate(std::ptrdiff_t n) {
+    std::size_t want = 256;
+    while (want < static_cast<std::size_t>(n)) want *= 2;
+    for (Block& b : blocks_)
+      if (!b.busy && b.bytes == want) {
+        b.busy = true;
+        return b.data;
+      }
+    blocks_.reserve(blocks_.size() + 1);  // so the push cannot throw after the allocation
+    blocks_.push_back(Block{static_cast<char*>(space_traits<Space>::allocate(want)), want, true});
+    return blocks_.back().data;
+  }
+  void deallocate(char* p, std::size_t) noexcept {
+    for (Block& b : blocks_)
+      if (b.data == p) b.busy = false;
+  }
+  /// Blocks held, and their bytes.
+  std::size_t blocks() const noexcept { return blocks_.size(); }
+  std::size_t bytes() const noexcept {
+    std::size_t total = 0;
+    for (const Block& b : blocks_) total += b.bytes;
+    return total;
+  }
+
+ private:
+  struct Block {
+    char* data;
+    std::size_t bytes;
+    bool busy;
+  };
+  std::vector<Block> blocks_;
+};
+}  // namespace detail
+
 /// Where a space's kernels run. For HostSpace: the calling thread and its
 /// OpenMP team. For CudaSpace: one stream (parallax/cuda/space.cuh).
 template <class Space>
@@ -75,12 +128,22 @@ template <>
 class Exec<HostSpace> {
  public:
   using space = HostSpace;
-  /// The Thrust execution policy for sorts, scans and searches in this space.
-  auto thrust_policy() const { return thrust::omp::par; }
+  /// The Thrust execution policy for sorts, scans and searches in this
+  /// space; their temporary storage comes from this context's pool (copies
+  /// of the context share it).
+  auto thrust_policy() const { return thrust::omp::par(temp_pool()); }
+  /// The pool of thrust_policy()'s temporary storage.
+  detail::TempPool<HostSpace>& temp_pool() const {
+    if (!temp_) temp_ = std::make_shared<detail::TempPool<HostSpace>>();
+    return *temp_;
+  }
   /// Copies bytes within the space, ordered with this context's kernels.
   void copy(void* dst, const void* src, std::size_t bytes) const { space_traits<HostSpace>::copy(dst, src, bytes); }
   /// Waits until every kernel issued on this context has finished.
   void synchronize() const {}
+
+ private:
+  mutable std::shared_ptr<detail::TempPool<HostSpace>> temp_;  // made at first use
 };
 
 namespace detail {
