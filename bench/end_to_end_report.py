@@ -103,6 +103,24 @@ def section(runs, context, command):
             sr = h["samples_per_s"] / a["samples_per_s"]
             lines.append(f"| {model} | {n} | {br:.3f} | {sr:.3f} |")
     lines.append("")
+    n = max(ranks)
+    verdicts = []
+
+    def ratio(model, key):
+        h, a = runs.get((model, "hybrid", n)), runs.get((model, "allreduce", n))
+        return h[key] / a[key] if h and a and a[key] else None
+
+    for model, key, what, bar, ok in [
+        ("word_lm", "bytes_per_step", "bytes per rank", "<= 0.55x", lambda r: r <= 0.55),
+        ("word_lm", "samples_per_s", "samples/s", ">= 1.5x", lambda r: r >= 1.5),
+        ("dense_mlp", "samples_per_s", "samples/s", ">= 0.95x", lambda r: r >= 0.95),
+    ]:
+        r = ratio(model, key)
+        if r is not None:
+            verdicts.append(f"{model} {what} {r:.3f}x (bar {bar}: {'met' if ok(r) else '**not met**'})")
+    if verdicts:
+        lines.append(f"Bars of issue 5 at {n} ranks, hybrid against all-reduce: " + "; ".join(verdicts) + ".")
+        lines.append("")
     lines.append("![end to end](end_to_end.png)")
     lines.append("")
     return "\n".join(lines)
