@@ -3,6 +3,7 @@
 #include "support.hpp"
 
 #include <numeric>
+#include <thread>
 
 using px::DataType;
 using px::ReduceOp;
@@ -34,6 +35,25 @@ TEST_CASE("Mpi::allreduce sums distinct values of every rank", "[engine][mpi]") 
   CHECK(t.sent() == f32(px::detail::ring::allreduce_sent(count, f.n, f.me)));
   CHECK(t.received() == f32(px::detail::ring::allreduce_received(count, f.n, f.me)));
   if (count % static_cast<std::size_t>(f.n) == 0) CHECK(t.sent() == f32(2 * (f.n - 1) * count / f.n));
+}
+
+TEST_CASE("Mpi yields between polls when asked or oversubscribed, with the same results", "[engine][mpi]") {
+  using Yield = px::engine::Options::Yield;
+  const int threads = static_cast<int>(std::thread::hardware_concurrency());
+  const bool oversubscribed = threads > 0 && test::world().topology().local_size() > threads;
+  for (Yield y : {Yield::always, Yield::never, Yield::automatic}) {
+    px::engine::Options options;
+    options.yield = y;
+    px::engine::Mpi mpi(test::world(), options);
+    CHECK(mpi.yields() == (y == Yield::always || (y == Yield::automatic && oversubscribed)));
+    std::vector<std::int64_t> v(333);
+    std::iota(v.begin(), v.end(), std::int64_t{mpi.rank()});
+    mpi.allreduce(v.data(), v.data(), v.size(), DataType::i64, ReduceOp::sum);
+    const std::int64_t n = mpi.size();
+    bool exact = true;
+    for (std::size_t i = 0; i < v.size(); ++i) exact = exact && v[i] == n * std::int64_t(i) + n * (n - 1) / 2;
+    CHECK(exact);
+  }
 }
 
 TEST_CASE("Mpi::allreduce in place, max and min", "[engine][mpi]") {

@@ -67,12 +67,20 @@ struct Options {
   /// operation, variable, element count and type) and name the first rank
   /// that does not. One extra small all-gather per call: a debugging aid.
   bool check_calls = false;
+  /// Whether a rank waiting for its peers gives its core away between polls
+  /// (std::this_thread::yield). automatic: yes on a host that runs more
+  /// ranks than it has hardware threads, where a spinning rank would hold
+  /// the core its peer needs to send, for a whole scheduler slice; no
+  /// otherwise (a core per rank: spinning answers soonest).
+  enum class Yield { automatic, always, never } yield = Yield::automatic;
 
-  /// This with the environment's overrides applied.
+  /// This with the environment's overrides applied (PARALLAX_TIMEOUT_MS,
+  /// PARALLAX_CHECK_CALLS=1, PARALLAX_YIELD=0|1).
   Options from_environment() const {
     Options o = *this;
     if (const char* t = std::getenv("PARALLAX_TIMEOUT_MS")) o.timeout = std::chrono::milliseconds(std::atoll(t));
     if (const char* c = std::getenv("PARALLAX_CHECK_CALLS")) o.check_calls = std::atoi(c) != 0;
+    if (const char* y = std::getenv("PARALLAX_YIELD")) o.yield = std::atoi(y) != 0 ? Yield::always : Yield::never;
     return o;
   }
   std::chrono::milliseconds grace_period() const {

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace parallax::engine {
@@ -57,6 +58,9 @@ class Mpi {
 
   explicit Mpi(const Context& ctx, Options options = {})
       : topology_(ctx.topology()), options_(options.from_environment()), fault_(ctx.comm()) {
+    const int threads = static_cast<int>(std::thread::hardware_concurrency());
+    yield_ = options_.yield == Options::Yield::always ||
+             (options_.yield == Options::Yield::automatic && threads > 0 && topology_.local_size() > threads);
     PARALLAX_MPI_CHECK(MPI_Comm_dup(ctx.comm(), &comm_));
     PARALLAX_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   }
@@ -71,6 +75,8 @@ class Mpi {
   int rank() const noexcept { return topology_.rank(); }
   int size() const noexcept { return topology_.size(); }
   const Topology& topology() const noexcept { return topology_; }
+  /// Whether waits give the core away between polls (Options::yield).
+  bool yields() const noexcept { return yield_; }
   MPI_Comm comm() const noexcept { return comm_; }
   CommStats& stats() noexcept { return stats_; }
   const CommStats& stats() const noexcept { return stats_; }
@@ -252,6 +258,7 @@ class Mpi {
       if (status != MPI_SUCCESS) fail(op, detail::concat("lost a peer (", detail::mpi_error_string(status), ")"));
       if (done) return;
       if ((spins & 63u) == 0 && std::chrono::steady_clock::now() > deadline) break;
+      if (yield_) std::this_thread::yield();  // let the peer we wait for run
     }
     const std::string waited = detail::concat("gave up after ", options_.timeout.count(), " ms");
     if (point_to_point) {
@@ -392,6 +399,7 @@ class Mpi {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   Topology topology_;
+  bool yield_ = false;  // give the core away between polls (Options::yield)
   Options options_;
   detail::FaultChannel fault_;
   std::int64_t step_ = -1;
