@@ -43,7 +43,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -106,7 +105,7 @@ class Session {
   Session(int& argc, char**& argv, IterationPolicy policy = {}) : policy_(policy) {
     init_mpi(argc, argv);
     ctx_ = std::make_unique<Context>(MPI_COMM_WORLD);
-    int oversubscribed = ctx_->topology().local_size() > static_cast<int>(std::thread::hardware_concurrency());
+    int oversubscribed = ctx_->topology().oversubscribed();
     MPI_Bcast(&oversubscribed, 1, MPI_INT, 0, MPI_COMM_WORLD);
     oversubscribed_ = oversubscribed != 0;
     if (oversubscribed_) policy_.adapt_to_oversubscription();

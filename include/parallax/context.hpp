@@ -60,6 +60,13 @@ class Topology {
   int local_rank() const noexcept { return local_rank_; }
   int local_size() const noexcept { return local_size_; }
   bool same_host(int peer) const noexcept { return host_of(peer) == host(); }
+  /// This host runs more ranks than it has hardware threads: waiting ranks
+  /// then take turns on the cores (RingOptions::adapt_to_oversubscription,
+  /// engine::Options::yield).
+  bool oversubscribed() const noexcept {
+    const int threads = static_cast<int>(std::thread::hardware_concurrency());
+    return threads > 0 && local_size_ > threads;
+  }
   /// The ranks on host h, ascending.
   std::vector<int> ranks_of_host(int h) const {
     std::vector<int> out;

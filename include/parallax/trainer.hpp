@@ -95,7 +95,7 @@ class Trainer {
     detail::agree_on_variables(*engine_, records);
 
     (add(vars), ...);
-    const std::vector<TensorRef> fused = place_fused_gradients();
+    std::vector<TensorRef> fused = place_fused_gradients();
     reducer_ = std::make_unique<RingAllReducer<Engine>>(*engine_, options_.ring);
     fusion_ = std::make_unique<FusedAllReducer<Engine>>(*reducer_, std::move(fused));
   }
@@ -353,29 +353,24 @@ class Trainer {
   /// gradient_as_bucket_view does: the ring then finds a bucket's tensors
   /// adjacent and sends them in place, with no packing. Returns them.
   std::vector<TensorRef> place_fused_gradients() {
-    std::vector<std::size_t> offsets;
-    std::vector<TensorRef> fused, one;
+    std::vector<TensorRef> fused;
+    std::vector<std::size_t> owner, offsets;  // the slot of each fused gradient, its place in the arena
     std::size_t bytes = 0;
-    for (auto& s : slots_) {
-      one.clear();
-      s->fused_tensors(one);
-      PARALLAX_EXPECTS(one.size() <= 1, "a slot hands at most one gradient to the fused all-reduce");
-      if (one.empty()) {
-        offsets.push_back(0);
-        continue;
-      }
-      const std::size_t align = size_of(one[0].type);
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      const std::size_t before = fused.size();
+      slots_[i]->fused_tensors(fused);
+      PARALLAX_EXPECTS(fused.size() - before <= 1, "a slot hands at most one gradient to the fused all-reduce");
+      if (fused.size() == before) continue;
+      const std::size_t align = size_of(fused.back().type);
       bytes = (bytes + align - 1) / align * align;
+      owner.push_back(i);
       offsets.push_back(bytes);
-      bytes += one[0].count * align;
+      bytes += fused.back().count * align;
     }
     grad_arena_.resize_discard(bytes);
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-      one.clear();
-      slots_[i]->fused_tensors(one);
-      if (one.empty()) continue;
-      slots_[i]->move_fused_gradient(grad_arena_.data() + offsets[i]);
-      slots_[i]->fused_tensors(fused);
+    for (std::size_t k = 0; k < fused.size(); ++k) {
+      fused[k].data = grad_arena_.data() + offsets[k];
+      slots_[owner[k]]->move_fused_gradient(fused[k].data);
     }
     return fused;
   }

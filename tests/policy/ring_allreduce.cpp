@@ -105,6 +105,7 @@ TEST_CASE("RingAllReduce under automatic: native on an oversubscribed host", "[p
   px::RingAllReducer<px::engine::Mpi> ring(mpi, opt);
   const auto threads = static_cast<int>(std::thread::hardware_concurrency());
   const bool oversubscribed = threads > 0 && mpi.topology().local_size() > threads;
+  CHECK(mpi.topology().oversubscribed() == oversubscribed);
   CHECK(ring.oversubscribed() == oversubscribed);
   if (mpi.size() > 1) CHECK(ring.choose(1 << 20) == (oversubscribed ? Algorithm::native : Algorithm::ring));
   // Forcing the ring still runs the ring; oversubscribed, each chunk whole.

@@ -58,9 +58,8 @@ class Mpi {
 
   explicit Mpi(const Context& ctx, Options options = {})
       : topology_(ctx.topology()), options_(options.from_environment()), fault_(ctx.comm()) {
-    const int threads = static_cast<int>(std::thread::hardware_concurrency());
     yield_ = options_.yield == Options::Yield::always ||
-             (options_.yield == Options::Yield::automatic && threads > 0 && topology_.local_size() > threads);
+             (options_.yield == Options::Yield::automatic && topology_.oversubscribed());
     PARALLAX_MPI_CHECK(MPI_Comm_dup(ctx.comm(), &comm_));
     PARALLAX_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   }

@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <thread>
 #include <vector>
 
 namespace parallax {
@@ -179,8 +178,7 @@ class RingAllReducer {
   explicit RingAllReducer(Engine& engine, RingOptions options = {}) : engine_(&engine), options_(options) {
     PARALLAX_EXPECTS(options_.segment_bytes >= 64, "RingOptions::segment_bytes must be at least 64, got ",
                      options_.segment_bytes);
-    const auto threads = static_cast<int>(std::thread::hardware_concurrency());
-    oversubscribed_ = threads > 0 && engine.topology().local_size() > threads;
+    oversubscribed_ = engine.topology().oversubscribed();
   }
 
   const RingOptions& options() const noexcept { return options_; }
