@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+
+#include <omp.h>
 
 TEMPLATE_TEST_CASE("Buffer round-trips host data and grows keeping contents", "[space]", PARALLAX_TEST_SPACES) {
   using Space = TestType;
@@ -83,6 +86,46 @@ TEST_CASE("Thrust's temporary storage comes from the context's pool and is reuse
   CHECK(ex.temp_pool().bytes() == bytes);
   px::Exec<px::HostSpace> copy = ex;  // copies share the pool
   CHECK(&copy.temp_pool() == &ex.temp_pool());
+}
+
+// Regression: Thrust's OpenMP stable sort merges in parallel, each thread
+// allocating its temporaries from the pool at once. The pool had no lock, and
+// with 8 threads the sort wrote through a block it had given twice (a crash in
+// bench_end_to_end on a 16-core machine).
+TEST_CASE("The temporary pool serves OpenMP threads allocating at once", "[space]") {
+  const int threads = 8;
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  px::detail::TempPool<px::HostSpace> pool;
+  std::atomic<int> overlaps{0};
+#pragma omp parallel num_threads(threads)
+  {
+    const int me = omp_get_thread_num();
+    for (int round = 0; round < 2000; ++round) {
+      const std::ptrdiff_t bytes = 256 << (round % 4);
+      char* p = pool.allocate(bytes);
+      std::memset(p, me + 1, static_cast<std::size_t>(bytes));
+      for (std::ptrdiff_t i = 0; i < bytes; i += 61)
+        if (p[i] != me + 1) ++overlaps;  // another thread holds the same block
+      pool.deallocate(p, static_cast<std::size_t>(bytes));
+    }
+  }
+  CHECK(overlaps == 0);
+  CHECK(pool.blocks() <= static_cast<std::size_t>(threads) * 4);
+
+  px::Exec<px::HostSpace> ex;
+  const std::size_t n = 400000;
+  for (int round = 0; round < 5; ++round) {
+    std::vector<px::index_t> keys(n);
+    std::vector<int> order(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      keys[i] = static_cast<px::index_t>((i * 7919 + static_cast<std::size_t>(round)) % 100003);
+      order[i] = static_cast<int>(i);
+    }
+    thrust::stable_sort_by_key(ex.thrust_policy(), keys.data(), keys.data() + n, order.data());
+    CHECK(std::is_sorted(keys.begin(), keys.end()));
+  }
+  omp_set_num_threads(saved);
 }
 
 TEST_CASE("Buffer allocations are 64-byte aligned on the host", "[space]") {

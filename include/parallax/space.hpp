@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <type_traits>
 #include <utility>
@@ -74,7 +75,9 @@ namespace detail {
 /// (every batch touches a different number of rows) reuse a few blocks
 /// rather than fragment the heap: a long job's memory stays flat
 /// (bench/soak.cpp). At most twice the largest request per block in use at
-/// once, plus the smaller classes seen (less than that again).
+/// once, plus the smaller classes seen (less than that again). Thread-safe:
+/// Thrust's OpenMP sorts allocate from inside their parallel regions (each
+/// thread's merge takes its own temporaries).
 template <class Space>
 class TempPool {
  public:
@@ -88,6 +91,7 @@ class TempPool {
   char* allocate(std::ptrdiff_t n) {
     std::size_t want = 256;
     while (want < static_cast<std::size_t>(n)) want *= 2;
+    const std::lock_guard<std::mutex> lock(mutex_);
     for (Block& b : blocks_)
       if (!b.busy && b.bytes == want) {
         b.busy = true;
@@ -98,12 +102,17 @@ class TempPool {
     return blocks_.back().data;
   }
   void deallocate(char* p, std::size_t) noexcept {
+    const std::lock_guard<std::mutex> lock(mutex_);
     for (Block& b : blocks_)
       if (b.data == p) b.busy = false;
   }
   /// Blocks held, and their bytes.
-  std::size_t blocks() const noexcept { return blocks_.size(); }
-  std::size_t bytes() const noexcept {
+  std::size_t blocks() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return blocks_.size();
+  }
+  std::size_t bytes() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
     std::size_t total = 0;
     for (const Block& b : blocks_) total += b.bytes;
     return total;
@@ -115,6 +124,7 @@ class TempPool {
     std::size_t bytes;
     bool busy;
   };
+  mutable std::mutex mutex_;
   std::vector<Block> blocks_;
 };
 }  // namespace detail
