@@ -159,7 +159,8 @@ TEST_CASE("MpiStaged::alltoall and alltoallv move every block to its rank", "[gp
   CHECK(f.eng.stats().total().sent() == 16 * (un - 1));
   CHECK(f.eng.stats().total().received() == 16 * (un - 1));
 
-  // Rank i sends i+p+1 elements to rank p, valued 1000*i + 10*p + k.
+  // Rank i sends i+p+1 elements to rank p, valued 1000*i + 10*p + k; the
+  // received blocks land with a gap of one element, which must keep its value.
   std::vector<std::size_t> sc(un), sd(un), rc(un), rd(un);
   std::size_t st = 0, rt = 0;
   for (int p = 0; p < f.n; ++p) {
@@ -168,19 +169,21 @@ TEST_CASE("MpiStaged::alltoall and alltoallv move every block to its rank", "[gp
     st += sc[p];
     rc[p] = static_cast<std::size_t>(p + f.me + 1);
     rd[p] = rt;
-    rt += rc[p];
+    rt += rc[p] + 1;
   }
   std::vector<float> sv(st);
   for (int p = 0; p < f.n; ++p)
     for (std::size_t k = 0; k < sc[p]; ++k) sv[sd[p] + k] = static_cast<float>(1000 * f.me + 10 * p + k);
   auto vs = device(sv);
-  px::Buffer<float, px::CudaSpace> vr(rt);
+  auto vr = device(std::vector<float>(rt, -1.f));
   f.eng.stats().reset();
   f.eng.alltoallv(vs.data(), sc.data(), sd.data(), vr.data(), rc.data(), rd.data(), DataType::f32);
   const auto got = vr.to_host();
   std::size_t wrong = 0;
-  for (int p = 0; p < f.n; ++p)
+  for (int p = 0; p < f.n; ++p) {
     for (std::size_t k = 0; k < rc[p]; ++k) wrong += got[rd[p] + k] != static_cast<float>(1000 * p + 10 * f.me + k);
+    CHECK(got[rd[p] + rc[p]] == -1.f);
+  }
   CHECK(wrong == 0);
   std::uint64_t sent = 0, received = 0;
   for (int p = 0; p < f.n; ++p)
@@ -279,6 +282,17 @@ TEST_CASE("RingAllReducer over MpiStaged sums device buffers with the ring", "[g
     // The ring books its point-to-point messages exactly: 2(N-1)/N of the buffer.
     CHECK(f.eng.stats().total().sent() == f32(px::detail::ring::allreduce_sent(count, f.n, f.me)));
   }
+}
+
+TEST_CASE("RingAllReduce under automatic takes MpiStaged's own all-reduce for device memory",
+          "[gpu][engine][mpi_staged]") {
+  Fixture f;
+  px::RingOptions o;
+  o.adapt_to_oversubscription = false;
+  px::RingAllReducer<Engine> reducer(f.eng, o);
+  CHECK(reducer.choose(64u << 20) == px::engine::Algorithm::native);
+  o.algorithm = px::engine::Algorithm::ring;  // still there when asked for
+  CHECK(px::RingAllReducer<Engine>(f.eng, o).choose(64u << 20) == px::engine::Algorithm::ring);
 }
 
 namespace {

@@ -217,7 +217,7 @@ class MpiStaged {
     const void* in = stage_in(send, count * es, in_);
     void* out = stage_out(recv, out_bytes, out_);
     mpi_.allgatherv(in, count, out, counts, displs, t);
-    unstage(recv, out, out_bytes);
+    unstage_blocks(recv, out, counts, displs, es);
   }
 
   /// Rank i sends block j (count elements at send + j*count) to rank j.
@@ -239,7 +239,7 @@ class MpiStaged {
     const void* in = stage_in(send, in_bytes, in_);
     void* out = stage_out(recv, out_bytes, out_);
     mpi_.alltoallv(in, scounts, sdispls, out, rcounts, rdispls, t);
-    unstage(recv, out, out_bytes);
+    unstage_blocks(recv, out, rcounts, rdispls, es);
   }
 
   /// Copies `count` elements of root's buf to every rank's buf.
@@ -413,6 +413,19 @@ class MpiStaged {
   void unstage(void* p, const void* from, std::size_t bytes) {
     if (p == from || bytes == 0) return;
     detail::copy_async(p, from, bytes, exec_.stream());
+    exec_.synchronize();
+  }
+  /// unstage() for a v-collective: only the blocks MPI wrote (counts[r]
+  /// elements at displs[r]), so gaps between them keep what p held.
+  void unstage_blocks(void* p, const void* from, const std::size_t* counts, const std::size_t* displs,
+                      std::size_t es) {
+    if (p == from) return;
+    for (int r = 0; r < size(); ++r) {
+      const auto ur = static_cast<std::size_t>(r);
+      if (counts[ur])
+        detail::copy_async(static_cast<std::byte*>(p) + displs[ur] * es,
+                           static_cast<const std::byte*>(from) + displs[ur] * es, counts[ur] * es, exec_.stream());
+    }
     exec_.synchronize();
   }
 
