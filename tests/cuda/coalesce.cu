@@ -79,6 +79,20 @@ TEST_CASE("CUB coalesce equals the Thrust and host paths bit for bit", "[gpu][cu
   for (std::size_t i = 1; i < cub.first.size(); ++i) REQUIRE(cub.first[i - 1] < cub.first[i]);
 }
 
+// The CUB path sorts only the bits the largest id uses: ids far from zero
+// (41 bits) and negative ids (all 64 bits) must come out the same.
+TEST_CASE("CUB coalesce sorts ids of any range, negative ones too", "[gpu][cuda][coalesce]") {
+  const px::index_t offset = GENERATE(px::index_t{0}, px::index_t{1} << 40, px::index_t{-5000});
+  auto in = make_input(20000, 8, 10000, 0.2, 5);
+  for (auto& id : in.ids) id += offset;
+  const auto cub = coalesce<px::CudaSpace>(in, 8, true);
+  const auto host = coalesce<px::HostSpace>(in, 8, false);
+  CHECK(cub.first == host.first);
+  CHECK(cub.second == host.second);
+  REQUIRE(!cub.first.empty());
+  CHECK(cub.first.front() >= offset);
+}
+
 TEST_CASE("SparseGrad<CudaSpace>::coalesce sums duplicates in the order added", "[gpu][cuda][coalesce]") {
   px::SparseGrad<float, px::CudaSpace> g({10, 2}, "emb");
   g.add(std::vector<px::index_t>{7, 2, 7, 0, 2, 7}, std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
