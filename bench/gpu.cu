@@ -224,7 +224,9 @@ void register_allreduce(pb::Session& session, px::engine::MpiStaged& staged, px:
     const std::size_t count = bytes / sizeof(float);
 
     session.add("allreduce/ring_mpi_staged/" + mib(bytes), bytes, [=, &session, &staged](benchmark::State& st) {
-      px::RingAllReducer<px::engine::MpiStaged> reducer(staged);
+      px::RingOptions ring;  // the ring itself (automatic picks native over MpiStaged)
+      ring.algorithm = px::engine::Algorithm::ring;
+      px::RingAllReducer<px::engine::MpiStaged> reducer(staged, ring);
       DeviceInput in(me, count);
       pb::timed_loop(st, comm, session.warmup(bytes), [&] { in.restore(); }, [&] { reducer.allreduce(in.data.data(), count); });
       pb::set_bandwidth(st, static_cast<double>(bytes), pb::bus_factor::allreduce(n), n);
