@@ -66,6 +66,11 @@ TEST_CASE("A borrowed Buffer uses memory it does not free, until it grows", "[sp
 }
 
 TEST_CASE("Thrust's temporary storage comes from the context's pool and is reused", "[space]") {
+  // Two threads: with more, the sort's merges take blocks concurrently, and
+  // how many are live at once depends on timing (16 threads on a 16-core
+  // machine held 42 blocks where 2 threads hold 29).
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(2);
   px::Exec<px::HostSpace> ex;
   auto sort = [&](std::size_t n) {
     std::vector<px::index_t> keys(n);
@@ -86,6 +91,7 @@ TEST_CASE("Thrust's temporary storage comes from the context's pool and is reuse
   CHECK(ex.temp_pool().bytes() == bytes);
   px::Exec<px::HostSpace> copy = ex;  // copies share the pool
   CHECK(&copy.temp_pool() == &ex.temp_pool());
+  omp_set_num_threads(saved);
 }
 
 // Regression: Thrust's OpenMP stable sort merges in parallel, each thread
