@@ -11,11 +11,21 @@
 #   scripts/gpu-check.sh                    # everything
 #   PARALLAX_GPU_SKIP_BENCH=1 scripts/gpu-check.sh   # tests only
 #   PARALLAX_GPU_MAX_RANKS=2 scripts/gpu-check.sh    # fewer ranks for the bench
+#   PARALLAX_GPU_BUILD_DIR=build/gpu PARALLAX_GPU_PREBUILT=1 scripts/gpu-check.sh
+#       # run a CUDA build made on another machine (same path, same CUDA
+#       # major version): for GPU nodes with no compiler or package registry
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/setup.sh"
+build="${PARALLAX_GPU_BUILD_DIR:-$root/build/cuda}"
+case "$build" in /*) ;; *) build="$root/$build" ;; esac
+prebuilt="${PARALLAX_GPU_PREBUILT:-}"
+if [ -z "$prebuilt" ]; then
+  source "$root/scripts/setup.sh"
+elif [ ! -f "$build/CTestTestfile.cmake" ]; then
+  echo "gpu-check: PARALLAX_GPU_PREBUILT set but $build holds no configured build" >&2
+  exit 1
+fi
 jobs="$(nproc)"
-build="$root/build/cuda"
 results="$build/gpu-results"
 max_ranks="${PARALLAX_GPU_MAX_RANKS:-4}"
 
@@ -28,16 +38,20 @@ gpu_count="$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)"
 driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)"
 echo "== GPU: $gpu_name (x$gpu_count, driver $driver)"
 
-echo "== CUDA build ($build)"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPARALLAX_ENABLE_CUDA=ON >/dev/null
-cmake --build "$build" -j "$jobs"
+if [ -z "$prebuilt" ]; then
+  echo "== CUDA build ($build)"
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPARALLAX_ENABLE_CUDA=ON >/dev/null
+  cmake --build "$build" -j "$jobs"
+else
+  echo "== CUDA build made elsewhere: $build"
+fi
 
 mkdir -p "$results"
 echo "== GPU tests (ctest -L gpu)"
 # One test at a time: they share the GPU, and MpiStaged tests start up to 4
 # ranks on it.
 status=0
-(cd "$build" && ctest -L gpu --output-on-failure -j 1 2>&1 | tee "$results/ctest.log") || status=$?
+(cd "$build" && ctest -L gpu --output-on-failure -j "${PARALLAX_GPU_TEST_JOBS:-1}" 2>&1 | tee "$results/ctest.log") || status=$?
 if grep -q "tests failed" "$results/ctest.log"; then status=1; fi
 
 bench_status=0

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <numeric>
+#include <string>
 #include <vector>
 
 using px::DataType;
@@ -49,6 +50,24 @@ TEST_CASE("choose_device: local rank mod GPUs, one GPU per rank for Nccl", "[gpu
   const std::string none =
       test::error_of([] { (void)px::choose_device({0, 1}, 0, px::DeviceSharing::shared, "engine::MpiStaged"); });
   CHECK(none.find("sees none") != std::string::npos);
+}
+
+// CTest also runs this case alone at 2 ranks (engine_nccl_placement_np2):
+// on a one-GPU machine every rank must fail at once with the message, and
+// none may wait in NCCL's initialisation.
+TEST_CASE("Nccl on more ranks than GPUs fails on every rank, naming the counts", "[gpu][engine][nccl][placement]") {
+  int gpus = 0;
+  PARALLAX_CUDA_CHECK(cudaGetDeviceCount(&gpus));
+  const int local = test::world().topology().local_size();
+  const std::string what = test::error_of([] { Engine e{test::world()}; });
+  if (local > gpus) {
+    INFO(what);
+    CHECK(what.find("engine::Nccl needs one GPU per rank, but this host runs " + std::to_string(local) +
+                    " ranks and has " + std::to_string(gpus) + " GPU") != std::string::npos);
+  } else {
+    CHECK(what.empty());
+  }
+  CHECK(test::all_ranks(true));  // every rank got here: nobody hangs
 }
 
 TEST_CASE("Nccl::allreduce sums device buffers, in place and not", "[gpu][engine][nccl]") {
