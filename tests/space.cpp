@@ -134,6 +134,30 @@ TEST_CASE("The temporary pool serves OpenMP threads allocating at once", "[space
   omp_set_num_threads(saved);
 }
 
+namespace {
+struct CountVisit {
+  int* hits;
+  std::size_t cols;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const { hits[r * cols + c] += 1; }
+};
+}  // namespace
+
+TEMPLATE_TEST_CASE("for_each_rows visits every element of every row exactly once", "[space]", PARALLAX_TEST_SPACES) {
+  using Space = TestType;
+  const auto shape = GENERATE(std::pair<std::size_t, std::size_t>{0, 5}, std::pair<std::size_t, std::size_t>{7, 0},
+                              std::pair<std::size_t, std::size_t>{1, 1}, std::pair<std::size_t, std::size_t>{1000, 3},
+                              std::pair<std::size_t, std::size_t>{37, 64}, std::pair<std::size_t, std::size_t>{5, 300},
+                              std::pair<std::size_t, std::size_t>{70000, 1});
+  const std::size_t rows = shape.first, cols = shape.second;
+  auto hits = px::Buffer<int, Space>::from_host(std::vector<int>(rows * cols, 0));
+  px::Exec<Space> ex;
+  px::for_each_rows(ex, rows, cols, CountVisit{hits.data(), cols});
+  ex.synchronize();
+  const auto got = hits.to_host();
+  INFO(rows << " rows x " << cols << " cols");
+  CHECK(std::count(got.begin(), got.end(), 1) == static_cast<std::ptrdiff_t>(rows * cols));
+}
+
 TEST_CASE("Buffer allocations are 64-byte aligned on the host", "[space]") {
   px::Buffer<float> b(3);
   CHECK(reinterpret_cast<std::uintptr_t>(b.data()) % 64 == 0);

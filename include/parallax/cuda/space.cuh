@@ -168,7 +168,32 @@ __global__ void for_each_kernel(std::size_t n, F f) {
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
 }
 
+/// for_each_rows' kernel: a block is `blockDim.y` rows of `blockDim.x`
+/// threads across the columns, so neighbouring threads touch neighbouring
+/// elements of a row and no thread divides a flat index by `cols` (a 64-bit
+/// division costs tens of instructions on the GPU).
+template <class F>
+__global__ void for_each_rows_kernel(std::size_t rows, std::size_t cols, F f) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.y;
+  for (std::size_t r = static_cast<std::size_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += stride)
+    for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) f(r, c);
+}
+
 }  // namespace detail
+
+/// Calls `f(r, c)` for every r in [0, rows) and c in [0, cols) on the GPU, on
+/// the Exec's stream, asynchronously: one thread per element of a row (up to
+/// 256 columns; wider rows loop), several rows per block.
+template <class F>
+void for_each_rows(const Exec<CudaSpace>& ex, std::size_t rows, std::size_t cols, F f) {
+  if (rows == 0 || cols == 0) return;
+  unsigned tx = 1;
+  while (tx < cols && tx < detail::cuda_block_size) tx *= 2;
+  const unsigned ty = detail::cuda_block_size / tx;
+  const std::size_t blocks = std::min((rows + ty - 1) / ty, detail::cuda_max_blocks);
+  detail::for_each_rows_kernel<<<static_cast<unsigned>(blocks), dim3(tx, ty), 0, ex.stream()>>>(rows, cols, f);
+  PARALLAX_CUDA_CHECK(cudaGetLastError());
+}
 
 /// Calls `f(i)` for every i in [0, n) on the GPU, on the Exec's stream,
 /// asynchronously: a grid-stride kernel. `f` is copied to the device, so it
