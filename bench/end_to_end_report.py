@@ -48,9 +48,9 @@ def fmt_bytes(b):
         b /= 1024
 
 
-def section(runs, context, command):
+def section(runs, context, command, title=SECTION, plot="end_to_end.png"):
     ranks = sorted({k[2] for k in runs})
-    lines = [SECTION, ""]
+    lines = [title, ""]
     lines.append("Whole training steps of the examples' models (`examples/0N_*/model.hpp`, the code the "
                  "examples run) under each architecture: `bench/end_to_end.cpp`, Google Benchmark through "
                  "`bench/common/harness.hpp` (fixed step counts, the slowest rank's time per step). "
@@ -66,10 +66,17 @@ def section(runs, context, command):
     lines.append("")
     host = context.get("host_name", "?")
     cpus = context.get("num_cpus", "?")
-    lines.append(f"Machine: {host}, {cpus} CPUs, {context.get('mpi_library', 'MPI ?')}; "
-                 f"{context.get('date', '')}. With more ranks than cores (3 and 4 ranks here) every "
-                 "collective waits for scheduler time slices, so per-call latency, not bytes, sets much "
-                 "of the time.")
+    machine = (f"Machine: {host}, {cpus} CPUs, {context.get('mpi_library', 'MPI ?')}; "
+               f"{context.get('date', '')}.")
+    over = [n for n in ranks if isinstance(cpus, int) and n > cpus]
+    if over:
+        machine += (f" With more ranks than cores ({', '.join(map(str, over))} ranks here) every "
+                    "collective waits for scheduler time slices, so per-call latency, not bytes, sets much "
+                    "of the time.")
+    else:
+        machine += (" Every rank has cores of its own; OpenMP threads per rank: "
+                    f"{context.get('omp_threads_per_rank', '?')} at {max(ranks)} ranks.")
+    lines.append(machine)
     lines.append("")
     for model in MODELS:
         if not any(k[0] == model for k in runs):
@@ -121,19 +128,19 @@ def section(runs, context, command):
     if verdicts:
         lines.append(f"Bars of issue 5 at {n} ranks, hybrid against all-reduce: " + "; ".join(verdicts) + ".")
         lines.append("")
-    lines.append("![end to end](end_to_end.png)")
+    lines.append(f"![end to end]({plot})")
     lines.append("")
     return "\n".join(lines)
 
 
-def write_doc(path, text):
+def write_doc(path, text, title=SECTION):
     old = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    start = old.find(SECTION)
+    start = old.find(title + "\n")
     if start < 0:
         new = old.rstrip("\n") + "\n\n" + text
     else:
-        nxt = re.search(r"^## ", old[start + len(SECTION):], flags=re.M)
-        end = start + len(SECTION) + nxt.start() if nxt else len(old)
+        nxt = re.search(r"^## ", old[start + len(title):], flags=re.M)
+        end = start + len(title) + nxt.start() if nxt else len(old)
         new = old[:start] + text + ("\n" + old[end:] if nxt else "")
     with open(path, "w") as f:
         f.write(new.rstrip("\n") + "\n")
@@ -171,12 +178,14 @@ def main():
     p.add_argument("--doc", required=True)
     p.add_argument("--plot", required=True)
     p.add_argument("--command", default="bench/run_end_to_end.sh")
+    p.add_argument("--title", default=SECTION, help="the section's heading (replaced if present)")
     p.add_argument("json", nargs="+")
     a = p.parse_args()
     runs, context = load(a.json)
-    write_doc(a.doc, section(runs, context, a.command))
+    text = section(runs, context, a.command, a.title, os.path.basename(a.plot))
+    write_doc(a.doc, text, a.title)
     plot(runs, a.plot)
-    print(section(runs, context, a.command))
+    print(text)
 
 
 if __name__ == "__main__":

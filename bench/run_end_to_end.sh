@@ -6,18 +6,23 @@
 #
 #   bench/run_end_to_end.sh              # 1..4 ranks, 3 repetitions each (median)
 #   RANKS="2 4" REPETITIONS=5 bench/run_end_to_end.sh
+#   OUT_DIR=/tmp/e2e PARALLAX_PREBUILT=1 bench/run_end_to_end.sh   # JSON only, no build, no report
+#       (for a machine without compilers; turn the JSON into the report elsewhere with
+#        bench/end_to_end_report.py --title "## ..." --plot docs/other.png ...)
 #
 # Timings are only as quiet as the machine: run it with nothing else busy.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/setup.sh" python3-matplotlib
 ranks="${RANKS:-1 2 3 4}"
 repetitions="${REPETITIONS:-3}"
 build="$root/build/host"
-out="$build/bench/end_to_end"
+out="${OUT_DIR:-$build/bench/end_to_end}"
 
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPARALLAX_ENABLE_CUDA=OFF >/dev/null
-cmake --build "$build" -j "$(nproc)" --target bench_end_to_end
+if [ -z "${PARALLAX_PREBUILT:-}" ]; then
+  source "$root/scripts/setup.sh" python3-matplotlib
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPARALLAX_ENABLE_CUDA=OFF >/dev/null
+  cmake --build "$build" -j "$(nproc)" --target bench_end_to_end
+fi
 mkdir -p "$out"
 files=()
 for np in $ranks; do
@@ -26,6 +31,10 @@ for np in $ranks; do
     --benchmark_report_aggregates_only=true --benchmark_out_format=json --benchmark_out="$out/np$np.json"
   files+=("$out/np$np.json")
 done
+if [ -n "${PARALLAX_PREBUILT:-}" ]; then
+  echo "== JSON in $out"
+  exit 0
+fi
 # Debian's python3-matplotlib serves /usr/bin/python3 (another python3 may come first on PATH).
 py=python3
 if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then py=/usr/bin/python3; fi
