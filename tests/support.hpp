@@ -1,6 +1,7 @@
 #pragma once
 // Helpers shared by the tests: the job's context, verdicts agreed across
-// ranks, and the list of memory spaces a test is instantiated for.
+// ranks, the list of memory spaces a test is instantiated for, the engine
+// that moves each space's memory, and copies between the host and a space.
 
 #include <parallax/parallax.hpp>
 
@@ -38,6 +39,44 @@ std::string error_of(F&& f) {
     return e.what();
   }
   return "";
+}
+
+namespace detail {
+template <class Space>
+struct engine_for;
+template <>
+struct engine_for<px::HostSpace> {
+  using type = px::engine::Mpi;
+};
+#if PARALLAX_HAS_CUDA
+template <>
+struct engine_for<px::CudaSpace> {
+  using type = px::engine::MpiStaged;
+};
+#endif
+}  // namespace detail
+
+/// The engine a test over memory of `Space` runs on: engine::Mpi for host
+/// memory, engine::MpiStaged (any rank count on one GPU) for device memory.
+template <class Space>
+using engine_for = typename detail::engine_for<Space>::type;
+
+/// The `n` elements at `data` (memory of `Space`), copied to a host vector.
+template <class Space, class T>
+std::vector<T> to_host(const T* data, std::size_t n) {
+  std::vector<T> out(n);
+  px::space_traits<Space>::copy_to_host(out.data(), data, n * sizeof(T));
+  return out;
+}
+template <class T, class Space>
+std::vector<T> to_host(const px::Rows<T, Space>& rows) {
+  return to_host<Space>(rows.data, rows.size());
+}
+
+/// Copies a host vector to `dst` (memory of `Space`, room for all of it).
+template <class Space, class T>
+void copy_from_host(T* dst, const std::vector<T>& src) {
+  px::space_traits<Space>::copy_from_host(dst, src.data(), src.size() * sizeof(T));
 }
 
 }  // namespace test
