@@ -1,6 +1,6 @@
 // trainer.hpp: N-rank training equals one process on the same global batch
-// for every architecture and optimizer; runs are bit-for-bit repeatable;
-// bad input is reported on every rank.
+// for every architecture and optimizer, in every memory space; runs are
+// bit-for-bit repeatable; bad input is reported on every rank.
 #include "support.hpp"
 
 #include <cmath>
@@ -20,27 +20,29 @@ px::index_t example_id(std::size_t s, std::size_t e) { return static_cast<px::in
 float target(std::size_t s, std::size_t e, std::size_t c) { return std::sin(0.3f * (e + 2 * s + 5 * c)); }
 
 /// Trains the toy model (embedding -> linear layer -> squared error) for
-/// kSteps steps on the examples of this rank's share of each global batch.
-template <class Arch, class Opt>
+/// kSteps steps on the examples of this rank's share of each global batch,
+/// with the variables in `Space`. The model's arithmetic runs on the host,
+/// on copies of the rows, weights and gradients.
+template <class Arch, class Opt, class Space = px::HostSpace>
 Model train(px::Context& ctx, const Opt& opt, px::TrainerOptions options = {}, std::size_t steps = kSteps) {
-  px::Variable<px::Sparse, float> emb(ctx, "emb", {kRows, kDim}, px::init::Uniform{-0.5f, 0.5f, 7});
-  px::Variable<px::Dense, float> w(ctx, "w", {kDim, kClasses}, px::init::Glorot{3});
-  px::Variable<px::Dense, float> b(ctx, "b", {kClasses}, px::init::Constant{0.1});
-  px::Trainer<Arch, Opt> trainer(ctx, options, opt, emb, w, b);
+  px::Variable<px::Sparse, float, Space> emb(ctx, "emb", {kRows, kDim}, px::init::Uniform{-0.5f, 0.5f, 7});
+  px::Variable<px::Dense, float, Space> w(ctx, "w", {kDim, kClasses}, px::init::Glorot{3});
+  px::Variable<px::Dense, float, Space> b(ctx, "b", {kClasses}, px::init::Constant{0.1});
+  px::Trainer<Arch, Opt, test::engine_for<Space>> trainer(ctx, options, opt, emb, w, b);
 
   const std::size_t n = static_cast<std::size_t>(ctx.size()), r = static_cast<std::size_t>(ctx.rank());
   const std::size_t local = kBatch / n, first = r * local;
   for (std::size_t s = 0; s < steps; ++s) {
     std::vector<px::index_t> ids(local);
     for (std::size_t i = 0; i < local; ++i) ids[i] = example_id(s, first + i);
-    const auto rows = trainer.lookup(emb, ids);
-    const auto& W = w.value();
-    const auto& B = b.value();
-    auto& dW = w.grad();
-    auto& dB = b.grad();
+    const auto rows = test::to_host(trainer.lookup(emb, ids));
+    const auto W = w.value().to_host();
+    const auto B = b.value().to_host();
+    auto dW = w.grad().to_host();
+    auto dB = b.grad().to_host();
     std::vector<float> dh(local * kDim, 0.f);
     for (std::size_t i = 0; i < local; ++i) {
-      const float* h = rows.data + i * kDim;
+      const float* h = rows.data() + i * kDim;
       for (std::size_t c = 0; c < kClasses; ++c) {
         float out = B[c];
         for (std::size_t d = 0; d < kDim; ++d) out += h[d] * W[d * kClasses + c];
@@ -52,6 +54,8 @@ Model train(px::Context& ctx, const Opt& opt, px::TrainerOptions options = {}, s
         }
       }
     }
+    test::copy_from_host<Space>(w.grad().data(), dW);
+    test::copy_from_host<Space>(b.grad().data(), dB);
     emb.grad().add(ids, dh);
     trainer.step();
   }
@@ -65,45 +69,56 @@ double max_relative_error(const std::vector<float>& got, const std::vector<float
   return worst;
 }
 
-/// N ranks against one process; with `repeat`, also two N-rank runs
-/// against each other, bit for bit.
-template <class Arch, class Opt>
-void check_equivalence(const Opt& opt, bool repeat = false) {
+/// N ranks against one process, with the variables in `Space`; with
+/// `repeat`, also two N-rank runs against each other, bit for bit.
+template <class Arch, class Space, class Opt>
+void check_equivalence(const Opt& opt, bool repeat) {
   px::Context single(MPI_COMM_SELF);  // one process, the whole global batch
-  const Model want = train<Arch, Opt>(single, opt);
-  const Model got = train<Arch, Opt>(test::world(), opt);
+  const Model want = train<Arch, Opt, Space>(single, opt);
+  const Model got = train<Arch, Opt, Space>(test::world(), opt);
   const double err = std::max({max_relative_error(got.emb, want.emb), max_relative_error(got.w, want.w),
                                max_relative_error(got.b, want.b)});
-  INFO("architecture " << Arch::name << ", optimizer " << Opt::name << ", max relative error " << err);
+  INFO("architecture " << Arch::name << ", optimizer " << Opt::name << ", space " << Space::name
+                       << ", max relative error " << err);
   CHECK(err <= 1e-5);
   // The model moved: the check above is not comparing initial values.
-  const Model initial = train<Arch, Opt>(single, opt, {}, 0);
+  const Model initial = train<Arch, Opt, Space>(single, opt, {}, 0);
   CHECK(max_relative_error(got.emb, initial.emb) > 1e-3);
   CHECK(max_relative_error(got.w, initial.w) > 1e-3);
 
   if (repeat) {  // two runs with the same rank count are identical to the bit
-    const Model again = train<Arch, Opt>(test::world(), opt);
+    const Model again = train<Arch, Opt, Space>(test::world(), opt);
     CHECK(again.emb == got.emb);
     CHECK(again.w == got.w);
     CHECK(again.b == got.b);
   }
 }
 
+/// check_equivalence for each architecture.
+template <class Space, class Opt>
+void check_every_arch(const Opt& opt, bool repeat = false) {
+  check_equivalence<px::arch::Hybrid, Space>(opt, repeat);
+  check_equivalence<px::arch::AllReduce, Space>(opt, repeat);
+  check_equivalence<px::arch::PS, Space>(opt, repeat);
+}
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("N ranks train the same model as one process, for every architecture", "[trainer]",
-                   px::arch::Hybrid, px::arch::AllReduce, px::arch::PS) {
-  SECTION("sgd") { check_equivalence<TestType>(px::optim::Sgd{0.5f}); }
-  SECTION("momentum") { check_equivalence<TestType>(px::optim::Momentum{0.2f, 0.9f}); }
-  SECTION("adagrad") { check_equivalence<TestType>(px::optim::Adagrad{0.3f}); }
-  SECTION("adam, and bit-identical repeats") { check_equivalence<TestType>(px::optim::Adam{0.05f}, true); }
+                   PARALLAX_TEST_SPACES) {
+  using Space = TestType;
+  SECTION("sgd") { check_every_arch<Space>(px::optim::Sgd{0.5f}); }
+  SECTION("momentum") { check_every_arch<Space>(px::optim::Momentum{0.2f, 0.9f}); }
+  SECTION("adagrad") { check_every_arch<Space>(px::optim::Adagrad{0.3f}); }
+  SECTION("adam, and bit-identical repeats") { check_every_arch<Space>(px::optim::Adam{0.05f}, true); }
 }
 
-TEST_CASE("the three architectures reach the same model", "[trainer]") {
+TEMPLATE_TEST_CASE("the three architectures reach the same model", "[trainer]", PARALLAX_TEST_SPACES) {
+  using Space = TestType;
   const px::optim::Adam opt{0.05f};
-  const Model h = train<px::arch::Hybrid>(test::world(), opt);
-  const Model a = train<px::arch::AllReduce>(test::world(), opt);
-  const Model p = train<px::arch::PS>(test::world(), opt);
+  const Model h = train<px::arch::Hybrid, px::optim::Adam, Space>(test::world(), opt);
+  const Model a = train<px::arch::AllReduce, px::optim::Adam, Space>(test::world(), opt);
+  const Model p = train<px::arch::PS, px::optim::Adam, Space>(test::world(), opt);
   CHECK(max_relative_error(a.emb, h.emb) <= 1e-5);
   CHECK(max_relative_error(p.emb, h.emb) <= 1e-5);
   CHECK(max_relative_error(a.w, h.w) <= 1e-5);
