@@ -1,6 +1,6 @@
 // AllGatherv: every rank ends with the global sparse gradient, summed by row
 // then by rank (bit-exact against a sequential reference), and books the
-// ring bytes of DESIGN.md §4.
+// ring bytes of DESIGN.md §4, in host and device memory.
 #include "support.hpp"
 
 #include <map>
@@ -23,8 +23,10 @@ float value_of(int r, std::size_t entry, std::size_t c) { return 0.1f * static_c
 
 }  // namespace
 
-TEST_CASE("SparseAllGatherer gives every rank the global rows, summed by row then rank", "[policy][allgatherv]") {
-  px::engine::Mpi mpi(test::world());
+TEMPLATE_TEST_CASE("SparseAllGatherer gives every rank the global rows, summed by row then rank",
+                   "[policy][allgatherv]", PARALLAX_TEST_SPACES) {
+  using Space = TestType;
+  test::engine_for<Space> mpi(test::world());
   const int n = mpi.size(), me = mpi.rank();
   const std::size_t rows = 23, cols = 3;
   const auto ids = ids_of(me, rows);
@@ -32,11 +34,15 @@ TEST_CASE("SparseAllGatherer gives every rank the global rows, summed by row the
   for (std::size_t e = 0; e < ids.size(); ++e)
     for (std::size_t c = 0; c < cols; ++c) vals[e * cols + c] = value_of(me, e, c);
 
-  px::SparseAllGatherer<float, px::engine::Mpi> gatherer(mpi, cols);
-  px::Buffer<px::index_t> out_ids;
-  px::Buffer<float> out_vals;
+  px::SparseAllGatherer<float, test::engine_for<Space>> gatherer(mpi, cols);
+  px::Buffer<px::index_t, Space> out_ids_in_space;
+  px::Buffer<float, Space> out_vals_in_space;
   std::vector<std::int64_t> per_rank;
-  const std::size_t m = gatherer.gather(ids.data(), vals.data(), ids.size(), out_ids, out_vals, &per_rank);
+  const std::size_t m = gatherer.gather(px::Buffer<px::index_t, Space>::from_host(ids).data(),
+                                        px::Buffer<float, Space>::from_host(vals).data(), ids.size(),
+                                        out_ids_in_space, out_vals_in_space, &per_rank);
+  const auto out_ids = out_ids_in_space.to_host();
+  const auto out_vals = out_vals_in_space.to_host();
 
   // Sequential reference: ranks in order, entries in order.
   std::map<px::index_t, std::vector<float>> want;

@@ -1,6 +1,7 @@
 // RingAllReduce: the ring and the native path give the exact sum for every
-// size class, identical bits on every rank, and the bytes of DESIGN.md §4;
-// tensor fusion plans buckets as documented and changes no result.
+// size class, identical bits on every rank, and the bytes of DESIGN.md §4,
+// in host and device memory; tensor fusion plans buckets as documented and
+// changes no result.
 #include "support.hpp"
 
 #include <cstring>
@@ -35,34 +36,47 @@ bool same_bits_everywhere(const std::vector<T>& v) {
   return lo == hi;
 }
 
+/// One all-reduce of `count` elements of T in Space, over the space's
+/// engine: the exact sum, the same bits on every rank, the ring's bytes.
+template <class T, class Space>
+void check_ring_sum(Algorithm algo, std::size_t count) {
+  test::engine_for<Space> mpi(test::world());
+  const int n = mpi.size(), me = mpi.rank();
+  px::RingOptions opt;
+  opt.algorithm = algo;
+  opt.segment_bytes = 256;  // many segments even for small buffers
+  opt.adapt_to_oversubscription = false;  // ... on any host
+  px::RingAllReducer<test::engine_for<Space>> ring(mpi, opt);
+
+  auto in_space = px::Buffer<T, Space>::from_host(pattern<T>(me, count));
+  ring.allreduce(in_space.data(), count);
+  const auto v = in_space.to_host();
+  INFO("type " << px::to_string(px::data_type_of_v<T>) << ", space " << Space::name);
+  bool ok = true;
+  for (std::size_t i = 0; i < count; ++i) ok = ok && v[i] == expected<T>(n, i);
+  CHECK(ok);
+  CHECK(same_bits_everywhere(v));
+
+  const px::Traffic t = mpi.stats().total();
+  const std::uint64_t b = sizeof(T);
+  CHECK(t.sent() == b * px::detail::ring::allreduce_sent(count, n, me));
+  CHECK(t.received() == b * px::detail::ring::allreduce_received(count, n, me));
+}
+
 }  // namespace
 
-TEMPLATE_TEST_CASE("RingAllReducer sums exactly with either algorithm", "[policy][ring]", float, double,
-                   std::int32_t, std::int64_t) {
-  px::engine::Mpi mpi(test::world());
-  const int n = mpi.size(), me = mpi.rank();
+TEMPLATE_TEST_CASE("RingAllReducer sums exactly with either algorithm", "[policy][ring]", PARALLAX_TEST_SPACES) {
+  using Space = TestType;
+  const int n = test::world().size();
   const Algorithm algo = GENERATE(Algorithm::ring, Algorithm::native);
   // 0, 1, fewer elements than ranks, not divisible by n, several segments.
   const std::size_t count =
       GENERATE_COPY(std::size_t{0}, std::size_t{1}, std::size_t(n > 1 ? n - 1 : 1), std::size_t(3 * n + 1),
                     std::size_t{5000});
-  px::RingOptions opt;
-  opt.algorithm = algo;
-  opt.segment_bytes = 256;  // many segments even for small buffers
-  opt.adapt_to_oversubscription = false;  // ... on any host
-  px::RingAllReducer<px::engine::Mpi> ring(mpi, opt);
-
-  auto v = pattern<TestType>(me, count);
-  ring.allreduce(v.data(), count);
-  bool ok = true;
-  for (std::size_t i = 0; i < count; ++i) ok = ok && v[i] == expected<TestType>(n, i);
-  CHECK(ok);
-  CHECK(same_bits_everywhere(v));
-
-  const px::Traffic t = mpi.stats().total();
-  const std::uint64_t b = sizeof(TestType);
-  CHECK(t.sent() == b * px::detail::ring::allreduce_sent(count, n, me));
-  CHECK(t.received() == b * px::detail::ring::allreduce_received(count, n, me));
+  check_ring_sum<float, Space>(algo, count);
+  check_ring_sum<double, Space>(algo, count);
+  check_ring_sum<std::int32_t, Space>(algo, count);
+  check_ring_sum<std::int64_t, Space>(algo, count);
 }
 
 TEST_CASE("RingAllReduce sends 2(N-1)/N of the buffer per rank", "[policy][ring]") {

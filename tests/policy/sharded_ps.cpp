@@ -1,6 +1,7 @@
 // ShardedPS machinery: lookups return exact rows, pushes reach the owners
-// summed by row then rank (bit-exact), bytes match DESIGN.md §4 exactly, and
-// local aggregation sends each row across hosts once per host.
+// summed by row then rank (bit-exact), bytes match DESIGN.md §4 exactly (in
+// host and device memory), and local aggregation sends each row across
+// hosts once per host.
 #include "support.hpp"
 
 #include <map>
@@ -8,15 +9,22 @@
 
 namespace {
 
-using Table = px::ShardedTable<float, px::engine::Mpi>;
+template <class Space>
+using TableIn = px::ShardedTable<float, test::engine_for<Space>>;
+using Table = TableIn<px::HostSpace>;
 constexpr std::size_t R = 29, C = 3;
 
 float initial(px::index_t row, std::size_t c) { return static_cast<float>(row * 100 + static_cast<px::index_t>(c)); }
 
-void fill_table(Table& t) {
-  t.initialize([&](const px::index_t* rows, std::size_t k, float* out) {
+template <class Engine>
+void fill_table(px::ShardedTable<float, Engine>& t) {
+  using Space = typename px::ShardedTable<float, Engine>::space;
+  t.initialize([&](const px::index_t* rows_in_space, std::size_t k, float* out) {
+    const auto rows = test::to_host<Space>(rows_in_space, k);
+    std::vector<float> values(k * C);
     for (std::size_t i = 0; i < k; ++i)
-      for (std::size_t c = 0; c < C; ++c) out[i * C + c] = initial(rows[i], c);
+      for (std::size_t c = 0; c < C; ++c) values[i * C + c] = initial(rows[i], c);
+    test::copy_from_host<Space>(out, values);
   });
 }
 
@@ -42,16 +50,19 @@ std::uint64_t pad8(std::uint64_t b) { return (b + 7) / 8 * 8; }
 
 }  // namespace
 
-TEST_CASE("ShardedTable::lookup returns the rows of the caller's ids, with exact bytes", "[policy][sharded_ps]") {
-  px::engine::Mpi mpi(test::world());
+TEMPLATE_TEST_CASE("ShardedTable::lookup returns the rows of the caller's ids, with exact bytes",
+                   "[policy][sharded_ps]", PARALLAX_TEST_SPACES) {
+  using Space = TestType;
+  test::engine_for<Space> mpi(test::world());
   const int n = mpi.size(), me = mpi.rank();
-  Table table(mpi, px::PartitionMap(R, n, n), C, "emb");
+  TableIn<Space> table(mpi, px::PartitionMap(R, n, n), C, "emb");
   fill_table(table);
   CHECK(table.shard_rows() == table.map().shard_rows(me));
 
   const auto ids = lookup_ids(me);
-  std::vector<float> out(ids.size() * C, -1.f);
-  table.lookup(ids.data(), ids.size(), out.data());
+  auto out_in_space = px::Buffer<float, Space>::from_host(std::vector<float>(ids.size() * C, -1.f));
+  table.lookup(px::Buffer<px::index_t, Space>::from_host(ids).data(), ids.size(), out_in_space.data());
+  const auto out = out_in_space.to_host();
   bool exact = true;
   for (std::size_t i = 0; i < ids.size(); ++i)
     for (std::size_t c = 0; c < C; ++c) exact = exact && out[i * C + c] == initial(ids[i], c);
@@ -75,19 +86,26 @@ TEST_CASE("ShardedTable::lookup returns the rows of the caller's ids, with exact
   CHECK(mpi.stats().total().calls == 3);
 }
 
-TEST_CASE("ShardedTable::push sums every rank's rows at their owner, by row then rank", "[policy][sharded_ps]") {
-  px::engine::Mpi mpi(test::world());
+TEMPLATE_TEST_CASE("ShardedTable::push sums every rank's rows at their owner, by row then rank",
+                   "[policy][sharded_ps]", PARALLAX_TEST_SPACES) {
+  using Space = TestType;
+  test::engine_for<Space> mpi(test::world());
   const int n = mpi.size(), me = mpi.rank();
   const int parts = GENERATE(1, 2, 5);
-  Table table(mpi, px::PartitionMap(R, parts, n), C, "emb");
+  TableIn<Space> table(mpi, px::PartitionMap(R, parts, n), C, "emb");
   const auto ids = push_ids(me);
   std::vector<float> vals(ids.size() * C);
   for (std::size_t i = 0; i < ids.size(); ++i)
     for (std::size_t c = 0; c < C; ++c) vals[i * C + c] = push_value(me, ids[i], c);
 
-  px::Buffer<px::index_t> local;
-  px::Buffer<float> sums;
-  const std::size_t m = table.push(ids.data(), vals.data(), ids.size(), local, sums);
+  px::Buffer<px::index_t, Space> local_in_space;
+  px::Buffer<float, Space> sums_in_space;
+  const std::size_t m = table.push(px::Buffer<px::index_t, Space>::from_host(ids).data(),
+                                   px::Buffer<float, Space>::from_host(vals).data(), ids.size(), local_in_space,
+                                   sums_in_space);
+  const auto pushed = table.pushed_ids().to_host();
+  const auto local = local_in_space.to_host();
+  const auto sums = sums_in_space.to_host();
 
   std::map<px::index_t, std::vector<float>> want;  // rows owned here, summed in rank order
   for (int r = 0; r < n; ++r)
@@ -101,7 +119,7 @@ TEST_CASE("ShardedTable::push sums every rank's rows at their owner, by row then
   std::size_t k = 0;
   bool exact = true;
   for (const auto& [id, row] : want) {
-    exact = exact && table.pushed_ids()[k] == id;
+    exact = exact && pushed[k] == id;
     exact = exact && local[k] == static_cast<px::index_t>(table.map().local_row(id));
     for (std::size_t c = 0; c < C; ++c) exact = exact && sums[k * C + c] == row[c];
     ++k;
@@ -194,17 +212,20 @@ TEST_CASE("a bad lookup id on one rank fails the lookup on every rank", "[policy
   CHECK(row[2] == initial(0, 2));
 }
 
-TEST_CASE("DenseShards reduces by rank and gathers the whole variable back", "[policy][sharded_ps][dense]") {
-  px::engine::Mpi mpi(test::world());
+TEMPLATE_TEST_CASE("DenseShards reduces by rank and gathers the whole variable back", "[policy][sharded_ps][dense]",
+                   PARALLAX_TEST_SPACES) {
+  using Space = TestType;
+  test::engine_for<Space> mpi(test::world());
   const int n = mpi.size(), me = mpi.rank();
   const int parts = GENERATE_COPY(1, n, 2 * n + 1);
   const std::size_t rows = 17, cols = 2;
-  px::DenseShards<float, px::engine::Mpi> shards(mpi, px::PartitionMap(rows, parts, n), cols);
+  px::DenseShards<float, test::engine_for<Space>> shards(mpi, px::PartitionMap(rows, parts, n), cols);
   const px::PartitionMap& map = shards.map();
   std::vector<float> grad(rows * cols);
   for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(me * 1000 + static_cast<int>(i));
-  std::vector<float> sum(shards.shard_elements());
-  shards.reduce(grad.data(), sum.data());
+  px::Buffer<float, Space> sum_in_space(shards.shard_elements());
+  shards.reduce(px::Buffer<float, Space>::from_host(grad).data(), sum_in_space.data());
+  const auto sum = sum_in_space.to_host();
   bool exact = true;
   for (std::size_t l = 0; l < map.shard_rows(me); ++l) {
     const auto g = static_cast<std::size_t>(map.global_row(me, l));
@@ -214,11 +235,14 @@ TEST_CASE("DenseShards reduces by rank and gathers the whole variable back", "[p
   CHECK(exact);
 
   // Each rank's shard holds -(global index); gathering gives -(i) everywhere.
+  std::vector<float> shard(shards.shard_elements());
   for (std::size_t l = 0; l < map.shard_rows(me); ++l)
     for (std::size_t c = 0; c < cols; ++c)
-      shards.shard()[l * cols + c] = -static_cast<float>(static_cast<std::size_t>(map.global_row(me, l)) * cols + c);
-  std::vector<float> full(rows * cols, 1.f);
-  shards.gather(shards.shard().data(), full.data());
+      shard[l * cols + c] = -static_cast<float>(static_cast<std::size_t>(map.global_row(me, l)) * cols + c);
+  test::copy_from_host<Space>(shards.shard().data(), shard);
+  auto full_in_space = px::Buffer<float, Space>::from_host(std::vector<float>(rows * cols, 1.f));
+  shards.gather(shards.shard().data(), full_in_space.data());
+  const auto full = full_in_space.to_host();
   exact = true;
   for (std::size_t i = 0; i < full.size(); ++i) exact = exact && full[i] == -static_cast<float>(i);
   CHECK(exact);
