@@ -1,5 +1,5 @@
 // optim/: each optimizer's dense and lazy (row) update against the formula,
-// written out in double precision.
+// written out in double precision, in host and device memory.
 #include "support.hpp"
 
 #include <cmath>
@@ -39,33 +39,36 @@ double reference(const px::optim::Adam& o, double w, const double* g, int steps)
   return w;
 }
 
-template <class Opt>
+template <class Space, class Opt>
 void check_optimizer(const Opt& opt) {
-  px::Exec<px::HostSpace> ex;
+  px::Exec<Space> ex;
   const double g[3] = {0.5, -1.25, 2.0};
   const double scale = 0.5;
   // Dense: 4 elements, element i sees gradient (i+1) * g_t.
-  std::vector<double> w{1.0, -2.0, 3.0, 0.25};
-  const auto w0 = w;
-  px::optim::State<Opt, double, px::HostSpace> state(opt, w.size());
+  const std::vector<double> w0{1.0, -2.0, 3.0, 0.25};
+  auto w_in_space = px::Buffer<double, Space>::from_host(w0);
+  px::optim::State<Opt, double, Space> state(opt, w0.size());
   for (int t = 0; t < 3; ++t) {
     std::vector<double> grad(4);
     for (int i = 0; i < 4; ++i) grad[i] = (i + 1) * g[t] / scale;
-    px::optim::apply_dense(ex, opt, t + 1, w.data(), grad.data(), 4, state, scale);
+    const auto grad_in_space = px::Buffer<double, Space>::from_host(grad);
+    px::optim::apply_dense(ex, opt, t + 1, w_in_space.data(), grad_in_space.data(), 4, state, scale);
   }
+  const auto w = w_in_space.to_host();
   for (int i = 0; i < 4; ++i) {
     const double gi[3] = {(i + 1) * g[0], (i + 1) * g[1], (i + 1) * g[2]};
     CHECK(w[i] == Approx(reference(opt, w0[i], gi, 3)).epsilon(1e-12));
   }
 
   // Lazy: a 3 x 2 table; only row 1 is touched, rows 0 and 2 keep value and state.
-  std::vector<double> table{1, 2, 3, 4, 5, 6};
-  px::optim::State<Opt, double, px::HostSpace> rows_state(opt, table.size());
-  const px::index_t row = 1;
+  auto table_in_space = px::Buffer<double, Space>::from_host({1, 2, 3, 4, 5, 6});
+  px::optim::State<Opt, double, Space> rows_state(opt, table_in_space.size());
+  const auto row = px::Buffer<px::index_t, Space>::from_host({1});
   for (int t = 0; t < 3; ++t) {
-    const double grad[2] = {g[t], -g[t]};
-    px::optim::apply_rows(ex, opt, t + 1, table.data(), &row, grad, 1, 2, rows_state, 1.0);
+    const auto grad = px::Buffer<double, Space>::from_host({g[t], -g[t]});
+    px::optim::apply_rows(ex, opt, t + 1, table_in_space.data(), row.data(), grad.data(), 1, 2, rows_state, 1.0);
   }
+  const auto table = table_in_space.to_host();
   CHECK(table[0] == 1);
   CHECK(table[1] == 2);
   CHECK(table[4] == 5);
@@ -74,19 +77,21 @@ void check_optimizer(const Opt& opt) {
   CHECK(table[2] == Approx(reference(opt, 3, g, 3)).epsilon(1e-12));
   CHECK(table[3] == Approx(reference(opt, 4, neg, 3)).epsilon(1e-12));
   for (int k = 0; k < Opt::slots; ++k) {
-    CHECK(rows_state.buffer(k)[0] == opt.template slot_initial<double>(k));
-    CHECK(rows_state.buffer(k)[5] == opt.template slot_initial<double>(k));
+    const auto slot = rows_state.buffer(k).to_host();
+    CHECK(slot[0] == opt.template slot_initial<double>(k));
+    CHECK(slot[5] == opt.template slot_initial<double>(k));
   }
 }
 
 }  // namespace
 
-TEST_CASE("optimizers follow their formulas, densely and lazily", "[optim]") {
-  SECTION("sgd") { check_optimizer(px::optim::Sgd{0.1f}); }
-  SECTION("momentum") { check_optimizer(px::optim::Momentum{0.1f, 0.8f}); }
-  SECTION("nesterov") { check_optimizer(px::optim::Momentum{0.1f, 0.8f, true}); }
-  SECTION("adagrad") { check_optimizer(px::optim::Adagrad{0.1f, 0.1f, 1e-7f}); }
-  SECTION("adam") { check_optimizer(px::optim::Adam{0.1f, 0.9f, 0.999f, 1e-8f}); }
+TEMPLATE_TEST_CASE("optimizers follow their formulas, densely and lazily", "[optim]", PARALLAX_TEST_SPACES) {
+  using Space = TestType;
+  SECTION("sgd") { check_optimizer<Space>(px::optim::Sgd{0.1f}); }
+  SECTION("momentum") { check_optimizer<Space>(px::optim::Momentum{0.1f, 0.8f}); }
+  SECTION("nesterov") { check_optimizer<Space>(px::optim::Momentum{0.1f, 0.8f, true}); }
+  SECTION("adagrad") { check_optimizer<Space>(px::optim::Adagrad{0.1f, 0.1f, 1e-7f}); }
+  SECTION("adam") { check_optimizer<Space>(px::optim::Adam{0.1f, 0.9f, 0.999f, 1e-8f}); }
 }
 
 TEST_CASE("optimizer state starts at the slot's initial value", "[optim]") {
