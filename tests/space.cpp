@@ -134,6 +134,19 @@ TEST_CASE("The temporary pool serves OpenMP threads allocating at once", "[space
   omp_set_num_threads(saved);
 }
 
+TEST_CASE("for_each runs a short loop of heavy items on the OpenMP team when told its cost", "[space]") {
+  if (omp_get_max_threads() < 2) return;  // a one-thread team is never active
+  px::Exec<px::HostSpace> ex;
+  std::vector<int> in_team(8, -1);
+  auto record = [&](std::size_t i) { in_team[i] = omp_in_parallel() ? 1 : 0; };
+  px::for_each(ex, in_team.size(), record);  // 8 cheap items: the calling thread
+  CHECK(std::count(in_team.begin(), in_team.end(), 0) == 8);
+  px::for_each(ex, in_team.size(), record, px::Cost{1u << 20});  // 8 heavy items: the team
+  CHECK(std::count(in_team.begin(), in_team.end(), 1) == 8);
+  px::for_each(ex, 1, record, px::Cost{1u << 30});  // one item is never worth a team
+  CHECK(in_team[0] == 0);
+}
+
 namespace {
 struct CountVisit {
   int* hits;

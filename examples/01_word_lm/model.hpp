@@ -231,22 +231,28 @@ class Model {
     const T* h = hidden.forward(ex, x.data, rows);
     const auto w = trainer.lookup(softmax, candidate_ids_);
     logits_.resize_discard(rows * width);
-    px::for_each(ex, rows * width, SampledLogits<T>{h, w.data, log_q_.data(), candidate_ids_.data(), logits_.data(), dim, s});
+    px::for_each(ex, rows * width, SampledLogits<T>{h, w.data, log_q_.data(), candidate_ids_.data(), logits_.data(), dim, s},
+                 px::Cost{dim});
 
     // Loss and its gradient: the true word is column 0 of every row.
     zeros_.resize_discard(rows);
     loss_.resize_discard(rows);
     hits_.resize_discard(rows);
     px::for_each(ex, rows, FillValue<std::int32_t>{zeros_.data(), 0});
-    px::for_each(ex, rows, SoftmaxCrossEntropy<T>{logits_.data(), zeros_.data(), loss_.data(), hits_.data(), width,
-                                                  T(1) / static_cast<T>(rows)});
+    px::for_each(ex, rows,
+                 SoftmaxCrossEntropy<T>{logits_.data(), zeros_.data(), loss_.data(), hits_.data(), width,
+                                        T(1) / static_cast<T>(rows)},
+                 px::Cost{width});
 
     // Backward: rows of the softmax table, the hidden layer, the context
     // words' embedding rows. Gradients are means over this rank's rows; the
     // trainer averages them over the ranks.
     grad_w_.resize_discard(cand.ids.size() * (dim + 1));
-    px::for_each(ex, cand.ids.size(), CandidateGrad<T>{h, logits_.data(), grad_w_.data(), rows, dim, s});
-    px::for_each(ex, rows, HiddenGrad<T>{w.data, logits_.data(), hidden.output_grad(), dim, s});
+    // A few heavy items per loop (a row of a matrix product each): Cost lets
+    // the host spread them over its OpenMP team all the same.
+    px::for_each(ex, cand.ids.size(), CandidateGrad<T>{h, logits_.data(), grad_w_.data(), rows, dim, s},
+                 px::Cost{rows * dim});
+    px::for_each(ex, rows, HiddenGrad<T>{w.data, logits_.data(), hidden.output_grad(), dim, s}, px::Cost{s * dim});
     grad_x_.resize_discard(n_ctx * dim);
     hidden.backward(ex, x.data, rows, grad_x_.data());
     ex.synchronize();

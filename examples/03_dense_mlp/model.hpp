@@ -63,8 +63,10 @@ class Model {
     hits_.resize_discard(rows);
     ex.copy(layer3.output_grad(), z, rows * classes * sizeof(T));
     if (rows)
-      px::for_each(ex, rows, SoftmaxCrossEntropy<T>{layer3.output_grad(), labels_.data(), loss_.data(), hits_.data(),
-                                                    classes, T(1) / static_cast<T>(rows)});
+      px::for_each(ex, rows,
+                   SoftmaxCrossEntropy<T>{layer3.output_grad(), labels_.data(), loss_.data(), hits_.data(), classes,
+                                          T(1) / static_cast<T>(rows)},
+                   px::Cost{classes});
     ex.synchronize();
   }
 

@@ -144,7 +144,9 @@ class DenseLayer {
   T* forward(const px::Exec<Space>& ex, const T* x, std::size_t rows) {
     y_.resize_discard(rows * out_);
     dy_.resize_discard(rows * out_);
-    if (rows) px::for_each(ex, rows, DenseForward<T>{x, w.value().data(), b.value().data(), y_.data(), in_, out_, act_});
+    if (rows)
+      px::for_each(ex, rows, DenseForward<T>{x, w.value().data(), b.value().data(), y_.data(), in_, out_, act_},
+                   px::Cost{in_ * out_});
     return y_.data();
   }
 
@@ -153,8 +155,10 @@ class DenseLayer {
   void backward(const px::Exec<Space>& ex, const T* x, std::size_t rows, T* dx) {
     if (act_ != Activation::none && rows)
       px::for_each(ex, rows * out_, ActivationBackward<T>{y_.data(), dy_.data(), act_});
-    px::for_each(ex, in_ + 1, DenseBackwardWeight<T>{x, dy_.data(), w.grad().data(), b.grad().data(), rows, in_, out_});
-    if (dx && rows) px::for_each(ex, rows * in_, DenseBackwardInput<T>{dy_.data(), w.value().data(), dx, in_, out_});
+    px::for_each(ex, in_ + 1, DenseBackwardWeight<T>{x, dy_.data(), w.grad().data(), b.grad().data(), rows, in_, out_},
+                 px::Cost{rows * out_});
+    if (dx && rows)
+      px::for_each(ex, rows * in_, DenseBackwardInput<T>{dy_.data(), w.value().data(), dx, in_, out_}, px::Cost{out_});
   }
 
   Var w, b;

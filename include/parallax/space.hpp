@@ -157,18 +157,28 @@ class Exec<HostSpace> {
 };
 
 namespace detail {
-/// Loops shorter than this run on the calling thread: an OpenMP team costs
-/// more than it saves on small loops.
+/// Loops with less work than this (indices x Cost::per_item) run on the
+/// calling thread: an OpenMP team costs more than it saves on small loops.
 inline constexpr std::size_t host_parallel_threshold = std::size_t{1} << 15;
 }  // namespace detail
+
+/// How much work one index of a for_each does, in multiply-adds or so. The
+/// host runs a loop on its OpenMP team when indices x per_item reaches
+/// detail::host_parallel_threshold, so a short loop of heavy items (a row of
+/// a matrix product per index) still runs in parallel; the GPU ignores it.
+struct Cost {
+  std::size_t per_item = 1;
+};
 
 /// Calls `f(i)` for every i in [0, n), in parallel and in no particular order.
 /// `f` must be a `PARALLAX_HOST_DEVICE` functor (or lambda) taking std::size_t,
 /// so the same kernel compiles for every space.
 template <class F>
-void for_each(const Exec<HostSpace>&, std::size_t n, F f) {
+void for_each(const Exec<HostSpace>&, std::size_t n, F f, Cost cost = {}) {
   const auto count = static_cast<std::int64_t>(n);
-#pragma omp parallel for schedule(static) if (n >= detail::host_parallel_threshold)
+  const std::size_t per_item = cost.per_item ? cost.per_item : 1;
+  const bool team = n > 1 && n >= (detail::host_parallel_threshold + per_item - 1) / per_item;
+#pragma omp parallel for schedule(static) if (team)
   for (std::int64_t i = 0; i < count; ++i) f(static_cast<std::size_t>(i));
 }
 

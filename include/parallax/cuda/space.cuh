@@ -200,7 +200,7 @@ void for_each_rows(const Exec<CudaSpace>& ex, std::size_t rows, std::size_t cols
 /// must capture device pointers and values, not host references. Throws
 /// cuda_error if the launch fails (the launch error is cleared).
 template <class F>
-void for_each(const Exec<CudaSpace>& ex, std::size_t n, F f) {
+void for_each(const Exec<CudaSpace>& ex, std::size_t n, F f, Cost = {}) {
   if (n == 0) return;
   const std::size_t blocks = std::min((n + detail::cuda_block_size - 1) / detail::cuda_block_size, detail::cuda_max_blocks);
   detail::for_each_kernel<<<static_cast<unsigned>(blocks), detail::cuda_block_size, 0, ex.stream()>>>(n, f);
