@@ -177,7 +177,8 @@ template <class F>
 void for_each(const Exec<HostSpace>&, std::size_t n, F f, Cost cost = {}) {
   const auto count = static_cast<std::int64_t>(n);
   const std::size_t per_item = cost.per_item ? cost.per_item : 1;
-  const bool team = n > 1 && n >= (detail::host_parallel_threshold + per_item - 1) / per_item;
+  // maybe_unused: nvcc's front end does not see the use in the pragma.
+  [[maybe_unused]] const bool team = n > 1 && n >= (detail::host_parallel_threshold + per_item - 1) / per_item;
 #pragma omp parallel for schedule(static) if (team)
   for (std::int64_t i = 0; i < count; ++i) f(static_cast<std::size_t>(i));
 }

@@ -100,12 +100,16 @@ class RowExchange {
     sent_rows_ = k;
 
     // Group rows by destination, keeping their order within a destination.
+    // Rows already grouped (ascending ids over contiguous partitions, the
+    // usual case) skip the sort and keep their input order.
     keys_.resize_discard(k);
     order_.resize_discard(k);
+    in_order_ = true;
     if (k) {
       ex.copy(keys_.data(), dest, k * sizeof(std::int32_t));
       thrust::sequence(policy, order_.data(), order_.data() + k);
-      thrust::stable_sort_by_key(policy, keys_.data(), keys_.data() + k, order_.data());
+      in_order_ = thrust::is_sorted(policy, keys_.data(), keys_.data() + k);
+      if (!in_order_) thrust::stable_sort_by_key(policy, keys_.data(), keys_.data() + k, order_.data());
     }
     meta_.resize_discard(2 * un + 1);
     thrust::lower_bound(policy, keys_.data(), keys_.data() + k, thrust::counting_iterator<std::int32_t>(0),
@@ -181,12 +185,29 @@ class RowExchange {
   Buffer<T, space>& received_value_buffer() noexcept { return received_values_; }
   std::size_t received_from(int rank) const noexcept { return recv_rows_[static_cast<std::size_t>(rank)]; }
 
+  /// True when the last route() sent its rows in input order (they were
+  /// already grouped by destination): then reply_in_send_order() is aligned
+  /// to the input rows.
+  bool sent_in_input_order() const noexcept { return in_order_; }
+
   /// Sends `cols` values per row received by the last route() back to its
   /// sender; out[i*cols ...] receives the reply to input row i of that route().
   void reply(const T* values, std::size_t cols, T* out) {
+    const T* replies = reply_in_send_order(values, cols);
+    auto& ex = engine_->exec();
+    if (in_order_)
+      ex.copy(out, replies, sent_rows_ * cols * sizeof(T));
+    else
+      for_each_rows(ex, sent_rows_, cols, ScatterRows<T>{replies, order_.data(), out, cols});
+    ex.synchronize();
+  }
+
+  /// reply() without the last copy: the replies in the order the rows were
+  /// sent (grouped by destination), valid until the next reply. Aligned to
+  /// the input rows when sent_in_input_order().
+  const T* reply_in_send_order(const T* values, std::size_t cols) {
     const int n = engine_->size();
     const auto un = static_cast<std::size_t>(n);
-    auto& ex = engine_->exec();
     reply_scounts_.resize(un);
     reply_sdispls_.resize(un);
     reply_rcounts_.resize(un);
@@ -202,14 +223,14 @@ class RowExchange {
     replies_.resize_discard(rt);
     engine_->alltoallv(values, reply_scounts_.data(), reply_sdispls_.data(), replies_.data(), reply_rcounts_.data(),
                        reply_rdispls_.data(), data_type_of_v<T>);
-    for_each_rows(ex, sent_rows_, cols, ScatterRows<T>{replies_.data(), order_.data(), out, cols});
-    ex.synchronize();
+    return replies_.data();
   }
 
  private:
   Engine* engine_;
   std::size_t cols_ = 0;
   std::size_t sent_rows_ = 0;
+  bool in_order_ = true;
   Buffer<std::int32_t, space> keys_;
   Buffer<index_t, space> order_;
   Buffer<index_t, space> meta_;

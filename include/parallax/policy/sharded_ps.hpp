@@ -173,9 +173,18 @@ class ShardedTable {
     for_each_rows(ex, asked, cols_,
                   detail::GatherShardRows<T>{map_, shard_.data(), exchange_.received_ids(), served_.data(), cols_});
     ex.synchronize();
-    unique_rows_.resize_discard(k * cols_);
-    exchange_.reply(served_.data(), cols_, unique_rows_.data());
-    for_each_rows(ex, n, cols_, detail::GatherRows<T>{unique_rows_.data(), inverse_.data(), out, cols_});
+    // The answers, one row per unique id. When the ids went out in their own
+    // order (grouped by owner already), the replies are that order: gather
+    // from them directly instead of scattering them to unique order first.
+    const T* by_unique = nullptr;
+    if (exchange_.sent_in_input_order()) {
+      by_unique = exchange_.reply_in_send_order(served_.data(), cols_);
+    } else {
+      unique_rows_.resize_discard(k * cols_);
+      exchange_.reply(served_.data(), cols_, unique_rows_.data());
+      by_unique = unique_rows_.data();
+    }
+    for_each_rows(ex, n, cols_, detail::GatherRows<T>{by_unique, inverse_.data(), out, cols_});
     ex.synchronize();
   }
 
