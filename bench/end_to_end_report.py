@@ -48,6 +48,11 @@ def fmt_bytes(b):
         b /= 1024
 
 
+def produced_by(command):
+    """The lines that quote the command behind a section."""
+    return ["Produced by:", "", "```", command, "```", ""]
+
+
 def section(runs, context, command, title=SECTION, plot="end_to_end.png"):
     ranks = sorted({k[2] for k in runs})
     lines = [title, ""]
@@ -58,12 +63,7 @@ def section(runs, context, command, title=SECTION, plot="end_to_end.png"):
                  "over the ranks, and the busiest rank in parentheses. Shapes are in the benchmark's header "
                  "comment.")
     lines.append("")
-    lines.append("Produced by:")
-    lines.append("")
-    lines.append("```")
-    lines.append(command)
-    lines.append("```")
-    lines.append("")
+    lines += produced_by(command)
     host = context.get("host_name", "?")
     cpus = context.get("num_cpus", "?")
     machine = (f"Machine: {host}, {cpus} CPUs, {context.get('mpi_library', 'MPI ?')}; "

@@ -69,7 +69,7 @@ if [ -z "${PARALLAX_GPU_SKIP_BENCH:-}" ]; then
 fi
 
 # A summary a person (or CI) can read without parsing the logs.
-passed="$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$results/ctest.log" | tail -n 1 || true)"
+passed="$(grep -Eo '[0-9]+% tests passed(, [0-9]+ tests failed)? out of [0-9]+' "$results/ctest.log" | tail -n 1 || true)"
 cat >"$results/summary.json" <<EOF
 {
   "gpu": "$gpu_name",
