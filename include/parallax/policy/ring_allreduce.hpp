@@ -195,7 +195,7 @@ class RingAllReducer {
     if (options_.adapt_to_oversubscription && oversubscribed_) return engine::Algorithm::native;
     // Device memory: NCCL's all-reduce is its own ring on the GPUs' links,
     // and MpiStaged's stages the buffer once around one MPI_Allreduce, which
-    // measured 2-4x faster than this ring's staged segments (H100,
+    // measured 2-7x faster than this ring's staged segments (H100,
     // docs/benchmarks.md).
     if constexpr (!std::is_same_v<space, HostSpace>) return engine::Algorithm::native;
     return engine::Algorithm::ring;
