@@ -195,10 +195,7 @@ class RowExchange {
   void reply(const T* values, std::size_t cols, T* out) {
     const T* replies = reply_in_send_order(values, cols);
     auto& ex = engine_->exec();
-    if (in_order_)
-      ex.copy(out, replies, sent_rows_ * cols * sizeof(T));
-    else
-      for_each_rows(ex, sent_rows_, cols, ScatterRows<T>{replies, order_.data(), out, cols});
+    for_each_rows(ex, sent_rows_, cols, ScatterRows<T>{replies, order_.data(), out, cols});
     ex.synchronize();
   }
 
