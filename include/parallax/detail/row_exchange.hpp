@@ -66,18 +66,6 @@ struct PackValues {
   }
 };
 
-/// out[order[j]*cols + c] = in[j*cols + c]   (for_each_rows over j, c)
-template <class T>
-struct ScatterRows {
-  const T* in;
-  const index_t* order;
-  T* out;
-  std::size_t cols;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
-    out[static_cast<std::size_t>(order[j]) * cols + c] = in[j * cols + c];
-  }
-};
-
 template <class T, class Engine>
 class RowExchange {
  public:
@@ -95,9 +83,7 @@ class RowExchange {
     const auto un = static_cast<std::size_t>(n);
     auto& ex = engine_->exec();
     auto policy = ex.thrust_policy();
-    cols_ = cols;
     if (bad_id != no_problem) k = 0;
-    sent_rows_ = k;
 
     // Group rows by destination, keeping their order within a destination.
     // Rows already grouped (ascending ids over contiguous partitions, the
@@ -186,23 +172,15 @@ class RowExchange {
   std::size_t received_from(int rank) const noexcept { return recv_rows_[static_cast<std::size_t>(rank)]; }
 
   /// True when the last route() sent its rows in input order (they were
-  /// already grouped by destination): then reply_in_send_order() is aligned
-  /// to the input rows.
+  /// already grouped by destination): then reply() is aligned to the input
+  /// rows.
   bool sent_in_input_order() const noexcept { return in_order_; }
 
   /// Sends `cols` values per row received by the last route() back to its
-  /// sender; out[i*cols ...] receives the reply to input row i of that route().
-  void reply(const T* values, std::size_t cols, T* out) {
-    const T* replies = reply_in_send_order(values, cols);
-    auto& ex = engine_->exec();
-    for_each_rows(ex, sent_rows_, cols, ScatterRows<T>{replies, order_.data(), out, cols});
-    ex.synchronize();
-  }
-
-  /// reply() without the last copy: the replies in the order the rows were
-  /// sent (grouped by destination), valid until the next reply. Aligned to
-  /// the input rows when sent_in_input_order().
-  const T* reply_in_send_order(const T* values, std::size_t cols) {
+  /// sender. Returns the replies in the order the rows were sent (grouped by
+  /// destination, in input order within one; the input order itself when
+  /// sent_in_input_order()), valid until the next reply.
+  const T* reply(const T* values, std::size_t cols) {
     const int n = engine_->size();
     const auto un = static_cast<std::size_t>(n);
     reply_scounts_.resize(un);
@@ -225,8 +203,6 @@ class RowExchange {
 
  private:
   Engine* engine_;
-  std::size_t cols_ = 0;
-  std::size_t sent_rows_ = 0;
   bool in_order_ = true;
   Buffer<std::int32_t, space> keys_;
   Buffer<index_t, space> order_;

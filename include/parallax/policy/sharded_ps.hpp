@@ -43,15 +43,37 @@ struct HopOf {
   PARALLAX_HOST_DEVICE void operator()(std::size_t j) const { out[j] = route[map.owner(ids[j])]; }
 };
 
-template <class T>
-struct GatherShardRows {
+/// A row's lookup key: owner * rows + its index in the owner's shard. Keys
+/// sort by owner, and an owner finds a row from its key without the
+/// partition arithmetic (divisions) per element.
+struct KeyOf {
   PartitionMap map;
+  const index_t* ids;
+  index_t* out;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
+    out[j] = static_cast<index_t>(static_cast<std::size_t>(map.owner(ids[j])) * map.rows + map.local_row(ids[j]));
+  }
+};
+
+struct OwnerOfKey {
+  std::size_t rows;
+  const index_t* keys;
+  std::int32_t* out;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
+    out[j] = static_cast<std::int32_t>(static_cast<std::size_t>(keys[j]) / rows);
+  }
+};
+
+/// out[j] = the shard row of key keys[j] (all owned here: key - base).
+template <class T>
+struct GatherKeyedRows {
   const T* shard;
-  const index_t* ids;  // global rows, all owned here
+  const index_t* keys;
+  index_t base;  // this rank * rows
   T* out;
   std::size_t cols;
   PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
-    out[j * cols + c] = shard[map.local_row(ids[j]) * cols + c];
+    out[j * cols + c] = shard[static_cast<std::size_t>(keys[j] - base) * cols + c];
   }
 };
 
@@ -151,39 +173,37 @@ class ShardedTable {
     index_t bad = detail::no_problem;
     if (auto at = detail::find_out_of_range(ex, ids, n, map_.rows)) bad = detail::read_one<index_t, space>(ids + *at);
 
-    // Unique ids, and where each input id sits among them.
+    // Each id as a key (owner, row in the owner's shard). Sorted unique keys
+    // are grouped by owner, so they go out in their own order and the
+    // replies come back aligned to them; an owner reads its rows straight
+    // from the keys.
     std::size_t k = 0;
+    keys_.resize_discard(n);
     unique_.resize_discard(n);
     inverse_.resize_discard(n);
     if (bad == detail::no_problem && n) {
-      ex.copy(unique_.data(), ids, n * sizeof(index_t));
+      for_each(ex, n, detail::KeyOf{map_, ids, keys_.data()});
+      ex.copy(unique_.data(), keys_.data(), n * sizeof(index_t));
       thrust::sort(policy, unique_.data(), unique_.data() + n);
       k = static_cast<std::size_t>(thrust::unique(policy, unique_.data(), unique_.data() + n) - unique_.data());
-      thrust::lower_bound(policy, unique_.data(), unique_.data() + k, ids, ids + n, inverse_.data());
+      thrust::lower_bound(policy, unique_.data(), unique_.data() + k, keys_.data(), keys_.data() + n,
+                          inverse_.data());
     }
     dest_.resize_discard(k);
-    if (k) for_each(ex, k, detail::OwnerOf{map_, unique_.data(), dest_.data()});
+    if (k) for_each(ex, k, detail::OwnerOfKey{map_.rows, unique_.data(), dest_.data()});
     ex.synchronize();
 
     check(exchange_.route(unique_.data(), nullptr, dest_.data(), k, 0, bad), "lookup id");
 
-    // Serve the rows asked of this rank, then collect the answers.
+    // Serve the rows asked of this rank, then gather the answers (one per
+    // unique key, in key order) into the caller's order.
     const std::size_t asked = exchange_.received();
     served_.resize_discard(asked * cols_);
+    const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * map_.rows);
     for_each_rows(ex, asked, cols_,
-                  detail::GatherShardRows<T>{map_, shard_.data(), exchange_.received_ids(), served_.data(), cols_});
+                  detail::GatherKeyedRows<T>{shard_.data(), exchange_.received_ids(), base, served_.data(), cols_});
     ex.synchronize();
-    // The answers, one row per unique id. When the ids went out in their own
-    // order (grouped by owner already), the replies are that order: gather
-    // from them directly instead of scattering them to unique order first.
-    const T* by_unique = nullptr;
-    if (exchange_.sent_in_input_order()) {
-      by_unique = exchange_.reply_in_send_order(served_.data(), cols_);
-    } else {
-      unique_rows_.resize_discard(k * cols_);
-      exchange_.reply(served_.data(), cols_, unique_rows_.data());
-      by_unique = unique_rows_.data();
-    }
+    const T* by_unique = exchange_.reply(served_.data(), cols_);
     for_each_rows(ex, n, cols_, detail::GatherRows<T>{by_unique, inverse_.data(), out, cols_});
     ex.synchronize();
   }
@@ -239,8 +259,8 @@ class ShardedTable {
   Buffer<T, space> shard_;
   detail::RowExchange<T, Engine> exchange_, aggregate_exchange_;
   Buffer<std::int32_t, space> first_hop_, dest_;
-  Buffer<index_t, space> unique_, inverse_, hop_ids_, owned_ids_;
-  Buffer<T, space> served_, unique_rows_, hop_values_;
+  Buffer<index_t, space> keys_, unique_, inverse_, hop_ids_, owned_ids_;
+  Buffer<T, space> served_, hop_values_;
   detail::CoalesceScratch<space> scratch_;
 };
 
