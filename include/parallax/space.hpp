@@ -10,6 +10,7 @@
 #include <parallax/config.hpp>
 #include <parallax/error.hpp>
 
+#include <thrust/system/cpp/execution_policy.h>
 #include <thrust/system/omp/execution_policy.h>
 
 #include <algorithm>
@@ -160,7 +161,30 @@ namespace detail {
 /// Loops with less work than this (indices x Cost::per_item) run on the
 /// calling thread: an OpenMP team costs more than it saves on small loops.
 inline constexpr std::size_t host_parallel_threshold = std::size_t{1} << 15;
+/// Thrust calls on the host over fewer elements than this run sequentially.
+/// Thrust's OpenMP sorts open several parallel regions per call: a stable
+/// sort by key of 240 ids took 74 us on 2 threads against 4 us sequential,
+/// and the sequential one was as fast up to 33,000 ids (bench of this task).
+inline constexpr std::size_t thrust_parallel_threshold = std::size_t{1} << 16;
 }  // namespace detail
+
+/// Calls `f(policy)` with the Thrust execution policy for an algorithm over
+/// `n` elements in `ex`'s space, and returns what it returns:
+///
+///     with_thrust(ex, n, [&](auto policy) { thrust::sort(policy, first, first + n); });
+///
+/// Every space but the host: ex.thrust_policy(). The host: the OpenMP policy
+/// from detail::thrust_parallel_threshold elements up, else the sequential
+/// one; both take their temporary storage from ex's pool.
+template <class Space, class F>
+decltype(auto) with_thrust(const Exec<Space>& ex, std::size_t, F&& f) {
+  return std::forward<F>(f)(ex.thrust_policy());
+}
+template <class F>
+decltype(auto) with_thrust(const Exec<HostSpace>& ex, std::size_t n, F&& f) {
+  if (n >= detail::thrust_parallel_threshold) return std::forward<F>(f)(ex.thrust_policy());
+  return std::forward<F>(f)(thrust::cpp::par(ex.temp_pool()));
+}
 
 /// How much work one index of a for_each does, in multiply-adds or so. The
 /// host runs a loop on its OpenMP team when indices x per_item reaches

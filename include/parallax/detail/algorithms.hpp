@@ -122,17 +122,18 @@ std::size_t coalesce_rows_thrust(const Exec<Space>& ex, const index_t* ids, cons
     out_ids.resize_discard(0);
     return 0;
   }
-  auto policy = ex.thrust_policy();
   scratch.keys.resize_discard(n);
   scratch.order.resize_discard(n);
   scratch.starts.resize_discard(n + 1);
   space_traits<Space>::copy(scratch.keys.data(), ids, n * sizeof(index_t));
-  thrust::sequence(policy, scratch.order.data(), scratch.order.data() + n);
-  thrust::stable_sort_by_key(policy, scratch.keys.data(), scratch.keys.data() + n, scratch.order.data());
-  auto ends = thrust::unique_by_key_copy(policy, scratch.keys.data(), scratch.keys.data() + n,
-                                         thrust::counting_iterator<index_t>(0), out_ids.data(),
-                                         scratch.starts.data());
-  const auto m = static_cast<std::size_t>(ends.first - out_ids.data());
+  const std::size_t m = with_thrust(ex, n, [&](auto policy) {
+    thrust::sequence(policy, scratch.order.data(), scratch.order.data() + n);
+    thrust::stable_sort_by_key(policy, scratch.keys.data(), scratch.keys.data() + n, scratch.order.data());
+    auto ends = thrust::unique_by_key_copy(policy, scratch.keys.data(), scratch.keys.data() + n,
+                                           thrust::counting_iterator<index_t>(0), out_ids.data(),
+                                           scratch.starts.data());
+    return static_cast<std::size_t>(ends.first - out_ids.data());
+  });
   for_each(ex, 1, SetValue{scratch.starts.data() + m, static_cast<index_t>(n)});
   out_ids.resize(m);
   out_values.resize_discard(m * cols);
@@ -178,7 +179,9 @@ template <class Space>
 std::optional<std::size_t> find_out_of_range(const Exec<Space>& ex, const index_t* ids, std::size_t n,
                                              std::size_t rows) {
   if (n == 0) return std::nullopt;
-  const index_t* hit = thrust::find_if(ex.thrust_policy(), ids, ids + n, OutOfRange{static_cast<index_t>(rows)});
+  const index_t* hit = with_thrust(ex, n, [&](auto policy) {
+    return thrust::find_if(policy, ids, ids + n, OutOfRange{static_cast<index_t>(rows)});
+  });
   if (hit == ids + n) return std::nullopt;
   return static_cast<std::size_t>(hit - ids);
 }

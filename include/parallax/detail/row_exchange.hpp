@@ -82,7 +82,6 @@ class RowExchange {
     const int n = engine_->size();
     const auto un = static_cast<std::size_t>(n);
     auto& ex = engine_->exec();
-    auto policy = ex.thrust_policy();
     if (bad_id != no_problem) k = 0;
 
     // Group rows by destination, keeping their order within a destination.
@@ -91,15 +90,17 @@ class RowExchange {
     keys_.resize_discard(k);
     order_.resize_discard(k);
     in_order_ = true;
-    if (k) {
-      ex.copy(keys_.data(), dest, k * sizeof(std::int32_t));
-      thrust::sequence(policy, order_.data(), order_.data() + k);
-      in_order_ = thrust::is_sorted(policy, keys_.data(), keys_.data() + k);
-      if (!in_order_) thrust::stable_sort_by_key(policy, keys_.data(), keys_.data() + k, order_.data());
-    }
     meta_.resize_discard(2 * un + 1);
-    thrust::lower_bound(policy, keys_.data(), keys_.data() + k, thrust::counting_iterator<std::int32_t>(0),
-                        thrust::counting_iterator<std::int32_t>(n + 1), meta_.data());
+    with_thrust(ex, k, [&](auto policy) {
+      if (k) {
+        ex.copy(keys_.data(), dest, k * sizeof(std::int32_t));
+        thrust::sequence(policy, order_.data(), order_.data() + k);
+        in_order_ = thrust::is_sorted(policy, keys_.data(), keys_.data() + k);
+        if (!in_order_) thrust::stable_sort_by_key(policy, keys_.data(), keys_.data() + k, order_.data());
+      }
+      thrust::lower_bound(policy, keys_.data(), keys_.data() + k, thrust::counting_iterator<std::int32_t>(0),
+                          thrust::counting_iterator<std::int32_t>(n + 1), meta_.data());
+    });
     host_meta_.resize(2 * un + 1);
     space_traits<space>::copy_to_host(host_meta_.data(), meta_.data(), (un + 1) * sizeof(index_t));
 

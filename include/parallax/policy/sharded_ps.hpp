@@ -169,7 +169,6 @@ class ShardedTable {
   /// out[i*cols ...] = row ids[i] of the variable, for i < n. Collective.
   void lookup(const index_t* ids, std::size_t n, T* out) {
     auto& ex = engine_->exec();
-    auto policy = ex.thrust_policy();
     index_t bad = detail::no_problem;
     if (auto at = detail::find_out_of_range(ex, ids, n, map_.rows)) bad = detail::read_one<index_t, space>(ids + *at);
 
@@ -184,10 +183,12 @@ class ShardedTable {
     if (bad == detail::no_problem && n) {
       for_each(ex, n, detail::KeyOf{map_, ids, keys_.data()});
       ex.copy(unique_.data(), keys_.data(), n * sizeof(index_t));
-      thrust::sort(policy, unique_.data(), unique_.data() + n);
-      k = static_cast<std::size_t>(thrust::unique(policy, unique_.data(), unique_.data() + n) - unique_.data());
-      thrust::lower_bound(policy, unique_.data(), unique_.data() + k, keys_.data(), keys_.data() + n,
-                          inverse_.data());
+      with_thrust(ex, n, [&](auto policy) {
+        thrust::sort(policy, unique_.data(), unique_.data() + n);
+        k = static_cast<std::size_t>(thrust::unique(policy, unique_.data(), unique_.data() + n) - unique_.data());
+        thrust::lower_bound(policy, unique_.data(), unique_.data() + k, keys_.data(), keys_.data() + n,
+                            inverse_.data());
+      });
     }
     dest_.resize_discard(k);
     if (k) for_each(ex, k, detail::OwnerOfKey{map_.rows, unique_.data(), dest_.data()});
