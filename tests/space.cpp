@@ -134,6 +134,27 @@ TEST_CASE("The temporary pool serves OpenMP threads allocating at once", "[space
   omp_set_num_threads(saved);
 }
 
+TEST_CASE("with_thrust runs small host inputs sequentially and large ones on the OpenMP policy", "[space]") {
+  px::Exec<px::HostSpace> ex;
+  using Omp = decltype(ex.thrust_policy());
+  auto parallel = [&](std::size_t n) {
+    return px::with_thrust(ex, n, [](auto policy) { return std::is_same_v<decltype(policy), Omp>; });
+  };
+  CHECK_FALSE(parallel(0));
+  CHECK_FALSE(parallel(240));
+  CHECK_FALSE(parallel(px::detail::thrust_parallel_threshold - 1));
+  CHECK(parallel(px::detail::thrust_parallel_threshold));
+  // Both draw their temporary storage from the context's pool.
+  std::vector<px::index_t> keys(5000);
+  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<px::index_t>((i * 7919) % 1013);
+  std::vector<int> order(keys.size(), 0);
+  px::with_thrust(ex, keys.size(), [&](auto policy) {
+    thrust::stable_sort_by_key(policy, keys.data(), keys.data() + keys.size(), order.data());
+  });
+  CHECK(std::is_sorted(keys.begin(), keys.end()));
+  CHECK(ex.temp_pool().blocks() > 0);
+}
+
 TEST_CASE("for_each runs a short loop of heavy items on the OpenMP team when told its cost", "[space]") {
   if (omp_get_max_threads() < 2) return;  // a one-thread team is never active
   px::Exec<px::HostSpace> ex;

@@ -2,6 +2,8 @@
 // insertion order), and the problems it reports.
 #include "support.hpp"
 
+#include <algorithm>
+#include <cstring>
 #include <map>
 #include <random>
 
@@ -74,4 +76,28 @@ TEST_CASE("SparseGrad::clear keeps nothing but the allocations", "[sparse_grad]"
   CHECK(g.empty());
   CHECK_FALSE(g.touched());
   CHECK(g.index_buffer().capacity() >= 1);
+}
+
+TEST_CASE("The host's segment sum gives the bits of the element-per-thread one", "[sparse_grad]") {
+  // The host sums a segment a row at a time (SumSegmentRows); the GPU an
+  // element per thread (SumSegments). Same additions, same order, from zero:
+  // -0.0 alone sums to +0.0 in both, and cancellation rounds alike.
+  const std::size_t cols = 257, segments = 300;
+  std::mt19937 rng(7);
+  std::vector<px::index_t> starts{0}, order;
+  for (std::size_t s = 0; s < segments; ++s) starts.push_back(starts.back() + 1 + static_cast<px::index_t>(rng() % 4));
+  const auto n = static_cast<std::size_t>(starts.back());
+  for (std::size_t i = 0; i < n; ++i) order.push_back(static_cast<px::index_t>(i));
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<float> values(n * cols);
+  std::uniform_real_distribution<float> u(-1e8f, 1e8f);
+  for (auto& v : values) v = rng() % 5 == 0 ? -0.0f : u(rng);
+
+  px::Exec<px::HostSpace> ex;
+  std::vector<float> by_rows(segments * cols), by_elements(segments * cols);
+  px::detail::sum_segments(ex, values.data(), order.data(), starts.data(), segments, n, cols, by_rows.data());
+  for (std::size_t s = 0; s < segments; ++s)
+    for (std::size_t c = 0; c < cols; ++c)
+      px::detail::SumSegments<float>{values.data(), order.data(), starts.data(), by_elements.data(), cols}(s, c);
+  CHECK(std::memcmp(by_rows.data(), by_elements.data(), by_rows.size() * sizeof(float)) == 0);
 }
