@@ -4,6 +4,8 @@
 #include "support.hpp"
 
 #include <cmath>
+#include <map>
+#include <string>
 #include <tuple>
 
 namespace {
@@ -166,6 +168,97 @@ TEST_CASE("the trainer lays dense gradients end to end in one arena and gives th
   CHECK(b.value()[6] == -3.f);
   CHECK(c.value()[3] == -0.5f);
   CHECK(a.grad()[4] == 0.f);  // cleared by the step
+}
+
+namespace {
+
+// Rank r's gradient for row id, column c of sparse table t (exact in float
+// and double: multiples of 1/64 far from the precision limit).
+double sparse_grad_value(int t, int r, px::index_t id, std::size_t c) {
+  return (1 + t) * 0.25 + r * 0.5 + static_cast<double>(id) / 64 + static_cast<double>(c);
+}
+// The rows rank r touches in table t: a stride through the table, with a repeat.
+std::vector<px::index_t> sparse_grad_ids(int t, int r, std::size_t rows) {
+  std::vector<px::index_t> ids;
+  for (std::size_t j = 0; j < 5; ++j) ids.push_back(static_cast<px::index_t>((r * 3 + j * (4 + t)) % rows));
+  ids.push_back(ids.front());
+  return ids;
+}
+
+/// Adds rank r's gradient to table t and returns what SGD (lr 1, summed over
+/// the ranks, each rank's rows summed in order, then by rank) will make of
+/// the whole table, from its fetched values.
+template <class T, class V>
+std::vector<T> add_sparse_grad(int t, V& var, const std::vector<T>& before, const px::Context& ctx) {
+  const std::size_t rows = var.rows(), cols = var.cols();
+  const auto mine = sparse_grad_ids(t, ctx.rank(), rows);
+  std::vector<T> g(mine.size() * cols);
+  for (std::size_t i = 0; i < mine.size(); ++i)
+    for (std::size_t c = 0; c < cols; ++c) g[i * cols + c] = static_cast<T>(sparse_grad_value(t, ctx.rank(), mine[i], c));
+  var.grad().add(mine, g);
+  std::vector<T> after = before;
+  std::vector<T> sum(rows * cols, T(0));
+  std::vector<bool> touched(rows, false);
+  for (int r = 0; r < ctx.size(); ++r) {
+    std::vector<T> rank_sum(rows * cols, T(0));
+    std::vector<bool> here(rows, false);
+    for (const auto id : sparse_grad_ids(t, r, rows)) {
+      const auto row = static_cast<std::size_t>(id);
+      here[row] = touched[row] = true;
+      for (std::size_t c = 0; c < cols; ++c) rank_sum[row * cols + c] += static_cast<T>(sparse_grad_value(t, r, id, c));
+    }
+    for (std::size_t row = 0; row < rows; ++row)
+      if (here[row])
+        for (std::size_t c = 0; c < cols; ++c) sum[row * cols + c] += rank_sum[row * cols + c];
+  }
+  for (std::size_t row = 0; row < rows; ++row)
+    if (touched[row])
+      for (std::size_t c = 0; c < cols; ++c) after[row * cols + c] -= sum[row * cols + c];
+  return after;
+}
+
+}  // namespace
+
+TEST_CASE("every sharded variable's gradient rows share one route a step", "[trainer][fusion]") {
+  // Three tables of different widths and element types, a dense variable
+  // between them; with and without local aggregation (2 ranks per "host").
+  const int ranks_per_host = GENERATE(0, 2);
+  px::Context ctx(MPI_COMM_WORLD, px::ContextOptions{ranks_per_host});
+  px::Variable<px::Sparse, float> a(ctx, "a", {30, 3}, px::init::Uniform{-1.f, 1.f, 1});
+  px::Variable<px::Dense, float> w(ctx, "w", {4});
+  px::Variable<px::Sparse, double> b(ctx, "b", {17, 5}, px::init::Uniform{-1.f, 1.f, 2});
+  px::Variable<px::Sparse, float> c(ctx, "c", {23, 1}, px::init::Uniform{-1.f, 1.f, 3});
+  px::TrainerOptions options;
+  options.reduction = px::Reduction::sum;
+  options.partitions["b"] = 2 * ctx.size() + 1;  // owners interleave: the route regroups b's rows
+  px::Trainer<px::arch::Hybrid, px::optim::Sgd> trainer(ctx, options, px::optim::Sgd{1.f}, a, w, b, c);
+
+  const auto want_a = add_sparse_grad<float>(0, a, trainer.fetch(a), ctx);
+  const auto want_b = add_sparse_grad<double>(1, b, trainer.fetch(b), ctx);
+  const auto want_c = add_sparse_grad<float>(2, c, trainer.fetch(c), ctx);
+  std::map<std::string, px::Traffic> before;
+  for (const char* v : {"(fused sparse)", "a", "b", "c"}) before[v] = trainer.stats().variable(v);
+  trainer.step();
+  std::map<std::string, px::Traffic> step;
+  for (const char* v : {"(fused sparse)", "a", "b", "c"}) step[v] = trainer.stats().variable(v) - before[v];
+  // Summed by row, then by rank, and applied: exactly the sums above.
+  CHECK(trainer.fetch(a) == want_a);
+  CHECK(trainer.fetch(b) == want_b);
+  CHECK(trainer.fetch(c) == want_c);
+
+  // One header alltoall and one alltoallv for the three tables (plus the
+  // first hop's two per table when aggregating), none booked per table.
+  const auto calls = [&](const char* v) { return step[v].calls; };
+  const bool aggregating = ranks_per_host > 0 && ctx.size() > ranks_per_host;
+  CHECK(calls("(fused sparse)") == 2);
+  CHECK(calls("a") == (aggregating ? 2u : 0u));
+  CHECK(calls("b") == (aggregating ? 2u : 0u));
+  CHECK(calls("c") == (aggregating ? 2u : 0u));
+  // The header carries a count per table and one status word per rank pair.
+  if (ctx.size() > 1 && !aggregating) {
+    const std::uint64_t header = 8 * (3 + 1) * static_cast<std::uint64_t>(ctx.size() - 1);
+    CHECK(step["(fused sparse)"].sent() > header);
+  }
 }
 
 TEST_CASE("partitions, local aggregation and the ring's algorithm change bytes, not the model", "[trainer]") {

@@ -17,6 +17,7 @@
 #include <parallax/space.hpp>
 #include <parallax/variable.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -161,7 +162,7 @@ class Trainer {
       auto scope = engine_->stats().scope("(fused dense)", RingAllReduce::name);
       fusion_->run();
     }
-    for (auto& s : slots_) s->synchronize(info);
+    synchronize_slots(info);
     clear();
     ++steps_;
     if (!ck.dir.empty() && (save_requested || (ck.every_steps > 0 && steps_ % ck.every_steps == 0))) save(ck.dir);
@@ -340,6 +341,30 @@ class Trainer {
  private:
   using Slot = detail::SlotBase<Engine, Optimizer>;
 
+  /// Every slot's synchronisation after the dense all-reduce, in
+  /// declaration order, except that the gradient rows of all ShardedPS
+  /// variables travel in one route (a header alltoall and one alltoallv)
+  /// instead of one per variable: ctr's 26 tables went from 52 engine calls
+  /// a step to 2. Each owner then sums and applies what it got, as alone.
+  void synchronize_slots(const detail::StepInfo& info) {
+    lanes_.clear();
+    pushing_.clear();
+    for (auto& s : slots_)
+      if (detail::RouteLane* lane = s->plan_push()) {
+        lanes_.push_back(lane);
+        pushing_.push_back(s.get());
+      }
+    if (!lanes_.empty()) {
+      // One variable: its bytes are booked under its own name, as before.
+      auto scope = lanes_.size() == 1 ? engine_->stats().scope(pushing_.front()->name(), pushing_.front()->policy())
+                                      : engine_->stats().scope("(fused sparse)", ShardedPS::name);
+      detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_buffers_);
+    }
+    for (Slot* s : pushing_) s->finish_push(info);
+    for (auto& s : slots_)
+      if (std::find(pushing_.begin(), pushing_.end(), s.get()) == pushing_.end()) s->synchronize(info);
+  }
+
   template <class V>
   void add(V& var) {
     using Policy = policy_for_t<Arch, V>;
@@ -464,6 +489,9 @@ class Trainer {
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<RingAllReducer<Engine>> reducer_;
   std::unique_ptr<FusedAllReducer<Engine>> fusion_;
+  std::vector<detail::RouteLane*> lanes_;  // this step's sparse route (synchronize_slots)
+  std::vector<Slot*> pushing_;
+  detail::RouteBuffers<space> route_buffers_;
   Buffer<index_t, space> staged_ids_;
   std::uint64_t steps_ = 0;
   std::chrono::steady_clock::time_point last_save_ = std::chrono::steady_clock::now();

@@ -2,10 +2,17 @@
 // RowExchange: sends rows (id + values) to ranks chosen per row, and replies
 // back. The parameter-server pull and push are built from it.
 //
-// One route() is two engine calls: an alltoall of a two-word header per pair
-// (row count, status) and an alltoallv of the rows packed per destination as
-// [ids][values]. The status word carries a bad row id, so a bad input on any
-// rank is known to every rank after the header, and the rows are not sent.
+// One route is two engine calls: an alltoall of a header per rank pair (a
+// row count per table, then a status word) and an alltoallv of the rows
+// packed per destination, each table's as [ids][values]. The status word
+// carries a bad row id, so a bad input on any rank is known to every rank
+// after the header, and the rows are not sent.
+//
+// A route may carry several tables at once (route_lanes): each RowExchange
+// is a lane that plans its rows, packs them into the blocks the route lays
+// out and unpacks what it got. The trainer routes every sharded variable's
+// gradient rows of a step together: two engine calls a step instead of two
+// per variable.
 
 #include <parallax/detail/algorithms.hpp>
 #include <parallax/engine/engine.hpp>
@@ -66,8 +73,95 @@ struct PackValues {
   }
 };
 
+/// One table's part of a route (type-erased, so tables of different element
+/// types share one route). RowExchange implements it.
+class RouteLane {
+ public:
+  virtual ~RouteLane() = default;
+  /// Rows this rank sends to rank p (after the lane's plan()).
+  virtual std::size_t rows_to(int p) const = 0;
+  /// Bytes k of this lane's rows take in a message (a RowBlock).
+  virtual std::size_t bytes_of(std::size_t k) const = 0;
+  /// Writes the rows for every rank p at send + offsets[p] (bytes); may run
+  /// asynchronously on the lane's stream.
+  virtual void pack(std::byte* send, const std::vector<std::size_t>& offsets) = 0;
+  /// Takes rows[p] rows from every rank p at recv + offsets[p].
+  virtual void unpack(const std::byte* recv, const std::vector<std::size_t>& offsets,
+                      const std::vector<std::size_t>& rows) = 0;
+};
+
+/// A route's messages and bookkeeping, kept across steps.
+template <class Space>
+struct RouteBuffers {
+  std::vector<std::int64_t> send_header, recv_header;
+  std::vector<std::size_t> send_bytes, send_displs, recv_bytes, recv_displs;
+  std::vector<std::vector<std::size_t>> send_at, recv_at, recv_rows;  // per lane, per rank
+  Buffer<std::byte, Space> send, recv;
+};
+
+/// Routes the planned rows of `count` lanes in one header alltoall and one
+/// alltoallv. Collective; every rank passes the same number of lanes, in the
+/// same order. `bad_id` is this rank's problem to share (no_problem if none;
+/// the lanes then planned no rows): if any rank has one, no rows move and
+/// every rank gets the lowest such rank's report.
+template <class Engine>
+std::optional<RemoteProblem> route_lanes(Engine& engine, RouteLane* const* lanes, std::size_t count,
+                                         RouteBuffers<engine::space_of_t<Engine>>& b, index_t bad_id = no_problem) {
+  const int n = engine.size();
+  const auto un = static_cast<std::size_t>(n);
+  const std::size_t width = count + 1;  // header words per rank pair
+
+  // Header: (rows for you of each lane, my status) to every rank.
+  b.send_header.resize(width * un);
+  b.recv_header.resize(width * un);
+  for (std::size_t p = 0; p < un; ++p) {
+    for (std::size_t l = 0; l < count; ++l)
+      b.send_header[width * p + l] = static_cast<std::int64_t>(lanes[l]->rows_to(static_cast<int>(p)));
+    b.send_header[width * p + count] = bad_id;
+  }
+  engine.alltoall(b.send_header.data(), b.recv_header.data(), width, DataType::i64);
+  for (std::size_t p = 0; p < un; ++p)
+    if (b.recv_header[width * p + count] != no_problem) return RemoteProblem{static_cast<int>(p), b.recv_header[width * p + count]};
+
+  // Layout: the block for rank p holds each lane's rows in turn.
+  b.send_bytes.assign(un, 0);
+  b.send_displs.resize(un);
+  b.recv_bytes.assign(un, 0);
+  b.recv_displs.resize(un);
+  b.send_at.resize(count);
+  b.recv_at.resize(count);
+  b.recv_rows.resize(count);
+  std::size_t st = 0, rt = 0;
+  for (std::size_t p = 0; p < un; ++p) {
+    b.send_displs[p] = st;
+    b.recv_displs[p] = rt;
+    for (std::size_t l = 0; l < count; ++l) {
+      b.send_at[l].resize(un);
+      b.recv_at[l].resize(un);
+      b.recv_rows[l].resize(un);
+      b.send_at[l][p] = st;
+      st += lanes[l]->bytes_of(static_cast<std::size_t>(b.send_header[width * p + l]));
+      b.recv_rows[l][p] = static_cast<std::size_t>(b.recv_header[width * p + l]);
+      b.recv_at[l][p] = rt;
+      rt += lanes[l]->bytes_of(b.recv_rows[l][p]);
+    }
+    b.send_bytes[p] = st - b.send_displs[p];
+    b.recv_bytes[p] = rt - b.recv_displs[p];
+  }
+  b.send.resize_discard(st);
+  for (std::size_t l = 0; l < count; ++l) lanes[l]->pack(b.send.data(), b.send_at[l]);
+  auto& ex = engine.exec();
+  ex.synchronize();
+  b.recv.resize_discard(rt);
+  engine.alltoallv(b.send.data(), b.send_bytes.data(), b.send_displs.data(), b.recv.data(), b.recv_bytes.data(),
+                   b.recv_displs.data(), DataType::u8);
+  for (std::size_t l = 0; l < count; ++l) lanes[l]->unpack(b.recv.data(), b.recv_at[l], b.recv_rows[l]);
+  ex.synchronize();
+  return std::nullopt;
+}
+
 template <class T, class Engine>
-class RowExchange {
+class RowExchange final : public RouteLane {
  public:
   using space = engine::space_of_t<Engine>;
 
@@ -79,10 +173,22 @@ class RowExchange {
   /// gets the lowest such rank's report.
   std::optional<RemoteProblem> route(const index_t* ids, const T* values, const std::int32_t* dest, std::size_t k,
                                      std::size_t cols, index_t bad_id = no_problem) {
+    plan(ids, values, dest, bad_id != no_problem ? 0 : k, cols);
+    RouteLane* self = this;
+    return route_lanes(*engine_, &self, 1, buffers_, bad_id);
+  }
+
+  /// The local half of route(): groups the rows by destination, to be sent
+  /// by route_lanes() with this exchange as one of its lanes. The inputs
+  /// must stay valid until then.
+  void plan(const index_t* ids, const T* values, const std::int32_t* dest, std::size_t k, std::size_t cols) {
     const int n = engine_->size();
     const auto un = static_cast<std::size_t>(n);
     auto& ex = engine_->exec();
-    if (bad_id != no_problem) k = 0;
+    ids_ = ids;
+    values_ = values;
+    k_ = k;
+    cols_ = cols;
 
     // Group rows by destination, keeping their order within a destination.
     // Rows already grouped (ascending ids over contiguous partitions, the
@@ -103,65 +209,47 @@ class RowExchange {
     });
     host_meta_.resize(2 * un + 1);
     space_traits<space>::copy_to_host(host_meta_.data(), meta_.data(), (un + 1) * sizeof(index_t));
+  }
 
-    // Header: (rows for you, my status) to every rank.
-    send_header_.resize(2 * un);
-    recv_header_.resize(2 * un);
-    for (std::size_t p = 0; p < un; ++p) {
-      send_header_[2 * p] = host_meta_[p + 1] - host_meta_[p];
-      send_header_[2 * p + 1] = bad_id;
+  // RouteLane
+  std::size_t rows_to(int p) const override {
+    return static_cast<std::size_t>(host_meta_[static_cast<std::size_t>(p) + 1] - host_meta_[static_cast<std::size_t>(p)]);
+  }
+  std::size_t bytes_of(std::size_t k) const override { return RowBlock<T>::bytes(k, cols_); }
+  void pack(std::byte* send, const std::vector<std::size_t>& offsets) override {
+    const int n = engine_->size();
+    const auto un = static_cast<std::size_t>(n);
+    auto& ex = engine_->exec();
+    for (std::size_t p = 0; p < un; ++p) host_meta_[un + 1 + p] = static_cast<index_t>(offsets[p]);
+    space_traits<space>::copy_from_host(meta_.data() + un + 1, host_meta_.data() + un + 1, un * sizeof(index_t));
+    if (k_) {
+      for_each(ex, k_, PackIds<T>{ids_, order_.data(), keys_.data(), meta_.data(), n, send});
+      for_each_rows(ex, k_, cols_, PackValues<T>{values_, order_.data(), keys_.data(), meta_.data(), n, cols_, send});
     }
-    engine_->alltoall(send_header_.data(), recv_header_.data(), 2, DataType::i64);
-    for (int p = 0; p < n; ++p)
-      if (recv_header_[2 * static_cast<std::size_t>(p) + 1] != no_problem)
-        return RemoteProblem{p, recv_header_[2 * static_cast<std::size_t>(p) + 1]};
-
-    // Rows, packed per destination as [ids][values] (RowBlock).
-    send_bytes_.resize(un);
-    send_displs_.resize(un);
-    recv_bytes_.resize(un);
-    recv_displs_.resize(un);
-    recv_rows_.resize(un);
+  }
+  void unpack(const std::byte* recv, const std::vector<std::size_t>& offsets,
+              const std::vector<std::size_t>& rows) override {
+    const auto un = static_cast<std::size_t>(engine_->size());
+    auto& ex = engine_->exec();
+    recv_rows_ = rows;
     recv_first_.resize(un + 1);
-    std::size_t st = 0, rt = 0, rows_in = 0;
+    std::size_t rows_in = 0;
     for (std::size_t p = 0; p < un; ++p) {
-      const auto out_rows = static_cast<std::size_t>(send_header_[2 * p]);
-      send_bytes_[p] = RowBlock<T>::bytes(out_rows, cols);
-      send_displs_[p] = st;
-      host_meta_[un + 1 + p] = static_cast<index_t>(st);
-      st += send_bytes_[p];
-      recv_rows_[p] = static_cast<std::size_t>(recv_header_[2 * p]);
       recv_first_[p] = rows_in;
-      rows_in += recv_rows_[p];
-      recv_bytes_[p] = RowBlock<T>::bytes(recv_rows_[p], cols);
-      recv_displs_[p] = rt;
-      rt += recv_bytes_[p];
+      rows_in += rows[p];
     }
     recv_first_[un] = rows_in;
-    space_traits<space>::copy_from_host(meta_.data() + un + 1, host_meta_.data() + un + 1, un * sizeof(index_t));
-    send_.resize_discard(st);
-    if (k) {
-      for_each(ex, k, PackIds<T>{ids, order_.data(), keys_.data(), meta_.data(), n, send_.data()});
-      for_each_rows(ex, k, cols, PackValues<T>{values, order_.data(), keys_.data(), meta_.data(), n, cols, send_.data()});
-    }
-    ex.synchronize();
-    recv_.resize_discard(rt);
-    engine_->alltoallv(send_.data(), send_bytes_.data(), send_displs_.data(), recv_.data(), recv_bytes_.data(),
-                       recv_displs_.data(), DataType::u8);
-
-    // Unpack to contiguous ids / values, in source-rank order.
+    // To contiguous ids / values, in source-rank order.
     received_ids_.resize_discard(rows_in);
-    received_values_.resize_discard(rows_in * cols);
+    received_values_.resize_discard(rows_in * cols_);
     for (std::size_t p = 0; p < un; ++p) {
-      const std::size_t r = recv_rows_[p];
+      const std::size_t r = rows[p];
       if (!r) continue;
-      std::byte* block = recv_.data() + recv_displs_[p];
+      std::byte* block = const_cast<std::byte*>(recv) + offsets[p];
       ex.copy(received_ids_.data() + recv_first_[p], RowBlock<T>::ids(block), r * sizeof(index_t));
-      if (cols)
-        ex.copy(received_values_.data() + recv_first_[p] * cols, RowBlock<T>::values(block, r), r * cols * sizeof(T));
+      if (cols_)
+        ex.copy(received_values_.data() + recv_first_[p] * cols_, RowBlock<T>::values(block, r), r * cols_ * sizeof(T));
     }
-    ex.synchronize();
-    return std::nullopt;
   }
 
   /// Rows received by the last route(), concatenated by source rank.
@@ -204,15 +292,17 @@ class RowExchange {
 
  private:
   Engine* engine_;
+  const index_t* ids_ = nullptr;
+  const T* values_ = nullptr;
+  std::size_t k_ = 0, cols_ = 0;
   bool in_order_ = true;
   Buffer<std::int32_t, space> keys_;
   Buffer<index_t, space> order_;
   Buffer<index_t, space> meta_;
   std::vector<index_t> host_meta_;
-  std::vector<std::int64_t> send_header_, recv_header_;
-  std::vector<std::size_t> send_bytes_, send_displs_, recv_bytes_, recv_displs_, recv_rows_, recv_first_;
+  std::vector<std::size_t> recv_rows_, recv_first_;
   std::vector<std::size_t> reply_scounts_, reply_sdispls_, reply_rcounts_, reply_rdispls_;
-  Buffer<std::byte, space> send_, recv_;
+  RouteBuffers<space> buffers_;
   Buffer<index_t, space> received_ids_;
   Buffer<T, space> received_values_;
   Buffer<T, space> replies_;

@@ -53,6 +53,13 @@ class SlotBase {
   virtual bool has_gradient() const = 0;
   /// Communicates (unless fused) and applies the optimizer.
   virtual void synchronize(const StepInfo& info) = 0;
+  /// For slots whose rows the trainer routes together with other slots'
+  /// (ShardedPS: one route a step for all of them): prepares this step's
+  /// rows and returns the slot's lane of the route; null for slots that
+  /// synchronise alone. May be collective (local aggregation's first hop).
+  virtual RouteLane* plan_push() { return nullptr; }
+  /// After the trainer's route: what synchronize() does once rows arrived.
+  virtual void finish_push(const StepInfo&) {}
   /// Forgets this step's gradient and lookups.
   virtual void clear() = 0;
   /// Rows of the variable this rank stores (replica: all of them).
@@ -328,9 +335,19 @@ class SparseShardedSlot final
   bool has_gradient() const override { return this->var_.state().sparse_grad.touched(); }
   void synchronize(const StepInfo& info) override {
     auto scope = this->scope();
+    RouteLane* lane = plan_push();
+    route_lanes(*this->engine_, &lane, 1, route_buffers_);
+    finish_push(info);
+  }
+  RouteLane* plan_push() override {
+    auto scope = this->scope();
     auto& g = this->var_.state().sparse_grad;
     g.coalesce(this->ex());
-    const std::size_t m = table_.push(g.indices(), g.values(), g.size(), local_rows_, sums_);
+    return &table_.plan_push(g.indices(), g.values(), g.size());
+  }
+  void finish_push(const StepInfo& info) override {
+    auto scope = this->scope();
+    const std::size_t m = table_.finish_push(local_rows_, sums_);
     optim::apply_rows(this->ex(), this->opt_, info.step, table_.shard().data(), local_rows_.data(), sums_.data(), m,
                       this->var_.cols(), state_, this->scale_of(info));
     this->ex().synchronize();
@@ -361,6 +378,7 @@ class SparseShardedSlot final
   optim::State<Optimizer, T, space> state_;
   Buffer<index_t, space> local_rows_;
   Buffer<T, space> sums_;
+  RouteBuffers<space> route_buffers_;
 };
 
 /// Sparse variables kept as a full replica on every rank (AllGatherv and

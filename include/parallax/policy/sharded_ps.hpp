@@ -214,6 +214,17 @@ class ShardedTable {
   /// rank's shard that received contributions and their sums. Collective.
   std::size_t push(const index_t* ids, const T* values, std::size_t k, Buffer<index_t, space>& local_rows,
                    Buffer<T, space>& sums) {
+    detail::RouteLane* lane = &plan_push(ids, values, k);
+    detail::route_lanes(*engine_, &lane, 1, route_buffers_);
+    return finish_push(local_rows, sums);
+  }
+
+  /// push() in three parts, so that a trainer can send several tables' rows
+  /// in one route: plan_push() (collective only with local aggregation,
+  /// whose first hop it takes), then detail::route_lanes() over the returned
+  /// lane and any others, then finish_push(). The inputs must stay valid
+  /// until the route.
+  detail::RouteLane& plan_push(const index_t* ids, const T* values, std::size_t k) {
     auto& ex = engine_->exec();
     const index_t* hop_ids = ids;
     const T* hop_values = values;
@@ -233,7 +244,14 @@ class ShardedTable {
     dest_.resize_discard(hop_k);
     if (hop_k) for_each(ex, hop_k, detail::OwnerOf{map_, hop_ids, dest_.data()});
     ex.synchronize();
-    check(exchange_.route(hop_ids, hop_values, dest_.data(), hop_k, cols_), "gradient row");
+    exchange_.plan(hop_ids, hop_values, dest_.data(), hop_k, cols_);
+    return exchange_;
+  }
+
+  /// Sums the rows the route brought this rank, by row and then by source
+  /// rank; see push().
+  std::size_t finish_push(Buffer<index_t, space>& local_rows, Buffer<T, space>& sums) {
+    auto& ex = engine_->exec();
     const std::size_t m = detail::coalesce_rows(ex, exchange_.received_ids(), exchange_.received_values(),
                                                 exchange_.received(), cols_, owned_ids_, sums, scratch_);
     local_rows.resize_discard(m);
@@ -259,6 +277,7 @@ class ShardedTable {
   bool aggregate_ = false;
   Buffer<T, space> shard_;
   detail::RowExchange<T, Engine> exchange_, aggregate_exchange_;
+  detail::RouteBuffers<space> route_buffers_;
   Buffer<std::int32_t, space> first_hop_, dest_;
   Buffer<index_t, space> keys_, unique_, inverse_, hop_ids_, owned_ids_;
   Buffer<T, space> served_, hop_values_;
