@@ -195,14 +195,13 @@ class RowExchange final : public RouteLane {
     // usual case) skip the sort and keep their input order.
     keys_.resize_discard(k);
     order_.resize_discard(k);
-    in_order_ = true;
     meta_.resize_discard(2 * un + 1);
     with_thrust(ex, k, [&](auto policy) {
       if (k) {
         ex.copy(keys_.data(), dest, k * sizeof(std::int32_t));
         thrust::sequence(policy, order_.data(), order_.data() + k);
-        in_order_ = thrust::is_sorted(policy, keys_.data(), keys_.data() + k);
-        if (!in_order_) thrust::stable_sort_by_key(policy, keys_.data(), keys_.data() + k, order_.data());
+        if (!thrust::is_sorted(policy, keys_.data(), keys_.data() + k))
+          thrust::stable_sort_by_key(policy, keys_.data(), keys_.data() + k, order_.data());
       }
       thrust::lower_bound(policy, keys_.data(), keys_.data() + k, thrust::counting_iterator<std::int32_t>(0),
                           thrust::counting_iterator<std::int32_t>(n + 1), meta_.data());
@@ -256,19 +255,11 @@ class RowExchange final : public RouteLane {
   std::size_t received() const noexcept { return received_ids_.size(); }
   const index_t* received_ids() const noexcept { return received_ids_.data(); }
   const T* received_values() const noexcept { return received_values_.data(); }
-  Buffer<index_t, space>& received_id_buffer() noexcept { return received_ids_; }
-  Buffer<T, space>& received_value_buffer() noexcept { return received_values_; }
   std::size_t received_from(int rank) const noexcept { return recv_rows_[static_cast<std::size_t>(rank)]; }
-
-  /// True when the last route() sent its rows in input order (they were
-  /// already grouped by destination): then reply() is aligned to the input
-  /// rows.
-  bool sent_in_input_order() const noexcept { return in_order_; }
 
   /// Sends `cols` values per row received by the last route() back to its
   /// sender. Returns the replies in the order the rows were sent (grouped by
-  /// destination, in input order within one; the input order itself when
-  /// sent_in_input_order()), valid until the next reply.
+  /// destination, in input order within one), valid until the next reply.
   const T* reply(const T* values, std::size_t cols) {
     const int n = engine_->size();
     const auto un = static_cast<std::size_t>(n);
@@ -295,7 +286,6 @@ class RowExchange final : public RouteLane {
   const index_t* ids_ = nullptr;
   const T* values_ = nullptr;
   std::size_t k_ = 0, cols_ = 0;
-  bool in_order_ = true;
   Buffer<std::int32_t, space> keys_;
   Buffer<index_t, space> order_;
   Buffer<index_t, space> meta_;

@@ -335,8 +335,8 @@ class SparseShardedSlot final
   bool has_gradient() const override { return this->var_.state().sparse_grad.touched(); }
   void synchronize(const StepInfo& info) override {
     auto scope = this->scope();
-    RouteLane* lane = plan_push();
-    route_lanes(*this->engine_, &lane, 1, route_buffers_);
+    plan_push();
+    table_.route_planned();
     finish_push(info);
   }
   RouteLane* plan_push() override {
@@ -378,7 +378,6 @@ class SparseShardedSlot final
   optim::State<Optimizer, T, space> state_;
   Buffer<index_t, space> local_rows_;
   Buffer<T, space> sums_;
-  RouteBuffers<space> route_buffers_;
 };
 
 /// Sparse variables kept as a full replica on every rank (AllGatherv and

@@ -214,9 +214,15 @@ class ShardedTable {
   /// rank's shard that received contributions and their sums. Collective.
   std::size_t push(const index_t* ids, const T* values, std::size_t k, Buffer<index_t, space>& local_rows,
                    Buffer<T, space>& sums) {
-    detail::RouteLane* lane = &plan_push(ids, values, k);
-    detail::route_lanes(*engine_, &lane, 1, route_buffers_);
+    plan_push(ids, values, k);
+    route_planned();
     return finish_push(local_rows, sums);
+  }
+
+  /// Routes what plan_push() planned, alone (no other table's rows).
+  void route_planned() {
+    detail::RouteLane* lane = &exchange_;
+    detail::route_lanes(*engine_, &lane, 1, route_buffers_);
   }
 
   /// push() in three parts, so that a trainer can send several tables' rows
