@@ -261,6 +261,77 @@ TEST_CASE("every sharded variable's gradient rows share one route a step", "[tra
   }
 }
 
+namespace {
+
+/// Rank r's ids of request `which` in the batched-lookup test: r * 2 + 1 of
+/// them for p (none on rank 0 for q), with repeats and distinct per rank.
+std::vector<px::index_t> batch_ids(int which, int rank, std::size_t rows) {
+  const std::size_t n = which == 0 ? static_cast<std::size_t>(rank) * 2 + 1 : static_cast<std::size_t>(rank) * 3;
+  std::vector<px::index_t> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<px::index_t>((i * 5 + static_cast<std::size_t>(rank) * 7 + which) % (i % 3 == 2 ? 3 : rows));
+  return ids;
+}
+
+/// Rows `ids` of a fetched table of `cols` columns.
+std::vector<float> rows_of(const std::vector<float>& table, const std::vector<px::index_t>& ids, std::size_t cols) {
+  std::vector<float> out;
+  for (px::index_t id : ids)
+    out.insert(out.end(), table.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(id) * cols),
+               table.begin() + static_cast<std::ptrdiff_t>((static_cast<std::size_t>(id) + 1) * cols));
+  return out;
+}
+
+template <class Arch, class Space>
+void check_batched_lookup() {
+  auto& ctx = test::world();
+  px::Variable<px::Sparse, float, Space> p(ctx, "p", {37, 3}, px::init::Uniform{-1.f, 1.f, 4});
+  px::Variable<px::Sparse, float, Space> q(ctx, "q", {11, 5}, px::init::Uniform{-1.f, 1.f, 5});
+  px::Variable<px::Dense, float, Space> w(ctx, "w", {2});
+  px::TrainerOptions options;
+  options.partitions["p"] = 2 * ctx.size() + 1;  // owners interleave over p's rows
+  px::Trainer<Arch, px::optim::Sgd, test::engine_for<Space>> trainer(ctx, options, px::optim::Sgd{}, p, w, q);
+  const auto host_p = batch_ids(0, ctx.rank(), 37), host_q = batch_ids(1, ctx.rank(), 11);
+  const auto ids_p = px::Buffer<px::index_t, Space>::from_host(host_p);
+  const auto ids_q = px::Buffer<px::index_t, Space>::from_host(host_q);
+  const auto want_p = rows_of(trainer.fetch(p), host_p, 3), want_q = rows_of(trainer.fetch(q), host_q, 5);
+
+  std::map<std::string, px::Traffic> before;
+  for (const char* v : {"(fused sparse)", "p", "q"}) before[v] = trainer.stats().variable(v);
+  const auto rows = trainer.lookup({px::Lookup{p, ids_p}, px::Lookup{q, ids_q}});
+  std::map<std::string, std::uint64_t> calls;
+  for (const char* v : {"(fused sparse)", "p", "q"}) calls[v] = (trainer.stats().variable(v) - before[v]).calls;
+
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].rows == host_p.size());
+  CHECK(rows[0].cols == 3);
+  CHECK(rows[1].rows == host_q.size());
+  CHECK(rows[1].cols == 5);
+  CHECK(test::all_ranks(test::to_host(rows[0]) == want_p));
+  CHECK(test::all_ranks(test::to_host(rows[1]) == want_q));
+  // The same rows as lookups one by one, which are still valid beside them.
+  const auto one_p = trainer.lookup(p, ids_p);
+  const auto one_q = trainer.lookup(q, ids_q);
+  CHECK(test::all_ranks(test::to_host(one_p) == want_p && test::to_host(one_q) == want_q));
+  CHECK(test::all_ranks(test::to_host(rows[0]) == want_p));
+
+  // Sharded: one route for both tables' ids, then one reply each (4 calls,
+  // against 3 per table one by one). Replicas look up locally.
+  const bool sharded = !std::is_same_v<Arch, px::arch::AllReduce>;
+  CHECK(calls["(fused sparse)"] == (sharded ? 2u : 0u));
+  CHECK(calls["p"] == (sharded ? 1u : 0u));
+  CHECK(calls["q"] == (sharded ? 1u : 0u));
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("a batched lookup returns each variable's rows in one route", "[trainer][lookup]",
+                   PARALLAX_TEST_SPACES) {
+  using Space = TestType;
+  SECTION("hybrid") { check_batched_lookup<px::arch::Hybrid, Space>(); }
+  SECTION("allreduce") { check_batched_lookup<px::arch::AllReduce, Space>(); }
+  SECTION("ps") { check_batched_lookup<px::arch::PS, Space>(); }
+}
+
 TEST_CASE("partitions, local aggregation and the ring's algorithm change bytes, not the model", "[trainer]") {
   const px::optim::Adam opt{0.05f};
   const Model base = train<px::arch::Hybrid>(test::world(), opt);
@@ -309,6 +380,24 @@ TEST_CASE("bad input is the same error on every rank", "[trainer][errors]") {
     const std::string msg = test::error_of([&] { t.lookup(emb, ids); });
     CHECK_THAT(msg, Catch::Contains("'emb'") && Catch::Contains("lookup id 10") && Catch::Contains("[0, 10)") &&
                         Catch::Contains("rank " + std::to_string(last)));
+  }
+  SECTION("a lookup id out of range in the second request of a batch (ShardedPS)") {
+    px::Variable<px::Sparse, float> other(ctx, "other", {7, 2});
+    px::Trainer<px::arch::Hybrid, px::optim::Sgd> t(ctx, px::optim::Sgd{}, emb, w, other);
+    const std::vector<px::index_t> good{0, 9}, bad{1, ctx.rank() == last ? 7 : 6};
+    const std::string msg = test::error_of([&] { t.lookup({px::Lookup{emb, good}, px::Lookup{other, bad}}); });
+    CHECK_THAT(msg, Catch::Contains("'other'") && Catch::Contains("lookup id 7") && Catch::Contains("[0, 7)") &&
+                        Catch::Contains("rank " + std::to_string(last)));
+    // Nothing was left half done: the same batch with good ids works.
+    const std::vector<px::index_t> fixed{1, 6};
+    const auto rows = t.lookup({px::Lookup{emb, good}, px::Lookup{other, fixed}});
+    CHECK(rows[1].rows == 2);
+  }
+  SECTION("a variable twice in one batched lookup") {
+    px::Trainer<px::arch::Hybrid, px::optim::Sgd> t(ctx, px::optim::Sgd{}, emb, w);
+    const std::vector<px::index_t> ids{1};
+    CHECK_THAT(test::error_of([&] { t.lookup({px::Lookup{emb, ids}, px::Lookup{emb, ids}}); }),
+               Catch::Contains("'emb'") && Catch::Contains("twice"));
   }
   SECTION("a lookup id out of range on one rank (AllGatherv) surfaces at step()") {
     px::Trainer<px::arch::AllReduce, px::optim::Sgd> t(ctx, px::optim::Sgd{}, emb, w);

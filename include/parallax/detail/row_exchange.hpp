@@ -34,10 +34,12 @@ namespace parallax::detail {
 
 inline constexpr index_t no_problem = std::numeric_limits<index_t>::min();
 
-/// A bad row id reported by some rank during an exchange.
+/// A bad row id reported by some rank during an exchange, and the lane (the
+/// table of a route carrying several) it was meant for.
 struct RemoteProblem {
   int rank;
   index_t id;
+  std::size_t lane = 0;
 };
 
 template <class T>
@@ -101,27 +103,36 @@ struct RouteBuffers {
 
 /// Routes the planned rows of `count` lanes in one header alltoall and one
 /// alltoallv. Collective; every rank passes the same number of lanes, in the
-/// same order. `bad_id` is this rank's problem to share (no_problem if none;
-/// the lanes then planned no rows): if any rank has one, no rows move and
-/// every rank gets the lowest such rank's report.
+/// same order. `bad_id` is this rank's problem to share (no_problem if none),
+/// found in lane `bad_lane`: if any rank has one, no rows move and every rank
+/// gets the lowest such rank's report.
 template <class Engine>
 std::optional<RemoteProblem> route_lanes(Engine& engine, RouteLane* const* lanes, std::size_t count,
-                                         RouteBuffers<engine::space_of_t<Engine>>& b, index_t bad_id = no_problem) {
+                                         RouteBuffers<engine::space_of_t<Engine>>& b, index_t bad_id = no_problem,
+                                         std::size_t bad_lane = 0) {
   const int n = engine.size();
   const auto un = static_cast<std::size_t>(n);
   const std::size_t width = count + 1;  // header words per rank pair
 
-  // Header: (rows for you of each lane, my status) to every rank.
+  // Header: (rows for you of each lane, my status) to every rank. With a
+  // problem no rows move, so the counts say which lane it concerns instead:
+  // -1 for that lane, 0 for the others.
   b.send_header.resize(width * un);
   b.recv_header.resize(width * un);
   for (std::size_t p = 0; p < un; ++p) {
     for (std::size_t l = 0; l < count; ++l)
-      b.send_header[width * p + l] = static_cast<std::int64_t>(lanes[l]->rows_to(static_cast<int>(p)));
+      b.send_header[width * p + l] = bad_id != no_problem ? (l == bad_lane ? -1 : 0)
+                                                          : static_cast<std::int64_t>(lanes[l]->rows_to(static_cast<int>(p)));
     b.send_header[width * p + count] = bad_id;
   }
   engine.alltoall(b.send_header.data(), b.recv_header.data(), width, DataType::i64);
-  for (std::size_t p = 0; p < un; ++p)
-    if (b.recv_header[width * p + count] != no_problem) return RemoteProblem{static_cast<int>(p), b.recv_header[width * p + count]};
+  for (std::size_t p = 0; p < un; ++p) {
+    const std::int64_t* h = b.recv_header.data() + width * p;
+    if (h[count] == no_problem) continue;
+    std::size_t lane = 0;
+    while (lane + 1 < count && h[lane] != -1) ++lane;
+    return RemoteProblem{static_cast<int>(p), h[count], lane};
+  }
 
   // Layout: the block for rank p holds each lane's rows in turn.
   b.send_bytes.assign(un, 0);

@@ -122,6 +122,18 @@ class SparseSlot : public SlotBase<Engine, Optimizer> {
   using space = engine::space_of_t<Engine>;
   /// Rows for n ids (in space), valid until clear(). Collective for sharded slots.
   virtual Rows<T, space> lookup(const index_t* ids, std::size_t n) = 0;
+  /// A lookup in a batch (Trainer::lookup of several variables), in two
+  /// parts around one route shared by the batch: plan_lookup() returns this
+  /// slot's lane of it (null for slots whose lookups are local, which keep
+  /// the ids for later), finish_lookup() the rows. `ids` stay valid between.
+  virtual RouteLane* plan_lookup(const index_t* ids, std::size_t n) = 0;
+  virtual Rows<T, space> finish_lookup() = 0;
+  /// This rank's bad id found by plan_lookup() (no_problem if none), and the
+  /// error to throw when the route reports one for this slot.
+  virtual index_t lookup_problem() const { return no_problem; }
+  [[noreturn]] virtual void lookup_failed(const RemoteProblem& p) {
+    throw error(concat("variable '", this->name(), "': lookup id ", p.id, " is out of range on rank ", p.rank));
+  }
 
  protected:
   /// A fresh output buffer per lookup in a step, so earlier rows stay valid.
@@ -331,6 +343,22 @@ class SparseShardedSlot final
     table_.lookup(ids, n, out.data());
     return Rows<T, space>{out.data(), n, this->var_.cols()};
   }
+  RouteLane* plan_lookup(const index_t* ids, std::size_t n) override {
+    auto scope = this->scope();
+    planned_ = n;
+    return &table_.plan_lookup(ids, n);
+  }
+  Rows<T, space> finish_lookup() override {
+    auto scope = this->scope();
+    Buffer<T, space>& out = this->next_buffer(planned_ * this->var_.cols());
+    table_.finish_lookup(planned_, out.data());
+    return Rows<T, space>{out.data(), planned_, this->var_.cols()};
+  }
+  index_t lookup_problem() const override { return table_.lookup_problem(); }
+  [[noreturn]] void lookup_failed(const RemoteProblem& p) override {
+    table_.check(p, "lookup id");
+    throw error("lookup_failed without a problem");  // not reached: check() throws
+  }
   std::optional<std::string> problem() override { return this->var_.state().sparse_grad.find_problem(this->ex()); }
   bool has_gradient() const override { return this->var_.state().sparse_grad.touched(); }
   void synchronize(const StepInfo& info) override {
@@ -375,6 +403,7 @@ class SparseShardedSlot final
 
  private:
   ShardedTable<T, Engine> table_;
+  std::size_t planned_ = 0;  // ids of the batched lookup between its two parts
   optim::State<Optimizer, T, space> state_;
   Buffer<index_t, space> local_rows_;
   Buffer<T, space> sums_;
@@ -417,6 +446,12 @@ class SparseReplicaSlot
     ex.synchronize();
     return Rows<T, space>{out.data(), n, cols};
   }
+  RouteLane* plan_lookup(const index_t* ids, std::size_t n) override {
+    planned_ids_ = ids;
+    planned_ = n;
+    return nullptr;
+  }
+  Rows<T, space> finish_lookup() override { return lookup(planned_ids_, planned_); }
   std::optional<std::string> problem() override {
     if (lookup_problem_) return lookup_problem_;
     return this->var_.state().sparse_grad.find_problem(this->ex());
@@ -443,6 +478,8 @@ class SparseReplicaSlot
   optim::State<Optimizer, T, space> state_;
   Buffer<index_t, space> safe_ids_;
   std::optional<std::string> lookup_problem_;
+  const index_t* planned_ids_ = nullptr;  // the batched lookup's ids, between its two parts
+  std::size_t planned_ = 0;
 };
 
 /// Sparse + AllGatherv: every rank gathers every rank's rows and applies the

@@ -166,11 +166,24 @@ class ShardedTable {
     fill(dev.data(), k, shard_.data());
   }
 
-  /// out[i*cols ...] = row ids[i] of the variable, for i < n. Collective.
+  /// out[i*cols ...] = row ids[i] of the variable, for i < n. Collective:
+  /// plan_lookup(), a route of its lane alone, finish_lookup().
   void lookup(const index_t* ids, std::size_t n, T* out) {
+    detail::RouteLane* lane = &plan_lookup(ids, n);
+    check(detail::route_lanes(*engine_, &lane, 1, route_buffers_, lookup_problem_), "lookup id");
+    finish_lookup(n, out);
+  }
+
+  /// lookup() in three parts, so that a trainer can route several tables'
+  /// ids in one route: plan_lookup() (local), then detail::route_lanes()
+  /// over the returned lane and any others, passing lookup_problem() of the
+  /// first table that has one, then finish_lookup() with the same n (one
+  /// collective reply per table). `ids` must stay valid until the route.
+  detail::RouteLane& plan_lookup(const index_t* ids, std::size_t n) {
     auto& ex = engine_->exec();
-    index_t bad = detail::no_problem;
-    if (auto at = detail::find_out_of_range(ex, ids, n, map_.rows)) bad = detail::read_one<index_t, space>(ids + *at);
+    lookup_problem_ = detail::no_problem;
+    if (auto at = detail::find_out_of_range(ex, ids, n, map_.rows))
+      lookup_problem_ = detail::read_one<index_t, space>(ids + *at);
 
     // Each id as a key (owner, row in the owner's shard). Sorted unique keys
     // are grouped by owner, so they go out in their own order and the
@@ -180,7 +193,7 @@ class ShardedTable {
     keys_.resize_discard(n);
     unique_.resize_discard(n);
     inverse_.resize_discard(n);
-    if (bad == detail::no_problem && n) {
+    if (lookup_problem_ == detail::no_problem && n) {
       for_each(ex, n, detail::KeyOf{map_, ids, keys_.data()});
       ex.copy(unique_.data(), keys_.data(), n * sizeof(index_t));
       with_thrust(ex, n, [&](auto policy) {
@@ -193,11 +206,18 @@ class ShardedTable {
     dest_.resize_discard(k);
     if (k) for_each(ex, k, detail::OwnerOfKey{map_.rows, unique_.data(), dest_.data()});
     ex.synchronize();
+    exchange_.plan(unique_.data(), nullptr, dest_.data(), k, 0);
+    return exchange_;
+  }
 
-    check(exchange_.route(unique_.data(), nullptr, dest_.data(), k, 0, bad), "lookup id");
+  /// The id outside [0, rows) that the last plan_lookup() found on this
+  /// rank, or detail::no_problem.
+  index_t lookup_problem() const noexcept { return lookup_problem_; }
 
-    // Serve the rows asked of this rank, then gather the answers (one per
-    // unique key, in key order) into the caller's order.
+  /// Serves the keys the route brought this rank, then gathers the answers
+  /// (one per unique key, in key order) into the caller's order. Collective.
+  void finish_lookup(std::size_t n, T* out) {
+    auto& ex = engine_->exec();
     const std::size_t asked = exchange_.received();
     served_.resize_discard(asked * cols_);
     const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * map_.rows);
@@ -207,6 +227,13 @@ class ShardedTable {
     const T* by_unique = exchange_.reply(served_.data(), cols_);
     for_each_rows(ex, n, cols_, detail::GatherRows<T>{by_unique, inverse_.data(), out, cols_});
     ex.synchronize();
+  }
+
+  /// Throws the error of a problem a route reported (`what`: "lookup id", ...).
+  void check(const std::optional<detail::RemoteProblem>& p, const char* what) const {
+    if (p)
+      throw error(detail::concat("variable '", name_, "': ", what, " ", p->id, " is outside [0, ", map_.rows,
+                                 ") on rank ", p->rank));
   }
 
   /// Sends this rank's k coalesced rows (ids strictly ascending) to their
@@ -270,17 +297,12 @@ class ShardedTable {
   const Buffer<index_t, space>& pushed_ids() const noexcept { return owned_ids_; }
 
  private:
-  void check(const std::optional<detail::RemoteProblem>& p, const char* what) const {
-    if (p)
-      throw error(detail::concat("variable '", name_, "': ", what, " ", p->id, " is outside [0, ", map_.rows,
-                                 ") on rank ", p->rank));
-  }
-
   Engine* engine_;
   PartitionMap map_;
   std::size_t cols_;
   std::string name_;
   bool aggregate_ = false;
+  index_t lookup_problem_ = detail::no_problem;
   Buffer<T, space> shard_;
   detail::RowExchange<T, Engine> exchange_, aggregate_exchange_;
   detail::RouteBuffers<space> route_buffers_;
