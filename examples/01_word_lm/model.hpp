@@ -225,11 +225,13 @@ class Model {
     candidate_ids_.assign_from_host(cand.ids.data(), cand.ids.size());
     log_q_.assign_from_host(cand.log_q.data(), cand.log_q.size());
 
-    // Forward: the embedding rows of the context words (pulled from their
-    // owners under the hybrid), the hidden layer, the candidate logits.
-    const auto x = trainer.lookup(emb, context_ids_);
+    // Forward: the embedding rows of the context words and the softmax rows
+    // of the candidates (pulled from their owners under the hybrid, both
+    // tables in one round), the hidden layer, the candidate logits.
+    const auto looked_up = trainer.lookup({px::Lookup{emb, context_ids_}, px::Lookup{softmax, candidate_ids_}});
+    const auto& x = looked_up[0];
+    const auto& w = looked_up[1];
     const T* h = hidden.forward(ex, x.data, rows);
-    const auto w = trainer.lookup(softmax, candidate_ids_);
     logits_.resize_discard(rows * width);
     px::for_each(ex, rows * width, SampledLogits<T>{h, w.data, log_q_.data(), candidate_ids_.data(), logits_.data(), dim, s},
                  px::Cost{dim});

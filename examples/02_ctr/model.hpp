@@ -8,8 +8,10 @@
 ///   26 categorical ids --one embedding table each (sparse)--> 26 x 16 ─┴─ concat
 ///   concat --top MLP (dense)--> 1 logit --logistic loss
 ///
-/// Each table is its own sparse variable (one lookup and one push per step
-/// each), sized per feature; ids are power-law. Templated on the memory space.
+/// Each table is its own sparse variable, sized per feature; ids are
+/// power-law. A step looks all 26 tables up in one batched lookup, and the
+/// trainer pushes their gradient rows in one route. Templated on the memory
+/// space.
 
 #include "../common/layers.hpp"
 #include "../common/readers.hpp"
@@ -151,7 +153,7 @@ class Model {
   }
 
   /// Forward pass on this rank's share of a batch: logits into logits_,
-  /// losses and hits into loss_, hits_. Collective (one lookup per table).
+  /// losses and hits into loss_, hits_. Collective (one batched lookup).
   template <class Trainer>
   void forward(Trainer& trainer, const Batch& batch) {
     auto& ex = trainer.engine().exec();
@@ -161,11 +163,16 @@ class Model {
     concat_.resize_discard(rows * width);
     const T* b = bottom2.forward(ex, bottom1.forward(ex, dense_in_.data(), rows), rows);
     if (rows) px::for_each(ex, rows * dim, CopyColumns<T>{b, concat_.data(), dim, width, 0});
+    // Every table's rows in one batched lookup: one round for all 26 tables.
+    lookups_.clear();
     for (std::size_t f = 0; f < features; ++f) {
       ids_[f].assign_from_host(batch.ids[f].data(), rows);
-      const auto e = trainer.lookup(tables[f], ids_[f]);
-      if (rows) px::for_each(ex, rows * dim, CopyColumns<T>{e.data, concat_.data(), dim, width, (f + 1) * dim});
+      lookups_.emplace_back(tables[f], ids_[f]);
     }
+    const auto looked_up = trainer.lookup(lookups_);
+    for (std::size_t f = 0; f < features; ++f)
+      if (rows)
+        px::for_each(ex, rows * dim, CopyColumns<T>{looked_up[f].data, concat_.data(), dim, width, (f + 1) * dim});
     const T* z = top2.forward(ex, top1.forward(ex, concat_.data(), rows), rows);
     loss_.resize_discard(rows);
     hits_.resize_discard(rows);
@@ -221,6 +228,7 @@ class Model {
   px::Buffer<T, Space> dense_in_, concat_, grad_concat_, grad_rows_, loss_, hits_;
   px::Buffer<std::int32_t, Space> labels_;
   std::array<px::Buffer<px::index_t, Space>, features> ids_;
+  std::vector<px::Lookup<Table>> lookups_;
 };
 
 }  // namespace examples::ctr
