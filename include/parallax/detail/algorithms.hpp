@@ -37,6 +37,29 @@ struct RowBlock {
   }
 };
 
+/// Rows of `cols` elements, each contiguous but not necessarily end to end:
+/// row i starts at base + at[i] (in elements), or at base + i * cols when
+/// `at` is null. Lets a coalesce read rows where a message left them.
+template <class T>
+struct RowsAt {
+  const T* base = nullptr;
+  const index_t* at = nullptr;
+  RowsAt() = default;
+  PARALLAX_HOST_DEVICE RowsAt(const T* rows, const index_t* offsets = nullptr) : base(rows), at(offsets) {}
+  PARALLAX_HOST_DEVICE const T* row(std::size_t i, std::size_t cols) const {
+    return base + (at ? static_cast<std::size_t>(at[i]) : i * cols);
+  }
+};
+
+/// T itself, in a context template deduction does not look at (C++20's
+/// std::type_identity_t): lets a RowsAt<T> parameter take a plain pointer.
+template <class T>
+struct identity {
+  using type = T;
+};
+template <class T>
+using identity_t = typename identity<T>::type;
+
 /// Scratch buffers for coalesce_rows, kept across steps.
 template <class Space>
 struct CoalesceScratch {
@@ -51,15 +74,14 @@ struct CoalesceScratch {
 
 template <class T>
 struct SumSegments {
-  const T* values;
+  RowsAt<T> values;
   const index_t* order;
   const index_t* starts;
   T* out;
   std::size_t cols;
   PARALLAX_HOST_DEVICE void operator()(std::size_t seg, std::size_t col) const {
     T acc = T(0);
-    for (index_t k = starts[seg]; k < starts[seg + 1]; ++k)
-      acc += values[static_cast<std::size_t>(order[k]) * cols + col];
+    for (index_t k = starts[seg]; k < starts[seg + 1]; ++k) acc += values.row(static_cast<std::size_t>(order[k]), cols)[col];
     out[seg * cols + col] = acc;
   }
 };
@@ -75,11 +97,11 @@ struct SumSegmentRows : SumSegments<T> {
     const std::size_t width = this->cols;
     T* o = this->out + seg * width;
     const index_t first = this->starts[seg], last = this->starts[seg + 1];
-    const T* row = this->values + static_cast<std::size_t>(this->order[first]) * width;
+    const T* row = this->values.row(static_cast<std::size_t>(this->order[first]), width);
 #pragma omp simd
     for (std::size_t c = 0; c < width; ++c) o[c] = T(0) + row[c];
     for (index_t k = first + 1; k < last; ++k) {
-      row = this->values + static_cast<std::size_t>(this->order[k]) * width;
+      row = this->values.row(static_cast<std::size_t>(this->order[k]), width);
 #pragma omp simd
       for (std::size_t c = 0; c < width; ++c) o[c] += row[c];
     }
@@ -89,13 +111,13 @@ struct SumSegmentRows : SumSegments<T> {
 /// out[seg] = the sum of rows order[starts[seg] .. starts[seg + 1]) of
 /// `values`, in that order, for seg < m; n rows in all. A thread per element.
 template <class T, class Space>
-void sum_segments(const Exec<Space>& ex, const T* values, const index_t* order, const index_t* starts, std::size_t m,
-                  std::size_t, std::size_t cols, T* out) {
+void sum_segments(const Exec<Space>& ex, identity_t<RowsAt<T>> values, const index_t* order, const index_t* starts,
+                  std::size_t m, std::size_t, std::size_t cols, T* out) {
   for_each_rows(ex, m, cols, SumSegments<T>{values, order, starts, out, cols});
 }
 /// The host: a task per segment (SumSegmentRows).
 template <class T>
-void sum_segments(const Exec<HostSpace>& ex, const T* values, const index_t* order, const index_t* starts,
+void sum_segments(const Exec<HostSpace>& ex, identity_t<RowsAt<T>> values, const index_t* order, const index_t* starts,
                   std::size_t m, std::size_t n, std::size_t cols, T* out) {
   if (m == 0 || cols == 0) return;
   for_each(ex, m, SumSegmentRows<T>{{values, order, starts, out, cols}}, Cost{cols * ((n + m - 1) / m)});
@@ -109,7 +131,7 @@ struct SetValue {
 
 /// coalesce_rows with Thrust algorithms, for every space (the HostSpace path).
 template <class T, class Space>
-std::size_t coalesce_rows_thrust(const Exec<Space>& ex, const index_t* ids, const T* values, std::size_t n,
+std::size_t coalesce_rows_thrust(const Exec<Space>& ex, const index_t* ids, identity_t<RowsAt<T>> values, std::size_t n,
                                  std::size_t cols, Buffer<index_t, Space>& out_ids, Buffer<T, Space>& out_values,
                                  CoalesceScratch<Space>& scratch) {
   out_ids.resize_discard(n);
@@ -149,21 +171,71 @@ std::size_t coalesce_rows_cub(const Exec<CudaSpace>& ex, const index_t* ids, con
 /// order the pairs appear (so the result is deterministic and, for input
 /// concatenated by rank, summed by row and then by rank). Writes the m unique
 /// ids, ascending, to out_ids and their summed rows to out_values; returns m.
-/// Output buffers must not alias the input. CudaSpace runs CUB
-/// (cuda/coalesce.cuh), every other space Thrust; both give the same bits.
+/// `values` are contiguous rows (a pointer) or rows where they lie
+/// (RowsAt). Output buffers must not alias the input. CudaSpace runs CUB
+/// (cuda/coalesce.cuh) on contiguous rows, every other case Thrust; both
+/// give the same bits.
 template <class T, class Space>
-std::size_t coalesce_rows(const Exec<Space>& ex, const index_t* ids, const T* values, std::size_t n,
+std::size_t coalesce_rows(const Exec<Space>& ex, const index_t* ids, identity_t<RowsAt<T>> values, std::size_t n,
                           std::size_t cols, Buffer<index_t, Space>& out_ids, Buffer<T, Space>& out_values,
                           CoalesceScratch<Space>& scratch) {
 #if PARALLAX_HAS_CUDA
   if constexpr (std::is_same_v<Space, CudaSpace>)
-    return coalesce_rows_cub(ex, ids, values, n, cols, out_ids, out_values, scratch);
-  else
-    return coalesce_rows_thrust(ex, ids, values, n, cols, out_ids, out_values, scratch);
-#else
-  return coalesce_rows_thrust(ex, ids, values, n, cols, out_ids, out_values, scratch);
+    if (values.at == nullptr) return coalesce_rows_cub(ex, ids, values.base, n, cols, out_ids, out_values, scratch);
 #endif
+  return coalesce_rows_thrust(ex, ids, values, n, cols, out_ids, out_values, scratch);
 }
+
+/// Rows that arrived as RowBlocks, one per source at byte offsets of a
+/// receive buffer: their ids copied out end to end (a coalesce sorts them),
+/// their values read where they landed on the host (values(), a RowsAt) and
+/// copied end to end in other spaces (CUB's coalesce reads contiguous,
+/// aligned rows). The host view is valid while the receive buffer is.
+template <class T, class Space>
+class ReceivedRows {
+ public:
+  static constexpr bool in_place = std::is_same_v<Space, HostSpace>;
+
+  /// Takes rows[p] rows of `cols` values from each source p < sources, in
+  /// source order, from the RowBlock at recv + offsets[p] (bytes).
+  void unpack(const Exec<Space>& ex, const std::byte* recv, const std::size_t* offsets, const std::size_t* rows,
+              std::size_t sources, std::size_t cols) {
+    std::size_t total = 0;
+    for (std::size_t p = 0; p < sources; ++p) total += rows[p];
+    ids_.resize_discard(total);
+    if constexpr (in_place) at_.resize_discard(cols ? total : 0);
+    else values_.resize_discard(total * cols);
+    std::size_t first = 0;
+    for (std::size_t p = 0; p < sources; ++p) {
+      const std::size_t r = rows[p];
+      if (!r) continue;
+      std::byte* block = const_cast<std::byte*>(recv) + offsets[p];
+      ex.copy(ids_.data() + first, RowBlock<T>::ids(block), r * sizeof(index_t));
+      if (cols) {
+        if constexpr (in_place) {
+          // RowBlocks start at multiples of 8 bytes and hold 8-byte ids, so
+          // the values start at a whole number of T from the buffer.
+          const std::size_t at = (offsets[p] + r * sizeof(index_t)) / sizeof(T);
+          for (std::size_t i = 0; i < r; ++i) at_.data()[first + i] = static_cast<index_t>(at + i * cols);
+        } else {
+          ex.copy(values_.data() + first * cols, RowBlock<T>::values(block, r), r * cols * sizeof(T));
+        }
+      }
+      first += r;
+    }
+    if constexpr (in_place) view_ = RowsAt<T>{reinterpret_cast<const T*>(recv), at_.data()};
+    else view_ = RowsAt<T>{values_.data()};
+  }
+
+  std::size_t size() const noexcept { return ids_.size(); }
+  const index_t* ids() const noexcept { return ids_.data(); }
+  RowsAt<T> values() const noexcept { return view_; }
+
+ private:
+  Buffer<index_t, Space> ids_, at_;
+  Buffer<T, Space> values_;
+  RowsAt<T> view_;
+};
 
 struct OutOfRange {
   index_t rows;

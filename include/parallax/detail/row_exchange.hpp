@@ -240,7 +240,6 @@ class RowExchange final : public RouteLane {
   void unpack(const std::byte* recv, const std::vector<std::size_t>& offsets,
               const std::vector<std::size_t>& rows) override {
     const auto un = static_cast<std::size_t>(engine_->size());
-    auto& ex = engine_->exec();
     recv_rows_ = rows;
     recv_first_.resize(un + 1);
     std::size_t rows_in = 0;
@@ -249,23 +248,15 @@ class RowExchange final : public RouteLane {
       rows_in += rows[p];
     }
     recv_first_[un] = rows_in;
-    // To contiguous ids / values, in source-rank order.
-    received_ids_.resize_discard(rows_in);
-    received_values_.resize_discard(rows_in * cols_);
-    for (std::size_t p = 0; p < un; ++p) {
-      const std::size_t r = rows[p];
-      if (!r) continue;
-      std::byte* block = const_cast<std::byte*>(recv) + offsets[p];
-      ex.copy(received_ids_.data() + recv_first_[p], RowBlock<T>::ids(block), r * sizeof(index_t));
-      if (cols_)
-        ex.copy(received_values_.data() + recv_first_[p] * cols_, RowBlock<T>::values(block, r), r * cols_ * sizeof(T));
-    }
+    received_.unpack(engine_->exec(), recv, offsets.data(), rows.data(), un, cols_);
   }
 
-  /// Rows received by the last route(), concatenated by source rank.
-  std::size_t received() const noexcept { return received_ids_.size(); }
-  const index_t* received_ids() const noexcept { return received_ids_.data(); }
-  const T* received_values() const noexcept { return received_values_.data(); }
+  /// Rows received by the last route(), concatenated by source rank: their
+  /// ids, and their values where they lie (valid until the next route on the
+  /// same buffers; see ReceivedRows).
+  std::size_t received() const noexcept { return received_.size(); }
+  const index_t* received_ids() const noexcept { return received_.ids(); }
+  RowsAt<T> received_values() const noexcept { return received_.values(); }
   std::size_t received_from(int rank) const noexcept { return recv_rows_[static_cast<std::size_t>(rank)]; }
 
   /// Sends `cols` values per row received by the last route() back to its
@@ -304,8 +295,7 @@ class RowExchange final : public RouteLane {
   std::vector<std::size_t> recv_rows_, recv_first_;
   std::vector<std::size_t> reply_scounts_, reply_sdispls_, reply_rcounts_, reply_rdispls_;
   RouteBuffers<space> buffers_;
-  Buffer<index_t, space> received_ids_;
-  Buffer<T, space> received_values_;
+  ReceivedRows<T, space> received_;
   Buffer<T, space> replies_;
 };
 

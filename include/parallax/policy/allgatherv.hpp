@@ -61,18 +61,12 @@ class SparseAllGatherer {
     engine_->allgatherv(send_.data(), send_.size(), recv_.data(), byte_counts_.data(), byte_displs_.data(),
                         DataType::u8);
 
-    // Unpack in rank order: the coalesce then sums each row by rank.
-    all_ids_.resize_discard(total_rows);
-    all_values_.resize_discard(total_rows * cols_);
-    std::size_t at = 0;
-    for (std::size_t r = 0; r < un; ++r) {
-      const auto kr = static_cast<std::size_t>(counts_[r]);
-      std::byte* block = recv_.data() + byte_displs_[r];
-      ex.copy(all_ids_.data() + at, detail::RowBlock<T>::ids(block), kr * sizeof(index_t));
-      ex.copy(all_values_.data() + at * cols_, detail::RowBlock<T>::values(block, kr), kr * cols_ * sizeof(T));
-      at += kr;
-    }
-    return detail::coalesce_rows(ex, all_ids_.data(), all_values_.data(), total_rows, cols_, out_ids, out_values,
+    // In rank order, the values read where they landed (on the host): the
+    // coalesce then sums each row by rank.
+    rows_.resize(un);
+    for (std::size_t r = 0; r < un; ++r) rows_[r] = static_cast<std::size_t>(counts_[r]);
+    received_.unpack(ex, recv_.data(), byte_displs_.data(), rows_.data(), un, cols_);
+    return detail::coalesce_rows(ex, received_.ids(), received_.values(), total_rows, cols_, out_ids, out_values,
                                  scratch_);
   }
 
@@ -80,10 +74,9 @@ class SparseAllGatherer {
   Engine* engine_;
   std::size_t cols_;
   std::vector<std::int64_t> counts_;
-  std::vector<std::size_t> byte_counts_, byte_displs_;
+  std::vector<std::size_t> byte_counts_, byte_displs_, rows_;
   Buffer<std::byte, space> send_, recv_;
-  Buffer<index_t, space> all_ids_;
-  Buffer<T, space> all_values_;
+  detail::ReceivedRows<T, space> received_;
   detail::CoalesceScratch<space> scratch_;
 };
 
