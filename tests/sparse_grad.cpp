@@ -162,5 +162,5 @@ TEMPLATE_TEST_CASE("Rows received as RowBlocks are coalesced where they lie, wit
   CHECK(ids_a.to_host() == ids_b.to_host());
   const auto a = sums_a.to_host(), b = sums_b.to_host();
   REQUIRE(a.size() == m_a * cols);
-  CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  CHECK((a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0));
 }
