@@ -174,7 +174,9 @@ class Trainer {
     if (!lanes.empty()) {
       auto scope = lanes.size() == 1 ? engine_->stats().scope(slots[lane_of.front()]->name(), ShardedPS::name)
                                      : engine_->stats().scope("(fused sparse)", ShardedPS::name);
-      if (auto problem = detail::route_lanes(*engine_, lanes.data(), lanes.size(), lookup_buffers_, bad, bad_lane))
+      // The push's buffers serve too: a lookup's ids are copied out as they
+      // arrive, and pushes route only inside step().
+      if (auto problem = detail::route_lanes(*engine_, lanes.data(), lanes.size(), route_buffers_, bad, bad_lane))
         slots[lane_of[problem->lane]]->lookup_failed(*problem);
     }
     std::vector<Rows<typename V::value_type, space>> rows;
@@ -563,8 +565,7 @@ class Trainer {
   std::unique_ptr<FusedAllReducer<Engine>> fusion_;
   std::vector<detail::RouteLane*> lanes_;  // this step's sparse route (synchronize_slots)
   std::vector<Slot*> pushing_;
-  detail::RouteBuffers<space> route_buffers_;
-  detail::RouteBuffers<space> lookup_buffers_;  // batched lookups' route
+  detail::RouteBuffers<space> route_buffers_;  // the sparse push's route and batched lookups'
   Buffer<index_t, space> staged_ids_;
   std::uint64_t steps_ = 0;
   std::chrono::steady_clock::time_point last_save_ = std::chrono::steady_clock::now();

@@ -355,10 +355,7 @@ class SparseShardedSlot final
     return Rows<T, space>{out.data(), planned_, this->var_.cols()};
   }
   index_t lookup_problem() const override { return table_.lookup_problem(); }
-  [[noreturn]] void lookup_failed(const RemoteProblem& p) override {
-    table_.check(p, "lookup id");
-    throw error("lookup_failed without a problem");  // not reached: check() throws
-  }
+  [[noreturn]] void lookup_failed(const RemoteProblem& p) override { table_.fail(p, "lookup id"); }
   std::optional<std::string> problem() override { return this->var_.state().sparse_grad.find_problem(this->ex()); }
   bool has_gradient() const override { return this->var_.state().sparse_grad.touched(); }
   void synchronize(const StepInfo& info) override {

@@ -230,10 +230,12 @@ class ShardedTable {
   }
 
   /// Throws the error of a problem a route reported (`what`: "lookup id", ...).
+  [[noreturn]] void fail(const detail::RemoteProblem& p, const char* what) const {
+    throw error(detail::concat("variable '", name_, "': ", what, " ", p.id, " is outside [0, ", map_.rows,
+                               ") on rank ", p.rank));
+  }
   void check(const std::optional<detail::RemoteProblem>& p, const char* what) const {
-    if (p)
-      throw error(detail::concat("variable '", name_, "': ", what, " ", p->id, " is outside [0, ", map_.rows,
-                                 ") on rank ", p->rank));
+    if (p) fail(*p, what);
   }
 
   /// Sends this rank's k coalesced rows (ids strictly ascending) to their
