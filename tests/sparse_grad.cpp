@@ -3,6 +3,7 @@
 #include "support.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <random>
@@ -39,6 +40,73 @@ TEMPLATE_TEST_CASE("SparseGrad::coalesce sorts rows and sums duplicates", "[spar
     for (std::size_t c = 0; c < cols; ++c) CHECK(got_vals[k * cols + c] == row[c]);
     ++k;
   }
+}
+
+TEMPLATE_TEST_CASE("SparseGrad::add_rows takes rows written in place, as add() takes copies", "[sparse_grad]",
+                   PARALLAX_TEST_SPACES) {
+  using Space = TestType;
+  const std::size_t rows = 40, cols = 3;
+  // Two appends, the second with a duplicate of the first's ids: unsorted as a whole.
+  const std::vector<px::index_t> a{3, 9, 1}, b{9, 30};
+  auto values_of = [&](const std::vector<px::index_t>& ids, double base) {
+    std::vector<double> v(ids.size() * cols);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = base + static_cast<double>(i) * 0.25;
+    return v;
+  };
+  px::SparseGrad<double, Space> copied(px::Shape{rows, cols}, "w"), written(px::Shape{rows, cols}, "w");
+  copied.add(a, values_of(a, 1));
+  copied.add(b, values_of(b, 100));
+  for (const auto& [ids, base] : {std::pair{a, 1.0}, std::pair{b, 100.0}}) {
+    auto slot = written.add_rows(ids.size());
+    REQUIRE(slot.values.rows == ids.size());
+    REQUIRE(slot.values.cols == cols);
+    test::copy_from_host<Space>(slot.ids, ids);
+    test::copy_from_host<Space>(slot.values.data, values_of(ids, base));
+  }
+  CHECK(written.size() == 5);
+  CHECK(written.touched());
+  CHECK_FALSE(written.is_coalesced());
+  CHECK(written.index_buffer().to_host() == copied.index_buffer().to_host());
+  CHECK(written.value_buffer().to_host() == copied.value_buffer().to_host());
+  copied.coalesce();
+  written.coalesce();
+  CHECK(written.index_buffer().to_host() == std::vector<px::index_t>{1, 3, 9, 30});
+  CHECK(written.value_buffer().to_host() == copied.value_buffer().to_host());
+}
+
+TEMPLATE_TEST_CASE("SparseGrad::coalesce leaves strictly ascending rows where they are", "[sparse_grad]",
+                   PARALLAX_TEST_SPACES) {
+  using Space = TestType;
+  // -0.0 shows that no sum from zero ran (0 + -0 is +0).
+  px::SparseGrad<float, Space> g(px::Shape{100, 2}, "w");
+  g.add(std::vector<px::index_t>{2, 7, 50}, std::vector<float>{-0.f, 1.f, 2.f, 3.f, 4.f, 5.f});
+  const px::index_t* ids_before = g.indices();
+  const float* values_before = g.values();
+  g.coalesce();
+  CHECK(g.is_coalesced());
+  CHECK(g.indices() == ids_before);
+  CHECK(g.values() == values_before);
+  const auto v = g.value_buffer().to_host();
+  CHECK(std::signbit(v[0]));
+  CHECK(v == std::vector<float>{-0.f, 1.f, 2.f, 3.f, 4.f, 5.f});
+
+  // Ascending with a repeat, or rows out of order: sorted and summed from zero.
+  g.clear();
+  g.add(std::vector<px::index_t>{2, 2, 50}, std::vector<float>{-0.f, 1.f, 2.f, 3.f, 4.f, 5.f});
+  g.coalesce();
+  CHECK(g.index_buffer().to_host() == std::vector<px::index_t>{2, 50});
+  CHECK(g.value_buffer().to_host() == std::vector<float>{2.f, 4.f, 4.f, 5.f});
+  g.clear();
+  g.add(std::vector<px::index_t>{7, 2, 50}, std::vector<float>{-0.f, 1.f, 2.f, 3.f, 4.f, 5.f});
+  g.coalesce();
+  CHECK(g.index_buffer().to_host() == std::vector<px::index_t>{2, 7, 50});
+  const auto sorted = g.value_buffer().to_host();
+  CHECK(sorted == std::vector<float>{2.f, 3.f, 0.f, 1.f, 4.f, 5.f});
+  CHECK_FALSE(std::signbit(sorted[2]));
+  // Bad ids are still reported.
+  g.clear();
+  g.add(std::vector<px::index_t>{2, 100}, std::vector<float>(4));
+  CHECK_THAT(test::error_of([&] { g.coalesce(); }), Catch::Contains("row index 100"));
 }
 
 TEST_CASE("SparseGrad sums duplicates in the order they were added", "[sparse_grad]") {

@@ -40,6 +40,25 @@ class SparseGrad {
     coalesced_ = false;
     touched_ = true;
   }
+  /// The ids and values of rows appended by add_rows(), for the caller to
+  /// write (in Space).
+  struct NewRows {
+    index_t* ids = nullptr;
+    Rows<T, Space> values;
+  };
+  /// Appends n rows and returns where to write them: n ids and n x cols()
+  /// values, uninitialised, in Space. A kernel that computes gradient rows
+  /// can write them here instead of into a buffer of its own that add()
+  /// would copy. The pointers are valid until the next add, add_rows() or
+  /// coalesce(); every row must be written before the gradient is used.
+  NewRows add_rows(std::size_t n) {
+    const std::size_t at = indices_.size();
+    indices_.resize(at + n);
+    values_.resize((at + n) * shape_.cols);
+    coalesced_ = false;
+    touched_ = true;
+    return NewRows{indices_.data() + at, Rows<T, Space>{values_.data() + at * shape_.cols, n, shape_.cols}};
+  }
   /// Appends rows given as buffers of the same space; their sizes must agree
   /// (values.size() == ids.size() * cols()).
   void add(const Buffer<index_t, Space>& ids, const Buffer<T, Space>& values) {
@@ -105,11 +124,17 @@ class SparseGrad {
   }
 
   /// Sorts the rows by index and sums duplicates, in the order they were
-  /// added. Afterwards indices() is strictly ascending. Throws on bad data.
+  /// added. Afterwards indices() is strictly ascending. Rows added with
+  /// strictly ascending indices are that already: they stay where they are,
+  /// not copied. Throws on bad data.
   void coalesce(const Exec<Space>& ex = Exec<Space>{}) {
     if (!problem_.empty()) throw error(problem_);
     if (coalesced_) return;
     validate(ex);
+    if (detail::strictly_ascending(ex, indices_.data(), indices_.size())) {
+      coalesced_ = true;
+      return;
+    }
     detail::coalesce_rows(ex, indices_.data(), values_.data(), indices_.size(), shape_.cols, out_ids_, out_values_,
                           scratch_);
     std::swap(indices_, out_ids_);

@@ -9,7 +9,9 @@
 
 #include <thrust/binary_search.h>
 #include <thrust/find.h>
+#include <thrust/functional.h>
 #include <thrust/iterator/counting_iterator.h>
+#include <thrust/mismatch.h>
 #include <thrust/sequence.h>
 #include <thrust/sort.h>
 #include <thrust/unique.h>
@@ -241,6 +243,19 @@ struct OutOfRange {
   index_t rows;
   PARALLAX_HOST_DEVICE bool operator()(index_t id) const { return id < 0 || id >= rows; }
 };
+
+/// True when ids[0 .. n) are strictly ascending (sorted, no duplicates): the
+/// order a coalesce leaves, so such ids need no sort, and rows aligned to
+/// them no reordering. One pass over the ids.
+template <class Space>
+bool strictly_ascending(const Exec<Space>& ex, const index_t* ids, std::size_t n) {
+  if (n < 2) return true;
+  // The first i with !(ids[i] < ids[i + 1]), if any.
+  const index_t* stop = with_thrust(ex, n, [&](auto policy) {
+    return thrust::mismatch(policy, ids, ids + n - 1, ids + 1, thrust::less<index_t>()).first;
+  });
+  return stop == ids + n - 1;
+}
 
 /// The position of the first id outside [0, rows), if any.
 template <class Space>
