@@ -4,6 +4,7 @@
 // hosts once per host.
 #include "support.hpp"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -62,10 +63,30 @@ TEMPLATE_TEST_CASE("ShardedTable::lookup returns the rows of the caller's ids, w
   fill_table(table);
   CHECK(table.shard_rows() == table.map().shard_rows(me));
 
-  const auto ids = lookup_ids(me);
+  // The ids as given (repeats, any order), strictly ascending (with n
+  // partitions their keys are in order: the rows land in place), or
+  // strictly descending.
+  const int order = GENERATE(0, 1, 2);
+  auto ids_of = [&](int r) {
+    auto ids = lookup_ids(r);
+    if (order == 0) return ids;
+    const std::set<px::index_t> u(ids.begin(), ids.end());
+    ids.assign(u.begin(), u.end());
+    if (order == 2) std::reverse(ids.begin(), ids.end());
+    return ids;
+  };
+  const auto ids = ids_of(me);
   auto out_in_space = px::Buffer<float, Space>::from_host(std::vector<float>(ids.size() * C, -1.f));
   table.lookup(px::Buffer<px::index_t, Space>::from_host(ids).data(), ids.size(), out_in_space.data());
   const auto out = out_in_space.to_host();
+  bool keys_ascend = true;
+  const auto key = [&](px::index_t id) {
+    return static_cast<px::index_t>(table.map().owner(id)) * static_cast<px::index_t>(R) +
+           static_cast<px::index_t>(table.map().local_row(id));
+  };
+  for (std::size_t i = 1; i < ids.size(); ++i) keys_ascend = keys_ascend && key(ids[i - 1]) < key(ids[i]);
+  CHECK(table.lookup_in_order() == (keys_ascend && !ids.empty()));
+  if (order == 1 && parts == n) CHECK(table.lookup_in_order() == !ids.empty());
   bool exact = true;
   for (std::size_t i = 0; i < ids.size(); ++i)
     for (std::size_t c = 0; c < C; ++c) exact = exact && out[i * C + c] == initial(ids[i], c);
@@ -76,7 +97,7 @@ TEMPLATE_TEST_CASE("ShardedTable::lookup returns the rows of the caller's ids, w
   std::uint64_t sent = 16 * (n - 1), recv = 16 * (n - 1);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    const auto mine = lookup_ids(me), theirs = lookup_ids(p);
+    const auto mine = ids_of(me), theirs = ids_of(p);
     const std::set<px::index_t> um(mine.begin(), mine.end()), ut(theirs.begin(), theirs.end());
     std::uint64_t to_p = 0, from_p = 0;
     for (auto id : um) to_p += table.map().owner(id) == p;

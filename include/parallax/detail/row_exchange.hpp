@@ -261,8 +261,9 @@ class RowExchange final : public RouteLane {
 
   /// Sends `cols` values per row received by the last route() back to its
   /// sender. Returns the replies in the order the rows were sent (grouped by
-  /// destination, in input order within one), valid until the next reply.
-  const T* reply(const T* values, std::size_t cols) {
+  /// destination, in input order within one): at `into` if given (room for
+  /// every row this rank sent), else in a buffer valid until the next reply.
+  const T* reply(const T* values, std::size_t cols, T* into = nullptr) {
     const int n = engine_->size();
     const auto un = static_cast<std::size_t>(n);
     reply_scounts_.resize(un);
@@ -277,10 +278,14 @@ class RowExchange final : public RouteLane {
       reply_rdispls_[p] = rt;
       rt += reply_rcounts_[p];
     }
-    replies_.resize_discard(rt);
-    engine_->alltoallv(values, reply_scounts_.data(), reply_sdispls_.data(), replies_.data(), reply_rcounts_.data(),
+    T* out = into;
+    if (!out) {
+      replies_.resize_discard(rt);
+      out = replies_.data();
+    }
+    engine_->alltoallv(values, reply_scounts_.data(), reply_sdispls_.data(), out, reply_rcounts_.data(),
                        reply_rdispls_.data(), data_type_of_v<T>);
-    return replies_.data();
+    return out;
   }
 
  private:

@@ -188,34 +188,48 @@ class ShardedTable {
     // Each id as a key (owner, row in the owner's shard). Sorted unique keys
     // are grouped by owner, so they go out in their own order and the
     // replies come back aligned to them; an owner reads its rows straight
-    // from the keys.
+    // from the keys. Keys already strictly ascending (ascending unique ids
+    // over one partition per rank, say) are their own sorted unique set:
+    // no sort, and the replies land in the caller's rows.
     std::size_t k = 0;
     keys_.resize_discard(n);
-    unique_.resize_discard(n);
-    inverse_.resize_discard(n);
+    const index_t* unique = keys_.data();
+    in_order_ = false;
     if (lookup_problem_ == detail::no_problem && n) {
       for_each(ex, n, detail::KeyOf{map_, ids, keys_.data()});
-      ex.copy(unique_.data(), keys_.data(), n * sizeof(index_t));
-      with_thrust(ex, n, [&](auto policy) {
-        thrust::sort(policy, unique_.data(), unique_.data() + n);
-        k = static_cast<std::size_t>(thrust::unique(policy, unique_.data(), unique_.data() + n) - unique_.data());
-        thrust::lower_bound(policy, unique_.data(), unique_.data() + k, keys_.data(), keys_.data() + n,
-                            inverse_.data());
-      });
+      in_order_ = detail::strictly_ascending(ex, keys_.data(), n);
+      k = n;
+      if (!in_order_) {
+        unique_.resize_discard(n);
+        inverse_.resize_discard(n);
+        ex.copy(unique_.data(), keys_.data(), n * sizeof(index_t));
+        with_thrust(ex, n, [&](auto policy) {
+          thrust::sort(policy, unique_.data(), unique_.data() + n);
+          k = static_cast<std::size_t>(thrust::unique(policy, unique_.data(), unique_.data() + n) - unique_.data());
+          thrust::lower_bound(policy, unique_.data(), unique_.data() + k, keys_.data(), keys_.data() + n,
+                              inverse_.data());
+        });
+        unique = unique_.data();
+      }
     }
     dest_.resize_discard(k);
-    if (k) for_each(ex, k, detail::OwnerOfKey{map_.rows, unique_.data(), dest_.data()});
+    if (k) for_each(ex, k, detail::OwnerOfKey{map_.rows, unique, dest_.data()});
     ex.synchronize();
-    exchange_.plan(unique_.data(), nullptr, dest_.data(), k, 0);
+    exchange_.plan(unique, nullptr, dest_.data(), k, 0);
     return exchange_;
   }
+
+  /// True when the last plan_lookup() found its keys strictly ascending, so
+  /// finish_lookup() receives the rows in place (no sort, no reordering).
+  bool lookup_in_order() const noexcept { return in_order_; }
 
   /// The id outside [0, rows) that the last plan_lookup() found on this
   /// rank, or detail::no_problem.
   index_t lookup_problem() const noexcept { return lookup_problem_; }
 
   /// Serves the keys the route brought this rank, then gathers the answers
-  /// (one per unique key, in key order) into the caller's order. Collective.
+  /// (one per unique key, in key order) into the caller's order, or has
+  /// them land there when the keys were in order. Collective.
   void finish_lookup(std::size_t n, T* out) {
     auto& ex = engine_->exec();
     const std::size_t asked = exchange_.received();
@@ -224,8 +238,12 @@ class ShardedTable {
     for_each_rows(ex, asked, cols_,
                   detail::GatherKeyedRows<T>{shard_.data(), exchange_.received_ids(), base, served_.data(), cols_});
     ex.synchronize();
-    const T* by_unique = exchange_.reply(served_.data(), cols_);
-    for_each_rows(ex, n, cols_, detail::GatherRows<T>{by_unique, inverse_.data(), out, cols_});
+    if (in_order_) {
+      exchange_.reply(served_.data(), cols_, out);
+    } else {
+      const T* by_unique = exchange_.reply(served_.data(), cols_);
+      for_each_rows(ex, n, cols_, detail::GatherRows<T>{by_unique, inverse_.data(), out, cols_});
+    }
     ex.synchronize();
   }
 
@@ -305,6 +323,7 @@ class ShardedTable {
   std::string name_;
   bool aggregate_ = false;
   index_t lookup_problem_ = detail::no_problem;
+  bool in_order_ = false;  // the last plan_lookup()'s keys were strictly ascending
   Buffer<T, space> shard_;
   detail::RowExchange<T, Engine> exchange_, aggregate_exchange_;
   detail::RouteBuffers<space> route_buffers_;
