@@ -22,6 +22,7 @@
 
 #include <parallax/parallax.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -50,26 +51,43 @@ struct Batch {
   std::vector<px::index_t> labels;   ///< rows next-word ids
 };
 
-/// The softmax rows a step uses: the sampled words (the same on every rank),
-/// then the labels of this rank's rows; and log Q of each (the expected count
-/// of the word in the sample).
+/// The softmax rows a step uses: each word among the sampled ones (the same
+/// on every rank) and this rank's labels once, ascending; log Q of each (the
+/// expected count of the word in the sample); and where the logits find
+/// their rows. Ascending distinct ids are what a lookup and a gradient take
+/// fastest: no sort, and the rows land in place.
 struct Candidates {
-  std::size_t sampled = 0;
-  std::vector<px::index_t> ids;  ///< sampled ids, then one per label
-  std::vector<float> log_q;      ///< aligned to ids
+  std::size_t sampled = 0;                ///< sampled words per step
+  std::vector<px::index_t> ids;           ///< the distinct words, ascending
+  std::vector<float> log_q;               ///< aligned to ids
+  std::vector<px::index_t> sampled_row;   ///< sampled word j (ascending): its row in ids
+  std::vector<px::index_t> label_row;     ///< batch row b: the row of its label in ids
+  std::vector<std::int32_t> column;       ///< row r: 1 + j if it is sampled word j, else 0
 };
 
 // example-begin word_lm_candidates
-/// Samples the candidates of step `step` (the same on every rank) and appends
-/// this rank's labels.
+/// Samples the candidates of step `step` (the same on every rank) and merges
+/// in this rank's labels.
 inline Candidates make_candidates(const LogUniformSampler& sampler, std::size_t count, std::uint64_t seed,
                                   std::uint64_t step, const Batch& batch) {
   const auto s = sampler.sample(count, hash(seed, 0x5A3F, step));
   Candidates c;
   c.sampled = count;
-  c.ids.reserve(count + batch.rows);
-  c.ids.assign(s.ids.begin(), s.ids.end());
+  std::vector<px::index_t> sampled(s.ids.begin(), s.ids.end());
+  std::sort(sampled.begin(), sampled.end());
+  c.ids = sampled;
   c.ids.insert(c.ids.end(), batch.labels.begin(), batch.labels.end());
+  std::sort(c.ids.begin(), c.ids.end());
+  c.ids.erase(std::unique(c.ids.begin(), c.ids.end()), c.ids.end());
+  const auto row_of = [&](px::index_t id) {
+    return static_cast<px::index_t>(std::lower_bound(c.ids.begin(), c.ids.end(), id) - c.ids.begin());
+  };
+  c.column.assign(c.ids.size(), 0);
+  for (std::size_t j = 0; j < count; ++j) {
+    c.sampled_row.push_back(row_of(sampled[j]));
+    c.column[static_cast<std::size_t>(c.sampled_row[j])] = static_cast<std::int32_t>(1 + j);
+  }
+  for (px::index_t label : batch.labels) c.label_row.push_back(row_of(label));
   c.log_q.resize(c.ids.size());
   for (std::size_t i = 0; i < c.ids.size(); ++i)
     c.log_q[i] = static_cast<float>(std::log(sampler.expected_count(c.ids[i], s.tries)));
@@ -129,16 +147,17 @@ class Windows {
 /// (an accidental hit) gets a logit of -1e30, i.e. probability 0.
 template <class T>
 struct SampledLogits {
-  const T* h;              // rows x dim
-  const T* w;              // candidates x (dim + 1): sampled rows, then one per label
-  const float* log_q;      // per candidate
-  const px::index_t* ids;  // per candidate
-  T* z;                    // rows x (1 + sampled)
+  const T* h;                      // rows x dim
+  const T* w;                      // candidates x (dim + 1)
+  const float* log_q;              // per candidate
+  const px::index_t* sampled_row;  // per sampled word
+  const px::index_t* label_row;    // per batch row
+  T* z;                            // rows x (1 + sampled)
   std::size_t dim, sampled;
   PARALLAX_HOST_DEVICE void operator()(std::size_t e) const {
     const std::size_t b = e / (1 + sampled), k = e % (1 + sampled);
-    const std::size_t row = k == 0 ? sampled + b : k - 1;
-    if (k > 0 && ids[row] == ids[sampled + b]) {
+    const auto row = static_cast<std::size_t>(k == 0 ? label_row[b] : sampled_row[k - 1]);
+    if (k > 0 && row == static_cast<std::size_t>(label_row[b])) {
       z[e] = T(-1e30);
       return;
     }
@@ -148,23 +167,27 @@ struct SampledLogits {
 };
 // example-end
 
-/// The gradient of the candidate rows: sampled row j gets sum_b dz[b, 1+j] [h_b, 1],
-/// label row (sampled + b) gets dz[b, 0] [h_b, 1]. One row per call.
+/// The gradient of candidate row r: sum_b d[b, r] [h_b, 1], where d[b, r] is
+/// dz[b, column] if r is a sampled word, plus dz[b, 0] if r is b's label.
+/// One row per call.
 template <class T>
 struct CandidateGrad {
   const T* h;
   const T* dz;  // rows x (1 + sampled)
-  T* g;         // candidates x (dim + 1)
+  const std::int32_t* column;
+  const px::index_t* label_row;
+  T* g;  // candidates x (dim + 1)
   std::size_t rows, dim, sampled;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
-    T* gj = g + j * (dim + 1);
-    for (std::size_t c = 0; c <= dim; ++c) gj[c] = T(0);
-    const std::size_t first = j < sampled ? 0 : j - sampled, last = j < sampled ? rows : first + 1;
-    const std::size_t col = j < sampled ? 1 + j : 0;
-    for (std::size_t b = first; b < last; ++b) {
-      const T d = dz[b * (1 + sampled) + col];
-      axpy(d, h + b * dim, gj, dim);
-      gj[dim] += d;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t r) const {
+    T* gr = g + r * (dim + 1);
+    for (std::size_t c = 0; c <= dim; ++c) gr[c] = T(0);
+    const auto col = static_cast<std::size_t>(column[r]);
+    for (std::size_t b = 0; b < rows; ++b) {
+      const T* zb = dz + b * (1 + sampled);
+      const T d = (col ? zb[col] : T(0)) + (static_cast<std::size_t>(label_row[b]) == r ? zb[0] : T(0));
+      if (d == T(0)) continue;
+      axpy(d, h + b * dim, gr, dim);
+      gr[dim] += d;
     }
   }
 };
@@ -174,15 +197,17 @@ template <class T>
 struct HiddenGrad {
   const T* w;
   const T* dz;
+  const px::index_t* sampled_row;
+  const px::index_t* label_row;
   T* dh;
   std::size_t dim, sampled;
   PARALLAX_HOST_DEVICE void operator()(std::size_t b) const {
     T* out = dh + b * dim;
     const T* zb = dz + b * (1 + sampled);
     for (std::size_t c = 0; c < dim; ++c) out[c] = T(0);
-    axpy(zb[0], w + (sampled + b) * (dim + 1), out, dim);
+    axpy(zb[0], w + static_cast<std::size_t>(label_row[b]) * (dim + 1), out, dim);
     for (std::size_t j = 0; j < sampled; ++j)
-      if (zb[1 + j] != T(0)) axpy(zb[1 + j], w + j * (dim + 1), out, dim);
+      if (zb[1 + j] != T(0)) axpy(zb[1 + j], w + static_cast<std::size_t>(sampled_row[j]) * (dim + 1), out, dim);
   }
 };
 
@@ -217,13 +242,16 @@ class Model {
   template <class Trainer>
   double train_step(Trainer& trainer, const Batch& batch, const Candidates& cand) {
     const std::size_t rows = batch.rows, dim = cfg_.dim, s = cand.sampled, width = 1 + s;
-    const std::size_t n_ctx = rows * cfg_.context;
+    const std::size_t n_ctx = rows * cfg_.context, n_cand = cand.ids.size();
     auto& ex = trainer.engine().exec();  // the trainer's stream: our kernels and its own run in order
     // example-begin word_lm_step
     // Inputs of this rank's rows, in the model's memory space.
     context_ids_.assign_from_host(batch.context.data(), n_ctx);
-    candidate_ids_.assign_from_host(cand.ids.data(), cand.ids.size());
-    log_q_.assign_from_host(cand.log_q.data(), cand.log_q.size());
+    candidate_ids_.assign_from_host(cand.ids.data(), n_cand);
+    log_q_.assign_from_host(cand.log_q.data(), n_cand);
+    sampled_row_.assign_from_host(cand.sampled_row.data(), s);
+    label_row_.assign_from_host(cand.label_row.data(), rows);
+    column_.assign_from_host(cand.column.data(), n_cand);
 
     // Forward: the embedding rows of the context words and the softmax rows
     // of the candidates (pulled from their owners under the hybrid, both
@@ -233,7 +261,8 @@ class Model {
     const auto& w = looked_up[1];
     const T* h = hidden.forward(ex, x.data, rows);
     logits_.resize_discard(rows * width);
-    px::for_each(ex, rows * width, SampledLogits<T>{h, w.data, log_q_.data(), candidate_ids_.data(), logits_.data(), dim, s},
+    px::for_each(ex, rows * width,
+                 SampledLogits<T>{h, w.data, log_q_.data(), sampled_row_.data(), label_row_.data(), logits_.data(), dim, s},
                  px::Cost{dim});
 
     // Loss and its gradient: the true word is column 0 of every row.
@@ -246,19 +275,21 @@ class Model {
                                         T(1) / static_cast<T>(rows)},
                  px::Cost{width});
 
-    // Backward: rows of the softmax table, the hidden layer, the context
+    // Backward: rows of the softmax table, written straight into the
+    // variable's gradient (add_rows: no copy), the hidden layer, the context
     // words' embedding rows. Gradients are means over this rank's rows; the
     // trainer averages them over the ranks.
-    grad_w_.resize_discard(cand.ids.size() * (dim + 1));
+    const auto grad_w = softmax.grad().add_rows(n_cand);
+    ex.copy(grad_w.ids, candidate_ids_.data(), n_cand * sizeof(px::index_t));
     // A few heavy items per loop (a row of a matrix product each): Cost lets
     // the host spread them over its OpenMP team all the same.
-    px::for_each(ex, cand.ids.size(), CandidateGrad<T>{h, logits_.data(), grad_w_.data(), rows, dim, s},
+    px::for_each(ex, n_cand, CandidateGrad<T>{h, logits_.data(), column_.data(), label_row_.data(), grad_w.values.data, rows, dim, s},
                  px::Cost{rows * dim});
-    px::for_each(ex, rows, HiddenGrad<T>{w.data, logits_.data(), hidden.output_grad(), dim, s}, px::Cost{s * dim});
+    px::for_each(ex, rows, HiddenGrad<T>{w.data, logits_.data(), sampled_row_.data(), label_row_.data(), hidden.output_grad(), dim, s},
+                 px::Cost{s * dim});
     grad_x_.resize_discard(n_ctx * dim);
     hidden.backward(ex, x.data, rows, grad_x_.data());
     ex.synchronize();
-    softmax.grad().add(candidate_ids_.data(), grad_w_.data(), cand.ids.size());
     emb.grad().add(context_ids_.data(), grad_x_.data(), n_ctx);
     trainer.step();  // dense: all-reduce; sparse: push rows to their owners; then the optimizer
     // example-end
@@ -271,10 +302,10 @@ class Model {
 
  private:
   Config cfg_;
-  px::Buffer<px::index_t, Space> context_ids_, candidate_ids_;
+  px::Buffer<px::index_t, Space> context_ids_, candidate_ids_, sampled_row_, label_row_;
   px::Buffer<float, Space> log_q_;
-  px::Buffer<T, Space> logits_, loss_, hits_, grad_w_, grad_x_;
-  px::Buffer<std::int32_t, Space> zeros_;
+  px::Buffer<T, Space> logits_, loss_, hits_, grad_x_;
+  px::Buffer<std::int32_t, Space> zeros_, column_;
 };
 
 /// Full-softmax cross-entropy of the model on `batch` (mean over its rows),

@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <vector>
 
@@ -45,15 +46,16 @@ __global__ void hidden_forward(const float* x, const float* w, const float* b, f
 }
 
 /// z[b, 0]: the true word's logit; z[b, 1 + j]: sampled word j's; minus log Q;
-/// accidental hits (a sampled word equal to b's label) get -1e30.
-__global__ void sampled_logits(const float* h, const float* w, const float* log_q, const px::index_t* ids, float* z,
-                               int rows, int dim, int sampled) {
+/// accidental hits (a sampled word equal to b's label) get -1e30. Candidate
+/// rows are found through sampled_row and label_row (lm::Candidates).
+__global__ void sampled_logits(const float* h, const float* w, const float* log_q, const px::index_t* sampled_row,
+                               const px::index_t* label_row, float* z, int rows, int dim, int sampled) {
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
   const int width = 1 + sampled;
   if (e >= rows * width) return;
   const int b = e / width, k = e % width;
-  const int row = k == 0 ? sampled + b : k - 1;
-  if (k > 0 && ids[row] == ids[sampled + b]) {
+  const px::index_t row = k == 0 ? label_row[b] : sampled_row[k - 1];
+  if (k > 0 && row == label_row[b]) {
     z[e] = -1e30f;
     return;
   }
@@ -93,29 +95,30 @@ __global__ void softmax_cross_entropy(float* z, float* loss, int width, float in
     row[c] = (expf(row[c] - top) / sum - (c == 0 ? 1.f : 0.f)) * inv_rows;
 }
 
-/// Gradient of candidate row j, column c (c == dim: the bias): sampled rows sum
-/// over the batch, label rows take their own example's term.
-__global__ void candidate_grad(const float* h, const float* dz, float* g, int rows, int dim, int sampled) {
+/// Gradient of candidate row r, column c (c == dim: the bias): each example
+/// b adds dz[b, column[r]] if r is a sampled word and dz[b, 0] if r is its label.
+__global__ void candidate_grad(const float* h, const float* dz, const std::int32_t* column, const px::index_t* label_row,
+                               float* g, int candidates, int rows, int dim, int sampled) {
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
-  if (e >= (sampled + rows) * (dim + 1)) return;
-  const int j = e / (dim + 1), c = e % (dim + 1), width = 1 + sampled;
+  if (e >= candidates * (dim + 1)) return;
+  const int r = e / (dim + 1), c = e % (dim + 1), width = 1 + sampled, col = column[r];
   float s = 0.f;
-  if (j < sampled) {
-    for (int b = 0; b < rows; ++b) s += dz[b * width + 1 + j] * (c < dim ? h[b * dim + c] : 1.f);
-  } else {
-    const int b = j - sampled;
-    s = dz[b * width] * (c < dim ? h[b * dim + c] : 1.f);
+  for (int b = 0; b < rows; ++b) {
+    const float d = (col ? dz[b * width + col] : 0.f) + (label_row[b] == r ? dz[b * width] : 0.f);
+    s += d * (c < dim ? h[b * dim + c] : 1.f);
   }
   g[e] = s;
 }
 
 /// Gradient of the hidden layer's pre-activation: (sum_k dz[b, k] w[row_k, c]) * (1 - h^2).
-__global__ void hidden_grad(const float* w, const float* dz, const float* h, float* dpre, int rows, int dim, int sampled) {
+__global__ void hidden_grad(const float* w, const float* dz, const px::index_t* sampled_row, const px::index_t* label_row,
+                            const float* h, float* dpre, int rows, int dim, int sampled) {
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= rows * dim) return;
   const int b = e / dim, c = e % dim, width = 1 + sampled;
-  float s = dz[b * width] * w[static_cast<std::size_t>(sampled + b) * (dim + 1) + c];
-  for (int j = 0; j < sampled; ++j) s += dz[b * width + 1 + j] * w[static_cast<std::size_t>(j) * (dim + 1) + c];
+  float s = dz[b * width] * w[static_cast<std::size_t>(label_row[b]) * (dim + 1) + c];
+  for (int j = 0; j < sampled; ++j)
+    s += dz[b * width + 1 + j] * w[static_cast<std::size_t>(sampled_row[j]) * (dim + 1) + c];
   dpre[e] = s * (1.f - h[e] * h[e]);
 }
 
@@ -169,8 +172,9 @@ struct Model {
   px::Variable<px::Sparse, float, px::CudaSpace> emb;
   px::Variable<px::Dense, float, px::CudaSpace> hidden_w, hidden_b;
   px::Variable<px::Sparse, float, px::CudaSpace> softmax;
-  px::Buffer<px::index_t, px::CudaSpace> context_ids, candidate_ids;
-  px::Buffer<float, px::CudaSpace> log_q, h, logits, loss, grad_w, dpre, grad_x;
+  px::Buffer<px::index_t, px::CudaSpace> context_ids, candidate_ids, sampled_row, label_row;
+  px::Buffer<std::int32_t, px::CudaSpace> column;
+  px::Buffer<float, px::CudaSpace> log_q, h, logits, loss, dpre, grad_x;
 };
 
 /// One step on this rank's rows; returns their mean loss. Collective.
@@ -184,24 +188,33 @@ double train_step(Trainer& trainer, Model& m, const lm::Config& cfg, const lm::B
   m.context_ids.assign_from_host(batch.context.data(), batch.context.size());
   m.candidate_ids.assign_from_host(cand.ids.data(), cand.ids.size());
   m.log_q.assign_from_host(cand.log_q.data(), cand.log_q.size());
-  const auto x = trainer.lookup(m.emb, m.context_ids);      // device rows, rows x (context * dim)
-  const auto w = trainer.lookup(m.softmax, m.candidate_ids);  // device rows, candidates x (dim + 1)
+  m.sampled_row.assign_from_host(cand.sampled_row.data(), cand.sampled_row.size());
+  m.label_row.assign_from_host(cand.label_row.data(), cand.label_row.size());
+  m.column.assign_from_host(cand.column.data(), cand.column.size());
+  // Device rows of both tables, looked up in one round:
+  // rows x (context * dim) and candidates x (dim + 1).
+  const auto looked_up = trainer.lookup({px::Lookup{m.emb, m.context_ids}, px::Lookup{m.softmax, m.candidate_ids}});
+  const auto& x = looked_up[0];
+  const auto& w = looked_up[1];
   m.h.resize_discard(static_cast<std::size_t>(rows) * dim);
   m.logits.resize_discard(static_cast<std::size_t>(rows) * width);
   m.loss.resize_discard(static_cast<std::size_t>(rows));
-  m.grad_w.resize_discard(static_cast<std::size_t>(n_cand) * (dim + 1));
   m.dpre.resize_discard(static_cast<std::size_t>(rows) * dim);
   m.grad_x.resize_discard(static_cast<std::size_t>(rows) * in);
+  // The softmax rows' gradient is written straight into the variable's sparse gradient.
+  const auto grad_w = m.softmax.grad().add_rows(cand.ids.size());
+  PARALLAX_CUDA_CHECK(cudaMemcpyAsync(grad_w.ids, m.candidate_ids.data(), cand.ids.size() * sizeof(px::index_t),
+                                      cudaMemcpyDeviceToDevice, stream));
 
   hidden_forward<<<blocks_for(m.h.size()), kThreads, 0, stream>>>(x.data, m.hidden_w.value().data(),
                                                                    m.hidden_b.value().data(), m.h.data(), rows, in, dim);
-  sampled_logits<<<blocks_for(m.logits.size()), kThreads, 0, stream>>>(m.h.data(), w.data, m.log_q.data(),
-                                                                       m.candidate_ids.data(), m.logits.data(), rows, dim, s);
+  sampled_logits<<<blocks_for(m.logits.size()), kThreads, 0, stream>>>(
+      m.h.data(), w.data, m.log_q.data(), m.sampled_row.data(), m.label_row.data(), m.logits.data(), rows, dim, s);
   softmax_cross_entropy<<<rows, kThreads, 0, stream>>>(m.logits.data(), m.loss.data(), width, 1.f / rows);
-  candidate_grad<<<blocks_for(m.grad_w.size()), kThreads, 0, stream>>>(m.h.data(), m.logits.data(), m.grad_w.data(),
-                                                                       rows, dim, s);
-  hidden_grad<<<blocks_for(m.dpre.size()), kThreads, 0, stream>>>(w.data, m.logits.data(), m.h.data(), m.dpre.data(),
-                                                                  rows, dim, s);
+  candidate_grad<<<blocks_for(grad_w.values.size()), kThreads, 0, stream>>>(
+      m.h.data(), m.logits.data(), m.column.data(), m.label_row.data(), grad_w.values.data, n_cand, rows, dim, s);
+  hidden_grad<<<blocks_for(m.dpre.size()), kThreads, 0, stream>>>(
+      w.data, m.logits.data(), m.sampled_row.data(), m.label_row.data(), m.h.data(), m.dpre.data(), rows, dim, s);
   weight_grad<<<blocks_for(static_cast<std::size_t>(in + 1) * dim), kThreads, 0, stream>>>(
       x.data, m.dpre.data(), m.hidden_w.grad().data(), m.hidden_b.grad().data(), rows, in, dim);
   input_grad<<<blocks_for(m.grad_x.size()), kThreads, 0, stream>>>(m.dpre.data(), m.hidden_w.value().data(),
@@ -209,8 +222,7 @@ double train_step(Trainer& trainer, Model& m, const lm::Config& cfg, const lm::B
   PARALLAX_CUDA_CHECK(cudaGetLastError());
   PARALLAX_CUDA_CHECK(cudaStreamSynchronize(stream));
 
-  // Sparse gradients as (device ids, device rows); the dense ones were written in place.
-  m.softmax.grad().add(m.candidate_ids.data(), m.grad_w.data(), cand.ids.size());
+  // The embedding's gradient as (device ids, device rows); the dense ones were written in place.
   m.emb.grad().add(m.context_ids.data(), m.grad_x.data(), batch.context.size());
   trainer.step();
   // example-end
