@@ -4,7 +4,7 @@
 //   mpiexec -n 4 build/host/bench/bench_sharded --benchmark_format=json
 //   bench/run_sharded.py          # 2 and 4 ranks, tables for docs/benchmarks.md
 //
-// Step/<arch>: one training step (lookup, gradient rows, step()) of a
+// Step/<arch>[_sorted]: one training step (lookup, gradient rows, step()) of a
 // 1,000,000 x 64 float embedding where every rank touches 20,000 distinct
 // rows (2%) drawn uniformly, plus a 256 x 256 dense layer. Counters per step
 // and rank, from the trainer's CommStats (exact, the busiest rank):
@@ -15,6 +15,8 @@
 //                    ranks_per_host = 2 in Step/hybrid_2hosts)
 // The learning rate is zero, so after the timed loop every looked-up row can
 // be checked against its initial value (`wrong`); every kernel still runs.
+// _sorted: the same ids in ascending order (the in-order lookup and a
+// gradient coalesced as added; docs/design.md).
 //
 // Partitions/P:<p>: the same step with Zipf-distributed ids (s = 1.1, the
 // shape of word frequencies) and P partitions. `imbalance` is the busiest
@@ -84,7 +86,7 @@ double max_over_ranks(double v, MPI_Comm comm) {
 
 template <class Arch>
 void run_step(benchmark::State& state, int ranks_per_host, double zipf_s, int partitions,
-              bool planned) {
+              bool planned, bool sorted = false) {
   px::Context ctx(MPI_COMM_WORLD, px::ContextOptions{ranks_per_host});
   const MPI_Comm comm = ctx.comm();
   const int n = ctx.size();
@@ -99,7 +101,10 @@ void run_step(benchmark::State& state, int ranks_per_host, double zipf_s, int pa
   std::vector<px::index_t> ids;
   std::vector<float> grad(kTouched * kCols, 1e-3f);
   px::Rows<float> rows;
-  auto before = [&] { ids = draw_ids(rng, zipf_s); };
+  auto before = [&] {
+    ids = draw_ids(rng, zipf_s);
+    if (sorted) std::sort(ids.begin(), ids.end());
+  };
   auto step = [&] {
     rows = trainer.lookup(emb, ids);
     emb.grad().add(ids, grad);
@@ -174,6 +179,12 @@ int main(int argc, char** argv) {
   session.add("Step/allreduce", iters,
               [&](benchmark::State& s) { run_step<px::arch::AllReduce>(s, 0, 0, 0, false); });
   session.add("Step/ps", iters, [&](benchmark::State& s) { run_step<px::arch::PS>(s, 0, 0, 0, false); });
+  // The same ids, ascending: with one partition per rank the lookup needs no
+  // sort and receives its rows in place, and the gradient is coalesced as added.
+  session.add("Step/hybrid_sorted", iters,
+              [&](benchmark::State& s) { run_step<px::arch::Hybrid>(s, 0, 0, 0, false, true); });
+  session.add("Step/allreduce_sorted", iters,
+              [&](benchmark::State& s) { run_step<px::arch::AllReduce>(s, 0, 0, 0, false, true); });
   if (n >= 4)
     session.add("Step/hybrid_2hosts", iters,
                 [&](benchmark::State& s) { run_step<px::arch::Hybrid>(s, 2, 0, 0, false); });
