@@ -61,6 +61,12 @@ struct engine_for<px::CudaSpace> {
 template <class Space>
 using engine_for = typename detail::engine_for<Space>::type;
 
+/// Engine calls one route of rows takes (detail::route_lanes): one where the
+/// engine has alltoallv_unsized (the header rides in front of the rows),
+/// else a header alltoall and an alltoallv.
+template <class Engine>
+inline constexpr std::uint64_t route_calls = px::engine::supports_v<Engine, px::engine::op_alltoallv_unsized> ? 1 : 2;
+
 /// The `n` elements at `data` (memory of `Space`), copied to a host vector.
 template <class Space, class T>
 std::vector<T> to_host(const T* data, std::size_t n) {

@@ -24,6 +24,7 @@
 #include <thrust/sequence.h>
 #include <thrust/sort.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -101,18 +102,42 @@ struct RouteBuffers {
   Buffer<std::byte, Space> send, recv;
 };
 
-/// Routes the planned rows of `count` lanes in one header alltoall and one
-/// alltoallv. Collective; every rank passes the same number of lanes, in the
-/// same order. `bad_id` is this rank's problem to share (no_problem if none),
-/// found in lane `bad_lane`: if any rank has one, no rows move and every rank
-/// gets the lowest such rank's report.
+/// The first lane (lowest rank first) that a route's headers report a
+/// problem in, if any. `header` holds `width` words per rank: a row count
+/// per lane, then the rank's status.
+inline std::optional<RemoteProblem> find_problem(const std::int64_t* header, std::size_t ranks, std::size_t width) {
+  const std::size_t count = width - 1;
+  for (std::size_t p = 0; p < ranks; ++p) {
+    const std::int64_t* h = header + width * p;
+    if (h[count] == no_problem) continue;
+    std::size_t lane = 0;
+    while (lane + 1 < count && h[lane] != -1) ++lane;
+    return RemoteProblem{static_cast<int>(p), h[count], lane};
+  }
+  return std::nullopt;
+}
+
+/// Routes the planned rows of `count` lanes. Collective; every rank passes
+/// the same number of lanes, in the same order. `bad_id` is this rank's
+/// problem to share (no_problem if none), found in lane `bad_lane`: if any
+/// rank has one, no rows are taken and every rank gets the lowest such
+/// rank's report.
+///
+/// Each rank pair's message starts with a header: (rows of each lane, the
+/// sender's status). On an engine with alltoallv_unsized (engine::Mpi) the
+/// header travels in front of the rows and the route is one engine call;
+/// elsewhere the headers go first in an alltoall, then the rows in an
+/// alltoallv. The bytes are the same either way.
 template <class Engine>
 std::optional<RemoteProblem> route_lanes(Engine& engine, RouteLane* const* lanes, std::size_t count,
                                          RouteBuffers<engine::space_of_t<Engine>>& b, index_t bad_id = no_problem,
                                          std::size_t bad_lane = 0) {
+  using space = engine::space_of_t<Engine>;
+  constexpr bool unsized = engine::supports_v<Engine, engine::op_alltoallv_unsized>;
   const int n = engine.size();
   const auto un = static_cast<std::size_t>(n);
   const std::size_t width = count + 1;  // header words per rank pair
+  const std::size_t header_bytes = unsized ? width * sizeof(std::int64_t) : 0;  // in front of a message's rows
 
   // Header: (rows for you of each lane, my status) to every rank. With a
   // problem no rows move, so the counts say which lane it concerns instead:
@@ -125,16 +150,13 @@ std::optional<RemoteProblem> route_lanes(Engine& engine, RouteLane* const* lanes
                                                           : static_cast<std::int64_t>(lanes[l]->rows_to(static_cast<int>(p)));
     b.send_header[width * p + count] = bad_id;
   }
-  engine.alltoall(b.send_header.data(), b.recv_header.data(), width, DataType::i64);
-  for (std::size_t p = 0; p < un; ++p) {
-    const std::int64_t* h = b.recv_header.data() + width * p;
-    if (h[count] == no_problem) continue;
-    std::size_t lane = 0;
-    while (lane + 1 < count && h[lane] != -1) ++lane;
-    return RemoteProblem{static_cast<int>(p), h[count], lane};
+  if constexpr (!unsized) {
+    engine.alltoall(b.send_header.data(), b.recv_header.data(), width, DataType::i64);
+    if (auto problem = find_problem(b.recv_header.data(), un, width)) return problem;
   }
 
-  // Layout: the block for rank p holds each lane's rows in turn.
+  // Layout: the message for rank p holds its header (unsized route) and each
+  // lane's rows in turn.
   b.send_bytes.assign(un, 0);
   b.send_displs.resize(un);
   b.recv_bytes.assign(un, 0);
@@ -142,31 +164,57 @@ std::optional<RemoteProblem> route_lanes(Engine& engine, RouteLane* const* lanes
   b.send_at.resize(count);
   b.recv_at.resize(count);
   b.recv_rows.resize(count);
-  std::size_t st = 0, rt = 0;
-  for (std::size_t p = 0; p < un; ++p) {
-    b.send_displs[p] = st;
-    b.recv_displs[p] = rt;
-    for (std::size_t l = 0; l < count; ++l) {
-      b.send_at[l].resize(un);
-      b.recv_at[l].resize(un);
-      b.recv_rows[l].resize(un);
-      b.send_at[l][p] = st;
-      st += lanes[l]->bytes_of(static_cast<std::size_t>(b.send_header[width * p + l]));
-      b.recv_rows[l][p] = static_cast<std::size_t>(b.recv_header[width * p + l]);
-      b.recv_at[l][p] = rt;
-      rt += lanes[l]->bytes_of(b.recv_rows[l][p]);
-    }
-    b.send_bytes[p] = st - b.send_displs[p];
-    b.recv_bytes[p] = rt - b.recv_displs[p];
+  for (std::size_t l = 0; l < count; ++l) {
+    b.send_at[l].resize(un);
+    b.recv_at[l].resize(un);
+    b.recv_rows[l].resize(un);
   }
+  auto lay_out = [&](const std::vector<std::int64_t>& header, std::vector<std::vector<std::size_t>>& at,
+                     std::vector<std::size_t>& displs, std::vector<std::size_t>& bytes, bool sizes_known) {
+    std::size_t t = 0;
+    for (std::size_t p = 0; p < un; ++p) {
+      if (sizes_known) displs[p] = t;
+      else t = displs[p];
+      t += header_bytes;
+      for (std::size_t l = 0; l < count; ++l) {
+        at[l][p] = t;
+        t += lanes[l]->bytes_of(static_cast<std::size_t>(std::max<std::int64_t>(header[width * p + l], 0)));
+      }
+      if (sizes_known) bytes[p] = t - displs[p];
+    }
+    return t;
+  };
+  const std::size_t st = lay_out(b.send_header, b.send_at, b.send_displs, b.send_bytes, true);
   b.send.resize_discard(st);
-  for (std::size_t l = 0; l < count; ++l) lanes[l]->pack(b.send.data(), b.send_at[l]);
+  if (bad_id == no_problem)
+    for (std::size_t l = 0; l < count; ++l) lanes[l]->pack(b.send.data(), b.send_at[l]);
   auto& ex = engine.exec();
-  ex.synchronize();
-  b.recv.resize_discard(rt);
-  engine.alltoallv(b.send.data(), b.send_bytes.data(), b.send_displs.data(), b.recv.data(), b.recv_bytes.data(),
-                   b.recv_displs.data(), DataType::u8);
-  for (std::size_t l = 0; l < count; ++l) lanes[l]->unpack(b.recv.data(), b.recv_at[l], b.recv_rows[l]);
+  if constexpr (unsized) {
+    for (std::size_t p = 0; p < un; ++p)
+      space_traits<space>::copy_from_host(b.send.data() + b.send_displs[p], b.send_header.data() + width * p,
+                                          header_bytes);
+    ex.synchronize();
+    engine.alltoallv_unsized(b.send.data(), b.send_bytes.data(), b.send_displs.data(), b.recv_bytes.data(),
+                             b.recv_displs.data(), [&](std::size_t total) {
+                               b.recv.resize_discard(total);
+                               return b.recv.data();
+                             });
+    for (std::size_t p = 0; p < un; ++p)
+      space_traits<space>::copy_to_host(b.recv_header.data() + width * p, b.recv.data() + b.recv_displs[p],
+                                        header_bytes);
+    if (auto problem = find_problem(b.recv_header.data(), un, width)) return problem;
+    lay_out(b.recv_header, b.recv_at, b.recv_displs, b.recv_bytes, false);
+  } else {
+    const std::size_t rt = lay_out(b.recv_header, b.recv_at, b.recv_displs, b.recv_bytes, true);
+    ex.synchronize();
+    b.recv.resize_discard(rt);
+    engine.alltoallv(b.send.data(), b.send_bytes.data(), b.send_displs.data(), b.recv.data(), b.recv_bytes.data(),
+                     b.recv_displs.data(), DataType::u8);
+  }
+  for (std::size_t l = 0; l < count; ++l) {
+    for (std::size_t p = 0; p < un; ++p) b.recv_rows[l][p] = static_cast<std::size_t>(b.recv_header[width * p + l]);
+    lanes[l]->unpack(b.recv.data(), b.recv_at[l], b.recv_rows[l]);
+  }
   ex.synchronize();
   return std::nullopt;
 }

@@ -93,6 +93,8 @@ struct Options {
 struct op_sendrecv {};
 struct op_alltoallv {};
 struct op_allreduce {};
+/// alltoallv_unsized(): an alltoallv whose receivers learn the sizes from the messages.
+struct op_alltoallv_unsized {};
 
 /// `supports_v<Engine, Op>`: the engine implements Op itself. Specialised by
 /// each engine beside its definition (Aluminum's IsOpSupported).

@@ -174,6 +174,69 @@ class Mpi {
     complete(&r, 1, "alltoallv");
   }
 
+  /// alltoallv whose receivers do not know the sizes in advance: rank i sends
+  /// sbytes[j] bytes at send + sdispls[j] to rank j, and learns what each
+  /// rank j sends it from the message itself (MPI_Improbe), so no round of
+  /// counts goes first. Once every size is known, `alloc(total)` returns
+  /// room for all of them (a std::byte*); rank j's bytes land at
+  /// rdispls[j], in rank order, and rbytes/rdispls are filled. Collective:
+  /// every rank sends every rank one message (empty ones too).
+  template <class Alloc>
+  void alltoallv_unsized(const void* send, const std::size_t* sbytes, const std::size_t* sdispls,
+                         std::size_t* rbytes, std::size_t* rdispls, Alloc&& alloc) {
+    begin("alltoallv_unsized", 0, DataType::u8);
+    const int n = size(), me = rank();
+    const auto un = static_cast<std::size_t>(n);
+    const auto* s = static_cast<const std::byte*>(send);
+    requests_.assign(2 * un, MPI_REQUEST_NULL);
+    messages_.assign(un, MPI_MESSAGE_NULL);
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Isend)(s + sdispls[p], detail::to_mpi_count(sbytes[p]), MPI_BYTE, p,
+                                                   unsized_tag, comm_, &requests_[static_cast<std::size_t>(p)]));
+    }
+    // Each peer's message, matched (so that no later message takes its
+    // place) and measured.
+    rbytes[me] = sbytes[me];
+    int pending = n - 1;
+    const bool timed = options_.timeout.count() > 0;
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    for (std::uint32_t spins = 0; pending > 0; ++spins) {
+      for (int p = 0; p < n; ++p) {
+        if (p == me || messages_[static_cast<std::size_t>(p)] != MPI_MESSAGE_NULL) continue;
+        int found = 0;
+        MPI_Status st;
+        const int status = MPI_Improbe(p, unsized_tag, comm_, &found, &messages_[static_cast<std::size_t>(p)], &st);
+        if (status != MPI_SUCCESS)
+          fail("alltoallv_unsized", detail::concat("lost a peer (", detail::mpi_error_string(status), ")"));
+        if (!found) continue;
+        MPI_Count got = 0;
+        PARALLAX_MPI_CHECK(MPI_Get_elements_x(&st, MPI_BYTE, &got));
+        rbytes[p] = static_cast<std::size_t>(got);
+        --pending;
+      }
+      if (pending == 0) break;
+      if (timed && (spins & 63u) == 0 && std::chrono::steady_clock::now() > deadline)
+        fail("alltoallv_unsized", detail::concat("gave up after ", options_.timeout.count(), " ms"));
+      if (yield_) std::this_thread::yield();  // let the peer we wait for run
+    }
+    std::size_t total = 0;
+    for (std::size_t p = 0; p < un; ++p) {
+      rdispls[p] = total;
+      total += rbytes[p];
+    }
+    auto* r = static_cast<std::byte*>(static_cast<void*>(alloc(total)));
+    if (sbytes[me]) std::memcpy(r + rdispls[me], s + sdispls[me], sbytes[me]);
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      const auto up = static_cast<std::size_t>(p);
+      PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Imrecv)(r + rdispls[up], detail::to_mpi_count(rbytes[up]), MPI_BYTE,
+                                                    &messages_[up], &requests_[un + up]));
+    }
+    book_alltoallv(sbytes, rbytes, DataType::u8);
+    complete(requests_.data(), 2 * n, "alltoallv_unsized");
+  }
+
   /// Copies `count` elements of root's buf to every rank's buf.
   void broadcast(void* buf, std::size_t count, DataType t, int root) {
     begin("broadcast", count, t);
@@ -407,6 +470,11 @@ class Mpi {
   Exec<HostSpace> exec_;
   std::vector<detail::mpi_count> counts_;
   std::vector<detail::mpi_displ> displs_;
+  std::vector<MPI_Request> requests_;
+  std::vector<MPI_Message> messages_;
+  // The tag of alltoallv_unsized's messages, apart from those of send/recv
+  // (small tags) and the fault channel (7117, 7118).
+  static constexpr int unsized_tag = 7119;
 };
 
 template <>
@@ -415,5 +483,7 @@ template <>
 struct supports<Mpi, op_alltoallv> : std::true_type {};
 template <>
 struct supports<Mpi, op_allreduce> : std::true_type {};
+template <>
+struct supports<Mpi, op_alltoallv_unsized> : std::true_type {};
 
 }  // namespace parallax::engine
