@@ -139,9 +139,10 @@ class Trainer {
   }
   /// The rows of several sparse variables at once, `result[i]` for
   /// `batch[i]`, as lookup() of each in turn would return them. The ids of
-  /// every ShardedPS variable in the batch travel in one route (a header
-  /// alltoall and one alltoallv) and each such variable then answers in one
-  /// alltoallv: 2 + V engine calls for V sharded variables instead of 3 V.
+  /// every ShardedPS variable in the batch travel in one route (one engine
+  /// call on MPI, two elsewhere) and each such variable then answers in one
+  /// alltoallv: 1 + V engine calls for V sharded variables instead of 2 V
+  /// (2 + V instead of 3 V).
   /// A bad id throws on every rank, naming its variable, before any row
   /// moves. Collective; the rows stay valid until step().
   template <class V>
@@ -417,9 +418,9 @@ class Trainer {
 
   /// Every slot's synchronisation after the dense all-reduce, in
   /// declaration order, except that the gradient rows of all ShardedPS
-  /// variables travel in one route (a header alltoall and one alltoallv)
+  /// variables travel in one route (one engine call on MPI, two elsewhere)
   /// instead of one per variable: ctr's 26 tables went from 52 engine calls
-  /// a step to 2. Each owner then sums and applies what it got, as alone.
+  /// a step to 2, then 1. Each owner then sums and applies what it got, as alone.
   void synchronize_slots(const detail::StepInfo& info) {
     lanes_.clear();
     pushing_.clear();

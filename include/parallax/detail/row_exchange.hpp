@@ -2,17 +2,19 @@
 // RowExchange: sends rows (id + values) to ranks chosen per row, and replies
 // back. The parameter-server pull and push are built from it.
 //
-// One route is two engine calls: an alltoall of a header per rank pair (a
-// row count per table, then a status word) and an alltoallv of the rows
-// packed per destination, each table's as [ids][values]. The status word
-// carries a bad row id, so a bad input on any rank is known to every rank
-// after the header, and the rows are not sent.
+// A route sends each rank pair a header (a row count per table, then a
+// status word) and the rows packed per destination, each table's as
+// [ids][values]: one engine call where the engine has alltoallv_unsized
+// (the header leads each message, engine::Mpi), else an alltoall of the
+// headers and an alltoallv of the rows. The status word carries a bad row
+// id, so a bad input on any rank is known to every rank from the headers,
+// and no rows are taken.
 //
 // A route may carry several tables at once (route_lanes): each RowExchange
 // is a lane that plans its rows, packs them into the blocks the route lays
 // out and unpacks what it got. The trainer routes every sharded variable's
-// gradient rows of a step together: two engine calls a step instead of two
-// per variable.
+// gradient rows of a step together: one route a step instead of one per
+// variable.
 
 #include <parallax/detail/algorithms.hpp>
 #include <parallax/engine/engine.hpp>
