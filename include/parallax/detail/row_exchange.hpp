@@ -314,8 +314,30 @@ class RowExchange final : public RouteLane {
   /// destination, in input order within one): at `into` if given (room for
   /// every row this rank sent), else in a buffer valid until the next reply.
   const T* reply(const T* values, std::size_t cols, T* into = nullptr) {
-    const int n = engine_->size();
-    const auto un = static_cast<std::size_t>(n);
+    T* out = plan_reply(cols, into);
+    engine_->alltoallv(values, reply_scounts_.data(), reply_sdispls_.data(), out, reply_rcounts_.data(),
+                       reply_rdispls_.data(), data_type_of_v<T>);
+    return out;
+  }
+
+  /// reply() left in flight where the engine can (start_alltoallv): the
+  /// replies are there after the engine's wait_started(), and `values` must
+  /// stay untouched until then. Elsewhere it is reply() itself.
+  const T* start_reply(const T* values, std::size_t cols, T* into = nullptr) {
+    if constexpr (engine::supports_v<Engine, engine::op_start_alltoallv>) {
+      T* out = plan_reply(cols, into);
+      engine_->start_alltoallv(values, reply_scounts_.data(), reply_sdispls_.data(), out, reply_rcounts_.data(),
+                               reply_rdispls_.data(), data_type_of_v<T>);
+      return out;
+    } else {
+      return reply(values, cols, into);
+    }
+  }
+
+ private:
+  /// The counts and displacements of a reply; returns where it lands.
+  T* plan_reply(std::size_t cols, T* into) {
+    const auto un = static_cast<std::size_t>(engine_->size());
     reply_scounts_.resize(un);
     reply_sdispls_.resize(un);
     reply_rcounts_.resize(un);
@@ -328,17 +350,11 @@ class RowExchange final : public RouteLane {
       reply_rdispls_[p] = rt;
       rt += reply_rcounts_[p];
     }
-    T* out = into;
-    if (!out) {
-      replies_.resize_discard(rt);
-      out = replies_.data();
-    }
-    engine_->alltoallv(values, reply_scounts_.data(), reply_sdispls_.data(), out, reply_rcounts_.data(),
-                       reply_rdispls_.data(), data_type_of_v<T>);
-    return out;
+    if (into) return into;
+    replies_.resize_discard(rt);
+    return replies_.data();
   }
 
- private:
   Engine* engine_;
   const index_t* ids_ = nullptr;
   const T* values_ = nullptr;

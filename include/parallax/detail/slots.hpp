@@ -122,11 +122,14 @@ class SparseSlot : public SlotBase<Engine, Optimizer> {
   using space = engine::space_of_t<Engine>;
   /// Rows for n ids (in space), valid until clear(). Collective for sharded slots.
   virtual Rows<T, space> lookup(const index_t* ids, std::size_t n) = 0;
-  /// A lookup in a batch (Trainer::lookup of several variables), in two
-  /// parts around one route shared by the batch: plan_lookup() returns this
-  /// slot's lane of it (null for slots whose lookups are local, which keep
-  /// the ids for later), finish_lookup() the rows. `ids` stay valid between.
+  /// A lookup in a batch (Trainer::lookup of several variables), around one
+  /// route shared by the batch: plan_lookup() returns this slot's lane of it
+  /// (null for slots whose lookups are local, which keep the ids for later);
+  /// after the route start_reply() serves and starts the reply (sharded
+  /// slots), the engine's wait_started() completes every slot's reply at
+  /// once, and finish_lookup() returns the rows. `ids` stay valid between.
   virtual RouteLane* plan_lookup(const index_t* ids, std::size_t n) = 0;
+  virtual void start_reply() {}
   virtual Rows<T, space> finish_lookup() = 0;
   /// This rank's bad id found by plan_lookup() (no_problem if none), and the
   /// error to throw when the route reports one for this slot.
@@ -348,11 +351,14 @@ class SparseShardedSlot final
     planned_ = n;
     return &table_.plan_lookup(ids, n);
   }
-  Rows<T, space> finish_lookup() override {
+  void start_reply() override {
     auto scope = this->scope();
-    Buffer<T, space>& out = this->next_buffer(planned_ * this->var_.cols());
-    table_.finish_lookup(planned_, out.data());
-    return Rows<T, space>{out.data(), planned_, this->var_.cols()};
+    reply_ = &this->next_buffer(planned_ * this->var_.cols());
+    table_.start_reply(reply_->data());
+  }
+  Rows<T, space> finish_lookup() override {
+    table_.gather_reply(planned_, reply_->data());
+    return Rows<T, space>{reply_->data(), planned_, this->var_.cols()};
   }
   index_t lookup_problem() const override { return table_.lookup_problem(); }
   [[noreturn]] void lookup_failed(const RemoteProblem& p) override { table_.fail(p, "lookup id"); }
@@ -400,7 +406,8 @@ class SparseShardedSlot final
 
  private:
   ShardedTable<T, Engine> table_;
-  std::size_t planned_ = 0;  // ids of the batched lookup between its two parts
+  std::size_t planned_ = 0;  // ids of the batched lookup between its parts
+  Buffer<T, space>* reply_ = nullptr;  // where its rows land (start_reply)
   optim::State<Optimizer, T, space> state_;
   Buffer<index_t, space> local_rows_;
   Buffer<T, space> sums_;

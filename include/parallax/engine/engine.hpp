@@ -95,6 +95,8 @@ struct op_alltoallv {};
 struct op_allreduce {};
 /// alltoallv_unsized(): an alltoallv whose receivers learn the sizes from the messages.
 struct op_alltoallv_unsized {};
+/// start_alltoallv() / wait_started(): alltoallvs left in flight and completed in one wait.
+struct op_start_alltoallv {};
 
 /// `supports_v<Engine, Op>`: the engine implements Op itself. Specialised by
 /// each engine beside its definition (Aluminum's IsOpSupported).

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -172,6 +173,40 @@ class Mpi {
                                                       recv, counts_.data() + n, displs_.data() + n,
                                                       detail::mpi_datatype(t), comm_, &r));
     complete(&r, 1, "alltoallv");
+  }
+
+  /// alltoallv() started and left in flight: the engine keeps it (and its
+  /// counts) until wait_started(), which completes every started call in
+  /// one wait, so that several tables' replies take one round of waiting.
+  /// The buffers must stay untouched until then. Collective, in the same
+  /// order on every rank.
+  void start_alltoallv(const void* send, const std::size_t* scounts, const std::size_t* sdispls, void* recv,
+                       const std::size_t* rcounts, const std::size_t* rdispls, DataType t) {
+    begin("alltoallv", 0, t);
+    const int n = size();
+    const auto un = static_cast<std::size_t>(n);
+    Started& op = started_.emplace_back();
+    op.counts.resize(2 * un);
+    op.displs.resize(2 * un);
+    for (std::size_t p = 0; p < un; ++p) {
+      op.counts[p] = detail::to_mpi_count(scounts[p]);
+      op.displs[p] = static_cast<detail::mpi_displ>(sdispls[p]);
+      op.counts[un + p] = detail::to_mpi_count(rcounts[p]);
+      op.displs[un + p] = static_cast<detail::mpi_displ>(rdispls[p]);
+    }
+    book_alltoallv(scounts, rcounts, t);
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ialltoallv)(send, op.counts.data(), op.displs.data(), detail::mpi_datatype(t),
+                                                      recv, op.counts.data() + n, op.displs.data() + n,
+                                                      detail::mpi_datatype(t), comm_, &op.request));
+  }
+
+  /// Completes every call start_alltoallv() left in flight, in one wait.
+  void wait_started() {
+    if (started_.empty()) return;
+    requests_.clear();
+    for (const Started& op : started_) requests_.push_back(op.request);
+    complete(requests_.data(), static_cast<int>(requests_.size()), "alltoallv");
+    started_.clear();  // MPI read the counts until now
   }
 
   /// alltoallv whose receivers do not know the sizes in advance: rank i sends
@@ -472,6 +507,12 @@ class Mpi {
   std::vector<detail::mpi_displ> displs_;
   std::vector<MPI_Request> requests_;
   std::vector<MPI_Message> messages_;
+  struct Started {  // a start_alltoallv() in flight, with the counts MPI reads until it completes
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::vector<detail::mpi_count> counts;
+    std::vector<detail::mpi_displ> displs;
+  };
+  std::deque<Started> started_;
   // The tag of alltoallv_unsized's messages, apart from those of send/recv
   // (small tags) and the fault channel (7117, 7118).
   static constexpr int unsized_tag = 7119;
@@ -485,5 +526,7 @@ template <>
 struct supports<Mpi, op_allreduce> : std::true_type {};
 template <>
 struct supports<Mpi, op_alltoallv_unsized> : std::true_type {};
+template <>
+struct supports<Mpi, op_start_alltoallv> : std::true_type {};
 
 }  // namespace parallax::engine

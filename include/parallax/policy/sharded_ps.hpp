@@ -231,6 +231,16 @@ class ShardedTable {
   /// (one per unique key, in key order) into the caller's order, or has
   /// them land there when the keys were in order. Collective.
   void finish_lookup(std::size_t n, T* out) {
+    start_reply(out);
+    if constexpr (engine::supports_v<Engine, engine::op_start_alltoallv>) engine_->wait_started();
+    gather_reply(n, out);
+  }
+
+  /// finish_lookup() in three parts, so that a trainer can wait for several
+  /// tables' replies at once: start_reply() serves the keys and starts the
+  /// reply, the engine's wait_started() (where it has one) completes every
+  /// started reply, gather_reply() puts the rows in the caller's order.
+  void start_reply(T* out) {
     auto& ex = engine_->exec();
     const std::size_t asked = exchange_.received();
     served_.resize_discard(asked * cols_);
@@ -238,12 +248,12 @@ class ShardedTable {
     for_each_rows(ex, asked, cols_,
                   detail::GatherKeyedRows<T>{shard_.data(), exchange_.received_ids(), base, served_.data(), cols_});
     ex.synchronize();
-    if (in_order_) {
-      exchange_.reply(served_.data(), cols_, out);
-    } else {
-      const T* by_unique = exchange_.reply(served_.data(), cols_);
-      for_each_rows(ex, n, cols_, detail::GatherRows<T>{by_unique, inverse_.data(), out, cols_});
-    }
+    by_unique_ = exchange_.start_reply(served_.data(), cols_, in_order_ ? out : nullptr);
+  }
+  void gather_reply(std::size_t n, T* out) {
+    if (in_order_) return;
+    auto& ex = engine_->exec();
+    for_each_rows(ex, n, cols_, detail::GatherRows<T>{by_unique_, inverse_.data(), out, cols_});
     ex.synchronize();
   }
 
@@ -324,6 +334,7 @@ class ShardedTable {
   bool aggregate_ = false;
   index_t lookup_problem_ = detail::no_problem;
   bool in_order_ = false;  // the last plan_lookup()'s keys were strictly ascending
+  const T* by_unique_ = nullptr;  // where the last start_reply()'s rows land
   Buffer<T, space> shard_;
   detail::RowExchange<T, Engine> exchange_, aggregate_exchange_;
   detail::RouteBuffers<space> route_buffers_;
