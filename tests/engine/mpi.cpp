@@ -18,6 +18,28 @@ struct Fixture {
   int me = mpi.rank();
 };
 
+/// Per-peer counts and displacements of an alltoallv in which rank `from`
+/// sends count(from, to) elements to rank `to`.
+struct Layout {
+  std::vector<std::size_t> sc, sd, rc, rd;
+  std::size_t st = 0, rt = 0;  // elements sent, received
+};
+template <class Count>
+Layout layout_of(const Fixture& f, Count count) {
+  const auto un = static_cast<std::size_t>(f.n);
+  Layout l{std::vector<std::size_t>(un), std::vector<std::size_t>(un), std::vector<std::size_t>(un),
+           std::vector<std::size_t>(un)};
+  for (int p = 0; p < f.n; ++p) {
+    l.sc[p] = count(f.me, p);
+    l.sd[p] = l.st;
+    l.st += l.sc[p];
+    l.rc[p] = count(p, f.me);
+    l.rd[p] = l.rt;
+    l.rt += l.rc[p];
+  }
+  return l;
+}
+
 }  // namespace
 
 TEST_CASE("Mpi::allreduce sums distinct values of every rank", "[engine][mpi]") {
@@ -124,16 +146,7 @@ TEST_CASE("Mpi::alltoallv delivers every pair's block and books exact bytes", "[
   Fixture f;
   const auto un = static_cast<std::size_t>(f.n);
   auto count = [](int from, int to) { return static_cast<std::size_t>((from + 2 * to) % 3); };
-  std::vector<std::size_t> sc(un), sd(un), rc(un), rd(un);
-  std::size_t st = 0, rt = 0;
-  for (int p = 0; p < f.n; ++p) {
-    sc[p] = count(f.me, p);
-    sd[p] = st;
-    st += sc[p];
-    rc[p] = count(p, f.me);
-    rd[p] = rt;
-    rt += rc[p];
-  }
+  auto [sc, sd, rc, rd, st, rt] = layout_of(f, count);
   std::vector<float> send(st), recv(rt, -1.f);
   for (int p = 0; p < f.n; ++p)
     for (std::size_t k = 0; k < sc[p]; ++k) send[sd[p] + k] = static_cast<float>(100 * f.me + 10 * p + k);
@@ -206,7 +219,6 @@ TEST_CASE("Mpi::alltoallv_unsized delivers blocks whose sizes only the senders k
 TEST_CASE("Mpi::start_alltoallv leaves calls in flight that one wait_started() completes", "[engine][mpi]") {
   static_assert(px::engine::supports_v<px::engine::Mpi, px::engine::op_start_alltoallv>);
   Fixture f;
-  const auto un = static_cast<std::size_t>(f.n);
   // Three alltoallvs of different shapes in flight at once (the counts
   // arrays are gone before the wait: the engine keeps its own).
   constexpr int calls = 3;
@@ -214,15 +226,8 @@ TEST_CASE("Mpi::start_alltoallv leaves calls in flight that one wait_started() c
   std::uint64_t sent = 0, got = 0;
   for (int c = 0; c < calls; ++c) {
     auto count = [&](int from, int to) { return static_cast<std::size_t>((from + 2 * to + c) % 4) * 100; };
-    std::vector<std::size_t> sc(un), sd(un), rc(un), rd(un);
-    std::size_t st = 0, rt = 0;
+    auto [sc, sd, rc, rd, st, rt] = layout_of(f, count);
     for (int p = 0; p < f.n; ++p) {
-      sc[p] = count(f.me, p);
-      sd[p] = st;
-      st += sc[p];
-      rc[p] = count(p, f.me);
-      rd[p] = rt;
-      rt += rc[p];
       if (p != f.me) {
         sent += 4 * sc[p];
         got += 4 * rc[p];
