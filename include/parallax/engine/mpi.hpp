@@ -225,6 +225,7 @@ class Mpi {
     const auto* s = static_cast<const std::byte*>(send);
     requests_.assign(2 * un, MPI_REQUEST_NULL);
     messages_.assign(un, MPI_MESSAGE_NULL);
+    matched_.assign(un, 0);
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
       PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Isend)(s + sdispls[p], detail::to_mpi_count(sbytes[p]), MPI_BYTE, p,
@@ -238,13 +239,16 @@ class Mpi {
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     for (std::uint32_t spins = 0; pending > 0; ++spins) {
       for (int p = 0; p < n; ++p) {
-        if (p == me || messages_[static_cast<std::size_t>(p)] != MPI_MESSAGE_NULL) continue;
+        if (p == me || matched_[static_cast<std::size_t>(p)]) continue;
         int found = 0;
         MPI_Status st;
-        const int status = MPI_Improbe(p, unsized_tag, comm_, &found, &messages_[static_cast<std::size_t>(p)], &st);
+        MPI_Message m = MPI_MESSAGE_NULL;  // undefined after a probe that finds nothing
+        const int status = MPI_Improbe(p, unsized_tag, comm_, &found, &m, &st);
         if (status != MPI_SUCCESS)
           fail("alltoallv_unsized", detail::concat("lost a peer (", detail::mpi_error_string(status), ")"));
         if (!found) continue;
+        matched_[static_cast<std::size_t>(p)] = 1;
+        messages_[static_cast<std::size_t>(p)] = m;
         MPI_Count got = 0;
         PARALLAX_MPI_CHECK(MPI_Get_elements_x(&st, MPI_BYTE, &got));
         rbytes[p] = static_cast<std::size_t>(got);
@@ -507,6 +511,7 @@ class Mpi {
   std::vector<detail::mpi_displ> displs_;
   std::vector<MPI_Request> requests_;
   std::vector<MPI_Message> messages_;
+  std::vector<char> matched_;  // alltoallv_unsized: the sources whose message this call holds
   struct Started {  // a start_alltoallv() in flight, with the counts MPI reads until it completes
     MPI_Request request = MPI_REQUEST_NULL;
     std::vector<detail::mpi_count> counts;
