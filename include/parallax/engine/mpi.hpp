@@ -224,8 +224,7 @@ class Mpi {
     const auto un = static_cast<std::size_t>(n);
     const auto* s = static_cast<const std::byte*>(send);
     requests_.assign(2 * un, MPI_REQUEST_NULL);
-    messages_.assign(un, MPI_MESSAGE_NULL);
-    matched_.assign(un, 0);
+    messages_.assign(un, MPI_MESSAGE_NULL);  // stays null until the source's message is matched
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
       PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Isend)(s + sdispls[p], detail::to_mpi_count(sbytes[p]), MPI_BYTE, p,
@@ -235,30 +234,26 @@ class Mpi {
     // place) and measured.
     rbytes[me] = sbytes[me];
     int pending = n - 1;
-    const bool timed = options_.timeout.count() > 0;
-    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-    for (std::uint32_t spins = 0; pending > 0; ++spins) {
+    const bool matched = poll([&] {
       for (int p = 0; p < n; ++p) {
-        if (p == me || matched_[static_cast<std::size_t>(p)]) continue;
+        const auto up = static_cast<std::size_t>(p);
+        if (p == me || messages_[up] != MPI_MESSAGE_NULL) continue;
         int found = 0;
         MPI_Status st;
-        MPI_Message m = MPI_MESSAGE_NULL;  // undefined after a probe that finds nothing
+        MPI_Message m = MPI_MESSAGE_NULL;  // MPI leaves it undefined when nothing is found
         const int status = MPI_Improbe(p, unsized_tag, comm_, &found, &m, &st);
         if (status != MPI_SUCCESS)
           fail("alltoallv_unsized", detail::concat("lost a peer (", detail::mpi_error_string(status), ")"));
         if (!found) continue;
-        matched_[static_cast<std::size_t>(p)] = 1;
-        messages_[static_cast<std::size_t>(p)] = m;
+        messages_[up] = m;
         MPI_Count got = 0;
         PARALLAX_MPI_CHECK(MPI_Get_elements_x(&st, MPI_BYTE, &got));
         rbytes[p] = static_cast<std::size_t>(got);
         --pending;
       }
-      if (pending == 0) break;
-      if (timed && (spins & 63u) == 0 && std::chrono::steady_clock::now() > deadline)
-        fail("alltoallv_unsized", detail::concat("gave up after ", options_.timeout.count(), " ms"));
-      if (yield_) std::this_thread::yield();  // let the peer we wait for run
-    }
+      return pending == 0;
+    });
+    if (!matched) fail("alltoallv_unsized", detail::concat("gave up after ", options_.timeout.count(), " ms"));
     std::size_t total = 0;
     for (std::size_t p = 0; p < un; ++p) {
       rdispls[p] = total;
@@ -341,6 +336,20 @@ class Mpi {
     if (options_.check_calls) check_call(op, count, t);
   }
 
+  /// Calls `step` until it returns true (then returns true) or the deadline
+  /// passes (false; never without a timeout), giving the core away between
+  /// calls when the engine yields.
+  template <class Step>
+  bool poll(Step&& step) {
+    const bool timed = options_.timeout.count() > 0;
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    for (std::uint32_t spins = 0;; ++spins) {
+      if (step()) return true;
+      if (timed && (spins & 63u) == 0 && std::chrono::steady_clock::now() > deadline) return false;
+      if (yield_) std::this_thread::yield();  // let the peer we wait for run
+    }
+  }
+
   /// Waits for the requests, polling against the deadline when one is set.
   /// A collective that times out or fails ends in a diagnosis shared by the
   /// ranks (detail/fault.hpp); a point-to-point one is withdrawn and reported.
@@ -352,15 +361,13 @@ class Mpi {
       if (status != MPI_SUCCESS) fail(op, detail::concat("lost a peer (", detail::mpi_error_string(status), ")"));
       return;
     }
-    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-    int done = 0;
-    for (std::uint32_t spins = 0;; ++spins) {
-      const int status = MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE);
+    const bool done = poll([&] {
+      int all = 0;
+      const int status = MPI_Testall(n, requests, &all, MPI_STATUSES_IGNORE);
       if (status != MPI_SUCCESS) fail(op, detail::concat("lost a peer (", detail::mpi_error_string(status), ")"));
-      if (done) return;
-      if ((spins & 63u) == 0 && std::chrono::steady_clock::now() > deadline) break;
-      if (yield_) std::this_thread::yield();  // let the peer we wait for run
-    }
+      return all != 0;
+    });
+    if (done) return;
     const std::string waited = detail::concat("gave up after ", options_.timeout.count(), " ms");
     if (point_to_point) {
       // A point-to-point request can be withdrawn; the engine stays usable.
@@ -511,7 +518,6 @@ class Mpi {
   std::vector<detail::mpi_displ> displs_;
   std::vector<MPI_Request> requests_;
   std::vector<MPI_Message> messages_;
-  std::vector<char> matched_;  // alltoallv_unsized: the sources whose message this call holds
   struct Started {  // a start_alltoallv() in flight, with the counts MPI reads until it completes
     MPI_Request request = MPI_REQUEST_NULL;
     std::vector<detail::mpi_count> counts;
