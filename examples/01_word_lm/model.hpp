@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -67,27 +68,28 @@ struct Candidates {
 
 // example-begin word_lm_candidates
 /// Samples the candidates of step `step` (the same on every rank) and merges
-/// in this rank's labels.
+/// in this rank's labels. Linear in the candidates: the sample comes
+/// ascending, the few labels are sorted and merged in, and one walk finds
+/// every sampled word's row.
 inline Candidates make_candidates(const LogUniformSampler& sampler, std::size_t count, std::uint64_t seed,
                                   std::uint64_t step, const Batch& batch) {
-  const auto s = sampler.sample(count, hash(seed, 0x5A3F, step));
+  const auto s = sampler.sample(count, hash(seed, 0x5A3F, step));  // ascending, distinct
+  std::vector<px::index_t> labels(batch.labels.begin(), batch.labels.end());
+  std::sort(labels.begin(), labels.end());
+  labels.erase(std::unique(labels.begin(), labels.end()), labels.end());
   Candidates c;
   c.sampled = count;
-  std::vector<px::index_t> sampled(s.ids.begin(), s.ids.end());
-  std::sort(sampled.begin(), sampled.end());
-  c.ids = sampled;
-  c.ids.insert(c.ids.end(), batch.labels.begin(), batch.labels.end());
-  std::sort(c.ids.begin(), c.ids.end());
-  c.ids.erase(std::unique(c.ids.begin(), c.ids.end()), c.ids.end());
-  const auto row_of = [&](px::index_t id) {
-    return static_cast<px::index_t>(std::lower_bound(c.ids.begin(), c.ids.end(), id) - c.ids.begin());
-  };
+  c.ids.reserve(count + labels.size());
+  std::set_union(s.ids.begin(), s.ids.end(), labels.begin(), labels.end(), std::back_inserter(c.ids));
   c.column.assign(c.ids.size(), 0);
-  for (std::size_t j = 0; j < count; ++j) {
-    c.sampled_row.push_back(row_of(sampled[j]));
-    c.column[static_cast<std::size_t>(c.sampled_row[j])] = static_cast<std::int32_t>(1 + j);
+  c.sampled_row.resize(count);
+  for (std::size_t r = 0, j = 0; j < count; ++r) {
+    if (c.ids[r] != s.ids[j]) continue;  // a label that was not sampled
+    c.sampled_row[j] = static_cast<px::index_t>(r);
+    c.column[r] = static_cast<std::int32_t>(++j);
   }
-  for (px::index_t label : batch.labels) c.label_row.push_back(row_of(label));
+  for (px::index_t label : batch.labels)
+    c.label_row.push_back(static_cast<px::index_t>(std::lower_bound(c.ids.begin(), c.ids.end(), label) - c.ids.begin()));
   c.log_q.resize(c.ids.size());
   for (std::size_t i = 0; i < c.ids.size(); ++i)
     c.log_q[i] = static_cast<float>(std::log(sampler.expected_count(c.ids[i], s.tries)));

@@ -8,6 +8,9 @@
 #include "common/synthetic.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
+#include <utility>
 #include <set>
 #include <sstream>
 #include <string>
@@ -236,7 +239,32 @@ TEST_CASE("the log-uniform sampler gives distinct, reproducible samples and incl
   CHECK(sum == Approx(500).epsilon(0.05));
   CHECK_THROWS_AS(s.sample(50001, 1), std::invalid_argument);
   const examples::LogUniformSampler all(10);
-  CHECK(all.sample(10, 3).ids.size() == 10);
+  CHECK(all.sample(10, 3).ids == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+}
+
+TEST_CASE("the log-uniform sampler's ids are ascending whether it scans its bitmap or sorts", "[synthetic]") {
+  // 500 of 50,000: the bitmap (782 words) is scanned. 20 of 10,000,000: the
+  // draws are sorted. Either way: ascending, distinct, and the draws' set.
+  for (const auto& [range, count] : {std::pair<std::size_t, std::size_t>{50000, 500}, {10000000, 20}, {64, 64}, {65, 3}}) {
+    CAPTURE(range, count);
+    const examples::LogUniformSampler s(range);
+    for (std::uint64_t key = 1; key <= 3; ++key) {
+      const auto a = s.sample(count, key);
+      REQUIRE(a.ids.size() == count);
+      CHECK(std::adjacent_find(a.ids.begin(), a.ids.end(), std::greater_equal<>()) == a.ids.end());
+      CHECK(a.ids.front() >= 0);
+      CHECK(a.ids.back() < static_cast<std::int64_t>(range));
+      CHECK(s.sample(count, key).ids == a.ids);  // the scratch bitmap was left clear
+      // The ids are exactly the distinct values of the first `tries` draws.
+      std::set<std::int64_t> drawn;
+      for (std::uint64_t t = 0; t < a.tries; ++t) {
+        const double u = examples::uniform(examples::hash(key, t));
+        const auto k = static_cast<std::int64_t>(std::exp(u * std::log(static_cast<double>(range) + 1.0))) - 1;
+        drawn.insert(std::clamp<std::int64_t>(k, 0, static_cast<std::int64_t>(range) - 1));
+      }
+      CHECK(std::vector<std::int64_t>(drawn.begin(), drawn.end()) == a.ids);
+    }
+  }
 }
 
 TEST_CASE("synthetic data is a pure function of the seed and the index", "[synthetic]") {
