@@ -99,7 +99,7 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
   }
 
   // example-begin word_lm_loop
-  examples::Progress progress(trainer, o.batch, o.log_every, "words");
+  examples::Progress progress(trainer, o.batch, o.log_every, "words", o.warmup);
   for (std::uint64_t step = 0; step < o.steps; ++step) {
     const lm::Batch batch = windows.training(step, o.batch, first, local);  // this rank's share
     const lm::Candidates cand = lm::make_candidates(sampler, cfg.sampled, o.seed, step, batch);

@@ -147,7 +147,7 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
     std::fflush(stdout);
   }
 
-  examples::Progress progress(trainer, o.batch, o.log_every, "samples");
+  examples::Progress progress(trainer, o.batch, o.log_every, "samples", o.warmup);
   ctr::Batch batch;
   for (std::uint64_t step = 0; step < o.steps; ++step) {
     clicks.training(step, o.batch, first, local, batch);

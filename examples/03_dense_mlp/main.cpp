@@ -73,7 +73,7 @@ int train(px::Context& ctx, const Args& a) {
     std::fflush(stdout);
   }
 
-  examples::Progress progress(trainer, o.batch, o.log_every, "samples");
+  examples::Progress progress(trainer, o.batch, o.log_every, "samples", o.warmup);
   for (std::uint64_t step = 0; step < o.steps; ++step)
     progress.record(model.train_step(trainer, make_batch(data, step * o.batch, first, local)));
   const examples::Summary s = progress.finish();

@@ -245,7 +245,7 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
   Model m(ctx, cfg);
   px::Trainer<Arch, px::optim::Adagrad, Engine> trainer(ctx, px::optim::Adagrad{o.lr}, m.emb, m.hidden_w, m.hidden_b,
                                                         m.softmax);
-  examples::Progress progress(trainer, o.batch, o.log_every, "words");
+  examples::Progress progress(trainer, o.batch, o.log_every, "words", o.warmup);
   for (std::uint64_t step = 0; step < o.steps; ++step) {
     const lm::Batch batch = windows.training(step, o.batch, first, local);
     const lm::Candidates cand = lm::make_candidates(sampler, cfg.sampled, o.seed, step, batch);

@@ -28,6 +28,7 @@ struct CommonOptions {
   std::uint64_t seed = 1;
   int ranks_per_host = 0;  ///< 0: the real hosts
   std::size_t log_every = 20;
+  std::size_t warmup = 1;  ///< first steps left out of samples/s
   int threads = 0;  ///< OpenMP threads per rank (host build); 0: share the cores
 
   px::ContextOptions context() const {
@@ -53,6 +54,8 @@ inline void add_common_options(po::options_description& desc, CommonOptions& o) 
     ("ranks-per-host", po::value(&o.ranks_per_host)->default_value(o.ranks_per_host),
      "ranks that count as one host for byte accounting and local aggregation (0: the real hosts)")
     ("log-every", po::value(&o.log_every)->default_value(o.log_every), "steps between progress lines")
+    ("warmup", po::value(&o.warmup)->default_value(o.warmup),
+     "first steps left out of samples/s (they touch fresh buffers once)")
     ("threads", po::value(&o.threads)->default_value(o.threads),
      "OpenMP threads per rank (0: the host's cores shared by its ranks)");
 }

@@ -28,8 +28,9 @@ struct Summary {
   double first_loss = 0;       ///< global mean loss of step 1 (the untrained model)
   double final_loss = 0;       ///< global mean loss over the last progress window
   std::uint64_t final_from = 0;  ///< first step of that window
-  double samples_per_s = 0;    ///< steps 2..end (step 1 warms up)
-  double seconds = 0;          ///< steps 2..end
+  std::uint64_t warmup = 1;    ///< first steps left out of samples_per_s
+  double samples_per_s = 0;    ///< steps warmup+1..end; 0 when every step was warm-up
+  double seconds = 0;          ///< steps warmup+1..end
   double bytes_per_step = 0;   ///< bytes sent per step by a rank, mean over the ranks
   double bytes_per_step_max = 0;  ///< the same, the busiest rank
   int ranks = 1;
@@ -48,17 +49,24 @@ inline std::string format_bytes(double b) {
 /// Prints a progress line at step 1 and every `every` steps (rank 0), and a
 /// summary at the end. Every call is collective: all ranks call record()
 /// after each step and finish() once.
+///
+/// samples/s leaves out the first `warmup` steps: they pay one-time costs
+/// (first touches of freshly grown buffers, the allocator settling) that
+/// differ between architectures; a full-replica all-reduce run touches
+/// several times the memory of a sharded one in its first steps.
 template <class Trainer>
 class Progress {
  public:
   using clock = std::chrono::steady_clock;
 
   /// Construct right before the training loop (bytes count from here).
-  Progress(Trainer& trainer, std::size_t global_batch, std::size_t every, const char* unit = "samples")
+  Progress(Trainer& trainer, std::size_t global_batch, std::size_t every, const char* unit = "samples",
+           std::size_t warmup = 1)
       : trainer_(&trainer), comm_(trainer.context().comm()), batch_(global_batch), every_(std::max<std::size_t>(every, 1)),
-        unit_(unit), root_(trainer.context().is_root()) {
+        warmup_(warmup), unit_(unit), root_(trainer.context().is_root()) {
     summary_.ranks = trainer.context().size();
-    window_start_ = clock::now();
+    summary_.warmup = warmup;
+    window_start_ = steady_start_ = clock::now();
     sent_at_window_ = sent_at_start_ = sent();
   }
 
@@ -67,7 +75,7 @@ class Progress {
     ++steps_;
     window_loss_ += local_loss;
     ++window_steps_;
-    if (steps_ == 1 || steps_ % every_ == 0) flush();
+    if (steps_ == 1 || steps_ % every_ == 0 || steps_ == warmup_) flush();
   }
 
   /// Prints the summary (rank 0) and returns it on every rank.
@@ -75,8 +83,9 @@ class Progress {
     if (window_steps_) flush();
     Summary& s = summary_;
     s.steps = steps_;
-    s.seconds = std::chrono::duration<double>(last_flush_ - steady_start_).count();
-    s.samples_per_s = steps_ > 1 && s.seconds > 0 ? static_cast<double>((steps_ - 1) * batch_) / s.seconds : 0;
+    const std::uint64_t measured = steps_ > warmup_ ? steps_ - warmup_ : 0;
+    s.seconds = measured ? std::chrono::duration<double>(last_flush_ - steady_start_).count() : 0;
+    s.samples_per_s = measured && s.seconds > 0 ? static_cast<double>(measured * batch_) / s.seconds : 0;
     double bytes[2] = {static_cast<double>(sent() - sent_at_start_) / static_cast<double>(std::max<std::uint64_t>(steps_, 1)), 0};
     bytes[1] = bytes[0];
     MPI_Allreduce(MPI_IN_PLACE, &bytes[0], 1, MPI_DOUBLE, MPI_SUM, comm_);
@@ -88,8 +97,13 @@ class Progress {
                   s.ranks, s.ranks == 1 ? "" : "s");
       std::printf("  loss: step 1 %.4f, final %.4f (mean of steps %llu-%llu)\n", s.first_loss, s.final_loss,
                   static_cast<unsigned long long>(s.final_from), static_cast<unsigned long long>(s.steps));
-      std::printf("  %s/s: %.1f (steps 2-%llu, %.2f s)\n", unit_, s.samples_per_s, static_cast<unsigned long long>(s.steps),
-                  s.seconds);
+      if (measured)
+        std::printf("  %s/s: %.1f (steps %llu-%llu, %.2f s%s)\n", unit_, s.samples_per_s,
+                    static_cast<unsigned long long>(warmup_ + 1), static_cast<unsigned long long>(s.steps), s.seconds,
+                    warmup_ ? "; the steps before warm up" : "");
+      else
+        std::printf("  %s/s: n/a (all %llu steps were warm-up, --warmup %llu)\n", unit_,
+                    static_cast<unsigned long long>(s.steps), static_cast<unsigned long long>(warmup_));
       std::printf("  bytes sent per step per rank: %s mean, %s busiest rank (trainer.stats())\n",
                   format_bytes(s.bytes_per_step).c_str(), format_bytes(s.bytes_per_step_max).c_str());
       std::fflush(stdout);
@@ -108,10 +122,8 @@ class Progress {
     const double secs = std::chrono::duration<double>(now - window_start_).count();
     const std::uint64_t sent_now = sent();
     const double bytes = static_cast<double>(sent_now - sent_at_window_) / static_cast<double>(window_steps_);
-    if (steps_ == 1) {
-      summary_.first_loss = loss;
-      steady_start_ = now;
-    }
+    if (steps_ == 1) summary_.first_loss = loss;
+    if (steps_ == warmup_) steady_start_ = now;
     summary_.final_loss = loss;
     summary_.final_from = steps_ - window_steps_ + 1;
     if (root_) {
@@ -128,7 +140,7 @@ class Progress {
 
   Trainer* trainer_;
   MPI_Comm comm_;
-  std::size_t batch_, every_;
+  std::size_t batch_, every_, warmup_;
   const char* unit_;
   bool root_;
   std::uint64_t steps_ = 0, window_steps_ = 0;
