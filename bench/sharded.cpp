@@ -16,7 +16,8 @@
 // The learning rate is zero, so after the timed loop every looked-up row can
 // be checked against its initial value (`wrong`); every kernel still runs.
 // _sorted: the same ids in ascending order (the in-order lookup and a
-// gradient coalesced as added; docs/design.md).
+// gradient coalesced as added; docs/design.md); _sorted_8pr: with 8
+// partitions per rank, whose owners interleave.
 //
 // Partitions/P:<p>: the same step with Zipf-distributed ids (s = 1.1, the
 // shape of word frequencies) and P partitions. `imbalance` is the busiest
@@ -185,6 +186,10 @@ int main(int argc, char** argv) {
               [&](benchmark::State& s) { run_step<px::arch::Hybrid>(s, 0, 0, 0, false, true); });
   session.add("Step/allreduce_sorted", iters,
               [&](benchmark::State& s) { run_step<px::arch::AllReduce>(s, 0, 0, 0, false, true); });
+  // Ascending ids over 8 partitions per rank: owners interleave, so the keys
+  // ascend within each owner only (grouped by a counting sort on the host).
+  session.add("Step/hybrid_sorted_8pr", iters,
+              [&](benchmark::State& s) { run_step<px::arch::Hybrid>(s, 0, 0, 8 * n, false, true); });
   if (n >= 4)
     session.add("Step/hybrid_2hosts", iters,
                 [&](benchmark::State& s) { run_step<px::arch::Hybrid>(s, 2, 0, 0, false); });

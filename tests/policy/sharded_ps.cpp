@@ -111,6 +111,29 @@ TEMPLATE_TEST_CASE("ShardedTable::lookup returns the rows of the caller's ids, w
   CHECK(mpi.stats().total().calls == test::route_calls<test::engine_for<Space>> + 1);
 }
 
+TEMPLATE_TEST_CASE("ShardedTable::lookup of every row, ascending, over interleaved owners", "[policy][sharded_ps]",
+                   PARALLAX_TEST_SPACES) {
+  // Ascending ids over more partitions than ranks: the keys ascend within
+  // each owner only (on the host they are grouped by a counting sort).
+  using Space = TestType;
+  test::engine_for<Space> mpi(test::world());
+  const int n = mpi.size();
+  const int parts = GENERATE_COPY(n + 1, 3 * n, static_cast<int>(R));
+  TableIn<Space> table(mpi, px::PartitionMap(R, parts, n), C, "emb");
+  fill_table(table);
+  // Rank r asks for every row but the first r (so the ranks' requests differ).
+  std::vector<px::index_t> ids;
+  for (px::index_t id = mpi.rank(); id < static_cast<px::index_t>(R); ++id) ids.push_back(id);
+  auto out = px::Buffer<float, Space>::from_host(std::vector<float>(ids.size() * C, -1.f));
+  table.lookup(px::Buffer<px::index_t, Space>::from_host(ids).data(), ids.size(), out.data());
+  CHECK(table.lookup_in_order() == (n == 1));
+  const auto rows = out.to_host();
+  bool exact = true;
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    for (std::size_t c = 0; c < C; ++c) exact = exact && rows[i * C + c] == initial(ids[i], c);
+  CHECK(exact);
+}
+
 TEMPLATE_TEST_CASE("ShardedTable::push sums every rank's rows at their owner, by row then rank",
                    "[policy][sharded_ps]", PARALLAX_TEST_SPACES) {
   using Space = TestType;

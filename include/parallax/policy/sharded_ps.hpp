@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace parallax {
@@ -190,7 +191,9 @@ class ShardedTable {
     // replies come back aligned to them; an owner reads its rows straight
     // from the keys. Keys already strictly ascending (ascending unique ids
     // over one partition per rank, say) are their own sorted unique set:
-    // no sort, and the replies land in the caller's rows.
+    // no sort, and the replies land in the caller's rows. Ascending unique
+    // ids over more partitions than ranks are sorted by a counting sort on
+    // the host (group_ascending_ids); anything else by a sort.
     std::size_t k = 0;
     keys_.resize_discard(n);
     const index_t* unique = keys_.data();
@@ -202,14 +205,16 @@ class ShardedTable {
       if (!in_order_) {
         unique_.resize_discard(n);
         inverse_.resize_discard(n);
-        ex.copy(unique_.data(), keys_.data(), n * sizeof(index_t));
-        with_thrust(ex, n, [&](auto policy) {
-          thrust::sort(policy, unique_.data(), unique_.data() + n);
-          k = static_cast<std::size_t>(thrust::unique(policy, unique_.data(), unique_.data() + n) - unique_.data());
-          thrust::lower_bound(policy, unique_.data(), unique_.data() + k, keys_.data(), keys_.data() + n,
-                              inverse_.data());
-        });
         unique = unique_.data();
+        if (!group_ascending_ids(ids, n)) {
+          ex.copy(unique_.data(), keys_.data(), n * sizeof(index_t));
+          with_thrust(ex, n, [&](auto policy) {
+            thrust::sort(policy, unique_.data(), unique_.data() + n);
+            k = static_cast<std::size_t>(thrust::unique(policy, unique_.data(), unique_.data() + n) - unique_.data());
+            thrust::lower_bound(policy, unique_.data(), unique_.data() + k, keys_.data(), keys_.data() + n,
+                                inverse_.data());
+          });
+        }
       }
     }
     dest_.resize_discard(k);
@@ -327,6 +332,34 @@ class ShardedTable {
   const Buffer<index_t, space>& pushed_ids() const noexcept { return owned_ids_; }
 
  private:
+  /// Host memory, ids strictly ascending but owners interleaved (more
+  /// partitions than ranks): the keys ascend within each owner (an owner's
+  /// shard is its partitions in increasing order), so grouping them by owner
+  /// (a counting sort) sorts them, and they are already unique. Fills
+  /// unique_ and inverse_ as the sort would; false (nothing done) otherwise.
+  bool group_ascending_ids(const index_t* ids, std::size_t n) {
+    if constexpr (std::is_same_v<space, HostSpace>) {
+      if (!detail::strictly_ascending(engine_->exec(), ids, n)) return false;
+      const index_t* keys = keys_.data();
+      index_t* unique = unique_.data();
+      index_t* inverse = inverse_.data();
+      const std::size_t rows = map_.rows;
+      group_first_.resize(static_cast<std::size_t>(engine_->size()) + 1);
+      detail::group_stably(
+          n, static_cast<std::size_t>(engine_->size()),
+          [&](std::size_t i) { return static_cast<std::size_t>(keys[i]) / rows; }, group_first_.data(),
+          [&](std::size_t i, index_t at) {
+            unique[at] = keys[i];
+            inverse[i] = at;
+          });
+      return true;
+    } else {
+      (void)ids;
+      (void)n;
+      return false;
+    }
+  }
+
   Engine* engine_;
   PartitionMap map_;
   std::size_t cols_;
@@ -334,6 +367,7 @@ class ShardedTable {
   bool aggregate_ = false;
   index_t lookup_problem_ = detail::no_problem;
   bool in_order_ = false;  // the last plan_lookup()'s keys were strictly ascending
+  std::vector<index_t> group_first_;  // group_ascending_ids(): where each owner's keys start
   const T* by_unique_ = nullptr;  // where the last start_reply()'s rows land
   Buffer<T, space> shard_;
   detail::RowExchange<T, Engine> exchange_, aggregate_exchange_;
