@@ -5,7 +5,8 @@
 # one table: architecture, words/s, bytes sent per step per rank, final loss.
 #
 #   scripts/demo.sh                 # from a fresh machine: installs, builds, runs
-#   DEMO_STEPS=60 scripts/demo.sh   # shorter
+#   DEMO_STEPS=60 scripts/demo.sh   # shorter (words/s still from step DEMO_WARMUP + 1, default 21)
+#   DEMO_RANKS=2 scripts/demo.sh    # another rank count
 #
 # The three runs use the same seed, so they train the same model: the final
 # losses agree to float noise while the bytes and the speed differ.
