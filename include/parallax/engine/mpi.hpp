@@ -156,22 +156,7 @@ class Mpi {
   /// receives rcounts[j] elements from rank j at recv + rdispls[j].
   void alltoallv(const void* send, const std::size_t* scounts, const std::size_t* sdispls, void* recv,
                  const std::size_t* rcounts, const std::size_t* rdispls, DataType t) {
-    begin("alltoallv", 0, t);
-    const int n = size();
-    const auto un = static_cast<std::size_t>(n);
-    counts_.resize(2 * un);
-    displs_.resize(2 * un);
-    for (int p = 0; p < n; ++p) {
-      counts_[p] = detail::to_mpi_count(scounts[p]);
-      displs_[p] = static_cast<detail::mpi_displ>(sdispls[p]);
-      counts_[un + p] = detail::to_mpi_count(rcounts[p]);
-      displs_[un + p] = static_cast<detail::mpi_displ>(rdispls[p]);
-    }
-    book_alltoallv(scounts, rcounts, t);
-    MPI_Request r;
-    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ialltoallv)(send, counts_.data(), displs_.data(), detail::mpi_datatype(t),
-                                                      recv, counts_.data() + n, displs_.data() + n,
-                                                      detail::mpi_datatype(t), comm_, &r));
+    MPI_Request r = ialltoallv(send, scounts, sdispls, recv, rcounts, rdispls, t, counts_, displs_);
     complete(&r, 1, "alltoallv");
   }
 
@@ -182,22 +167,8 @@ class Mpi {
   /// order on every rank.
   void start_alltoallv(const void* send, const std::size_t* scounts, const std::size_t* sdispls, void* recv,
                        const std::size_t* rcounts, const std::size_t* rdispls, DataType t) {
-    begin("alltoallv", 0, t);
-    const int n = size();
-    const auto un = static_cast<std::size_t>(n);
     Started& op = started_.emplace_back();
-    op.counts.resize(2 * un);
-    op.displs.resize(2 * un);
-    for (std::size_t p = 0; p < un; ++p) {
-      op.counts[p] = detail::to_mpi_count(scounts[p]);
-      op.displs[p] = static_cast<detail::mpi_displ>(sdispls[p]);
-      op.counts[un + p] = detail::to_mpi_count(rcounts[p]);
-      op.displs[un + p] = static_cast<detail::mpi_displ>(rdispls[p]);
-    }
-    book_alltoallv(scounts, rcounts, t);
-    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ialltoallv)(send, op.counts.data(), op.displs.data(), detail::mpi_datatype(t),
-                                                      recv, op.counts.data() + n, op.displs.data() + n,
-                                                      detail::mpi_datatype(t), comm_, &op.request));
+    op.request = ialltoallv(send, scounts, sdispls, recv, rcounts, rdispls, t, op.counts, op.displs);
   }
 
   /// Completes every call start_alltoallv() left in flight, in one wait.
@@ -334,6 +305,31 @@ class Mpi {
   void begin(const char* op, std::size_t count, DataType t) {
     ++calls_;
     if (options_.check_calls) check_call(op, count, t);
+  }
+
+  /// Starts an alltoallv (counts in elements of t), converting the counts
+  /// into `counts` and `displs` (sends, then receives), which MPI reads until
+  /// the returned request completes.
+  MPI_Request ialltoallv(const void* send, const std::size_t* scounts, const std::size_t* sdispls, void* recv,
+                         const std::size_t* rcounts, const std::size_t* rdispls, DataType t,
+                         std::vector<detail::mpi_count>& counts, std::vector<detail::mpi_displ>& displs) {
+    begin("alltoallv", 0, t);
+    const int n = size();
+    const auto un = static_cast<std::size_t>(n);
+    counts.resize(2 * un);
+    displs.resize(2 * un);
+    for (std::size_t p = 0; p < un; ++p) {
+      counts[p] = detail::to_mpi_count(scounts[p]);
+      displs[p] = static_cast<detail::mpi_displ>(sdispls[p]);
+      counts[un + p] = detail::to_mpi_count(rcounts[p]);
+      displs[un + p] = static_cast<detail::mpi_displ>(rdispls[p]);
+    }
+    book_alltoallv(scounts, rcounts, t);
+    MPI_Request r;
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ialltoallv)(send, counts.data(), displs.data(), detail::mpi_datatype(t), recv,
+                                                      counts.data() + n, displs.data() + n, detail::mpi_datatype(t),
+                                                      comm_, &r));
+    return r;
   }
 
   /// Calls `step` until it returns true (then returns true) or the deadline
