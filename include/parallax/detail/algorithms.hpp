@@ -21,7 +21,6 @@
 #include <cstdint>
 #include <optional>
 #include <type_traits>
-#include <vector>
 
 namespace parallax::detail {
 
@@ -253,8 +252,11 @@ void group_stably(std::size_t k, std::size_t groups, Key&& key, index_t* first, 
   std::fill(first, first + groups + 1, index_t{0});
   for (std::size_t i = 0; i < k; ++i) ++first[static_cast<std::size_t>(key(i)) + 1];
   for (std::size_t g = 0; g < groups; ++g) first[g + 1] += first[g];
-  std::vector<index_t> next(first, first + groups);
-  for (std::size_t i = 0; i < k; ++i) place(i, next[static_cast<std::size_t>(key(i))]++);
+  // first[g] serves as group g's cursor, which leaves it at group g + 1's
+  // start; shifting back by one restores the starts (no scratch array).
+  for (std::size_t i = 0; i < k; ++i) place(i, first[static_cast<std::size_t>(key(i))]++);
+  std::copy_backward(first, first + groups, first + groups + 1);
+  first[0] = 0;
 }
 
 struct OutOfRange {
