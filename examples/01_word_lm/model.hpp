@@ -29,6 +29,7 @@
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace examples::word_lm {
@@ -146,7 +147,10 @@ class Windows {
 // example-begin word_lm_kernel
 /// z[b, 0] = the true word's logit, z[b, 1 + j] = sampled word j's; each
 /// h[b] . w[row] + bias[row] - log Q[row]. A sampled word equal to b's label
-/// (an accidental hit) gets a logit of -1e30, i.e. probability 0.
+/// (an accidental hit) gets a logit of -1e30, i.e. probability 0. One logit
+/// per call, the batch rows of one candidate next to each other: a softmax
+/// row is read from memory once a step, then from cache (on a GPU, by
+/// neighbouring threads together), not once per batch row.
 template <class T>
 struct SampledLogits {
   const T* h;                      // rows x dim
@@ -155,61 +159,134 @@ struct SampledLogits {
   const px::index_t* sampled_row;  // per sampled word
   const px::index_t* label_row;    // per batch row
   T* z;                            // rows x (1 + sampled)
-  std::size_t dim, sampled;
+  std::size_t rows, dim, sampled;
   PARALLAX_HOST_DEVICE void operator()(std::size_t e) const {
-    const std::size_t b = e / (1 + sampled), k = e % (1 + sampled);
+    const std::size_t k = e / rows, b = e % rows;
+    T* out = z + b * (1 + sampled) + k;
     const auto row = static_cast<std::size_t>(k == 0 ? label_row[b] : sampled_row[k - 1]);
     if (k > 0 && row == static_cast<std::size_t>(label_row[b])) {
-      z[e] = T(-1e30);
+      *out = T(-1e30);
       return;
     }
     const T* wr = w + row * (dim + 1);
-    z[e] = dot(h + b * dim, wr, dim) + wr[dim] - static_cast<T>(log_q[row]);
+    *out = dot(h + b * dim, wr, dim) + wr[dim] - static_cast<T>(log_q[row]);
   }
 };
 // example-end
 
-/// The gradient of candidate row r: sum_b d[b, r] [h_b, 1], where d[b, r] is
-/// dz[b, column] if r is a sampled word, plus dz[b, 0] if r is b's label.
-/// One row per call.
+/// The gradient of the logits as a candidates x rows matrix: d[r, b] =
+/// dz[b, 1 + j] if candidate row r is sampled word j, else 0. The true
+/// words' terms (dz[b, 0]) stay apart, so the sums below add the same terms
+/// in the same order as a loop over the sampled words would. One element per call.
 template <class T>
-struct CandidateGrad {
-  const T* h;
-  const T* dz;  // rows x (1 + sampled)
-  const std::int32_t* column;
-  const px::index_t* label_row;
-  T* g;  // candidates x (dim + 1)
-  std::size_t rows, dim, sampled;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t r) const {
-    T* gr = g + r * (dim + 1);
-    for (std::size_t c = 0; c <= dim; ++c) gr[c] = T(0);
+struct SampledGrad {
+  const T* dz;                  // rows x (1 + sampled)
+  const std::int32_t* column;  // per candidate: 1 + j, or 0
+  T* d;                         // candidates x rows
+  std::size_t rows, sampled;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t e) const {
+    const std::size_t r = e / rows, b = e % rows;
     const auto col = static_cast<std::size_t>(column[r]);
-    for (std::size_t b = 0; b < rows; ++b) {
-      const T* zb = dz + b * (1 + sampled);
-      const T d = (col ? zb[col] : T(0)) + (static_cast<std::size_t>(label_row[b]) == r ? zb[0] : T(0));
-      if (d == T(0)) continue;
-      axpy(d, h + b * dim, gr, dim);
-      gr[dim] += d;
-    }
+    d[e] = col ? dz[b * (1 + sampled) + col] : T(0);
   }
 };
 
-/// dh[b, :] = sum_k dz[b, k] w[row_k, :dim], one row b per call.
-template <class T>
-struct HiddenGrad {
-  const T* w;
-  const T* dz;
-  const px::index_t* sampled_row;
+/// The gradient of candidate row r: sum_b d[b, r] [h_b, 1], where d[b, r] is
+/// the sampled term (SampledGrad) plus dz[b, 0] if r is b's label. One row
+/// per call, its sums held in registers a tile of `Cols` columns at a time.
+template <class T, std::size_t Cols = 16>
+struct CandidateGrad {
+  const T* h;   // rows x dim
+  const T* d;   // candidates x rows (SampledGrad)
+  const T* dz;  // rows x (1 + sampled): column 0, the true words
   const px::index_t* label_row;
-  T* dh;
-  std::size_t dim, sampled;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t b) const {
-    T* out = dh + b * dim;
-    const T* zb = dz + b * (1 + sampled);
-    for (std::size_t c = 0; c < dim; ++c) out[c] = T(0);
-    axpy(zb[0], w + static_cast<std::size_t>(label_row[b]) * (dim + 1), out, dim);
-    for (std::size_t j = 0; j < sampled; ++j)
-      if (zb[1 + j] != T(0)) axpy(zb[1 + j], w + static_cast<std::size_t>(sampled_row[j]) * (dim + 1), out, dim);
+  T* g;  // candidates x (dim + 1)
+  std::size_t rows, dim, sampled;
+  PARALLAX_HOST_DEVICE T delta(std::size_t r, std::size_t b) const {
+    return d[r * rows + b] + (static_cast<std::size_t>(label_row[b]) == r ? dz[b * (1 + sampled)] : T(0));
+  }
+  PARALLAX_HOST_DEVICE void operator()(std::size_t r) const {
+    T* gr = g + r * (dim + 1);
+    std::size_t c0 = 0;
+    for (; c0 + Cols <= dim; c0 += Cols) {
+      T acc[Cols] = {};
+      for (std::size_t b = 0; b < rows; ++b) {
+        const T x = delta(r, b);
+        const T* hb = h + b * dim + c0;
+        for (std::size_t i = 0; i < Cols; ++i) acc[i] += x * hb[i];
+      }
+      for (std::size_t i = 0; i < Cols; ++i) gr[c0 + i] = acc[i];
+    }
+    for (; c0 < dim; ++c0) {
+      T acc = T(0);
+      for (std::size_t b = 0; b < rows; ++b) acc += delta(r, b) * h[b * dim + c0];
+      gr[c0] = acc;
+    }
+    T bias = T(0);
+    for (std::size_t b = 0; b < rows; ++b) bias += delta(r, b);
+    gr[dim] = bias;
+  }
+};
+
+/// dh[b, :] = dz[b, 0] w[label_b, :dim] + sum_r d[r, b] w[r, :dim]: a
+/// matrix product. A call owns `Rows` batch rows x `Panel` columns of dh and
+/// walks the candidate rows in memory order, `Block` at a time; within a
+/// block it sums one `Rows` x `Cols` tile at a time in registers. The host
+/// takes 4 x 8 tiles (8 SSE registers of sums, each w fragment loaded once
+/// for 4 batch rows) over panels of 64 columns and blocks of 32 rows (16 KiB
+/// of w, read from memory once and then from L1 for every tile); a GPU
+/// takes one element a thread, rows x dim threads. Each element adds its
+/// terms in candidate order, the same sums whatever the tiling.
+template <class T, std::size_t Rows = 4, std::size_t Cols = 8, std::size_t Panel = 64, std::size_t Block = 32>
+struct HiddenGrad {
+  static_assert(Panel % Cols == 0, "a panel is whole tiles");
+  const T* w;   // candidates x (dim + 1)
+  const T* d;   // candidates x rows (SampledGrad)
+  const T* dz;  // rows x (1 + sampled): column 0, the true words
+  const px::index_t* label_row;
+  T* dh;  // rows x dim
+  std::size_t rows, dim, sampled, candidates;
+  /// Multiply-adds a call does per candidate row.
+  static constexpr std::size_t work = Rows * Panel;
+  /// Calls that cover dh.
+  static std::size_t calls(std::size_t rows, std::size_t dim) {
+    return (rows + Rows - 1) / Rows * ((dim + Panel - 1) / Panel);
+  }
+  PARALLAX_HOST_DEVICE void operator()(std::size_t e) const {
+    const std::size_t row_tiles = (rows + Rows - 1) / Rows;
+    const std::size_t b0 = e % row_tiles * Rows, p0 = e / row_tiles * Panel;
+    const std::size_t nb = rows - b0 < Rows ? rows - b0 : Rows, p1 = dim - p0 < Panel ? dim : p0 + Panel;
+    for (std::size_t b = b0; b < b0 + nb; ++b) {  // the true words' terms come first
+      const T t = dz[b * (1 + sampled)];
+      const T* wl = w + static_cast<std::size_t>(label_row[b]) * (dim + 1);
+      for (std::size_t c = p0; c < p1; ++c) dh[b * dim + c] = t * wl[c];
+    }
+    for (std::size_t r0 = 0; r0 < candidates; r0 += Block) {
+      const std::size_t r1 = candidates - r0 < Block ? candidates : r0 + Block;
+      for (std::size_t c0 = p0; c0 < p1; c0 += Cols) {
+        const std::size_t nc = p1 - c0 < Cols ? p1 - c0 : Cols;
+        if (nb == Rows && nc == Cols)
+          tile(b0, c0, r0, r1, Rows, Cols);  // bounds the compiler sees: unrolled, in registers
+        else
+          tile(b0, c0, r0, r1, nb, nc);
+      }
+    }
+  }
+
+ private:
+  PARALLAX_HOST_DEVICE void tile(std::size_t b0, std::size_t c0, std::size_t r0, std::size_t r1, std::size_t nb,
+                                 std::size_t nc) const {
+    T acc[Rows][Cols];
+    for (std::size_t bi = 0; bi < nb; ++bi)
+      for (std::size_t i = 0; i < nc; ++i) acc[bi][i] = dh[(b0 + bi) * dim + c0 + i];
+    for (std::size_t r = r0; r < r1; ++r) {
+      const T* dr = d + r * rows + b0;
+      const T* wr = w + r * (dim + 1) + c0;
+      for (std::size_t bi = 0; bi < nb; ++bi)
+        for (std::size_t i = 0; i < nc; ++i) acc[bi][i] += dr[bi] * wr[i];
+    }
+    for (std::size_t bi = 0; bi < nb; ++bi)
+      for (std::size_t i = 0; i < nc; ++i) dh[(b0 + bi) * dim + c0 + i] = acc[bi][i];
   }
 };
 
@@ -228,6 +305,8 @@ template <class Space>
 class Model {
  public:
   using T = float;
+  /// Kernels tile for registers on the host, for threads on a GPU.
+  static constexpr bool host = std::is_same_v<Space, px::HostSpace>;
 
   // example-begin word_lm_variables
   Model(const px::Context& ctx, const Config& cfg)
@@ -264,7 +343,7 @@ class Model {
     const T* h = hidden.forward(ex, x.data, rows);
     logits_.resize_discard(rows * width);
     px::for_each(ex, rows * width,
-                 SampledLogits<T>{h, w.data, log_q_.data(), sampled_row_.data(), label_row_.data(), logits_.data(), dim, s},
+                 SampledLogits<T>{h, w.data, log_q_.data(), sampled_row_.data(), label_row_.data(), logits_.data(), rows, dim, s},
                  px::Cost{dim});
 
     // Loss and its gradient: the true word is column 0 of every row.
@@ -283,12 +362,20 @@ class Model {
     // trainer averages them over the ranks.
     const auto grad_w = softmax.grad().add_rows(n_cand);
     ex.copy(grad_w.ids, candidate_ids_.data(), n_cand * sizeof(px::index_t));
-    // A few heavy items per loop (a row of a matrix product each): Cost lets
-    // the host spread them over its OpenMP team all the same.
-    px::for_each(ex, n_cand, CandidateGrad<T>{h, logits_.data(), column_.data(), label_row_.data(), grad_w.values.data, rows, dim, s},
+    // The sampled part of dz as a candidates x rows matrix, then two matrix
+    // products over it: the softmax rows' gradient (a few heavy items: Cost
+    // lets the host spread them over its OpenMP team all the same) and dh.
+    grad_z_.resize_discard(n_cand * rows);
+    px::for_each(ex, n_cand * rows, SampledGrad<T>{logits_.data(), column_.data(), grad_z_.data(), rows, s});
+    px::for_each(ex, n_cand,
+                 CandidateGrad<T>{h, grad_z_.data(), logits_.data(), label_row_.data(), grad_w.values.data, rows, dim, s},
                  px::Cost{rows * dim});
-    px::for_each(ex, rows, HiddenGrad<T>{w.data, logits_.data(), sampled_row_.data(), label_row_.data(), hidden.output_grad(), dim, s},
-                 px::Cost{s * dim});
+    // dh: on the host, 4 x 8 tiles summed in registers; on a GPU, one
+    // element a thread. The same sums either way.
+    using HG = std::conditional_t<host, HiddenGrad<T>, HiddenGrad<T, 1, 1, 1, 1024>>;
+    px::for_each(ex, HG::calls(rows, dim),
+                 HG{w.data, grad_z_.data(), logits_.data(), label_row_.data(), hidden.output_grad(), rows, dim, s, n_cand},
+                 px::Cost{n_cand * HG::work});
     grad_x_.resize_discard(n_ctx * dim);
     hidden.backward(ex, x.data, rows, grad_x_.data());
     ex.synchronize();
@@ -306,7 +393,7 @@ class Model {
   Config cfg_;
   px::Buffer<px::index_t, Space> context_ids_, candidate_ids_, sampled_row_, label_row_;
   px::Buffer<float, Space> log_q_;
-  px::Buffer<T, Space> logits_, loss_, hits_, grad_x_;
+  px::Buffer<T, Space> logits_, loss_, hits_, grad_x_, grad_z_;
   px::Buffer<std::int32_t, Space> zeros_, column_;
 };
 
