@@ -231,12 +231,13 @@ struct CandidateGrad {
 /// dh[b, :] = dz[b, 0] w[label_b, :dim] + sum_r d[r, b] w[r, :dim]: a
 /// matrix product. A call owns `Rows` batch rows x `Panel` columns of dh and
 /// walks the candidate rows in memory order, `Block` at a time; within a
-/// block it sums one `Rows` x `Cols` tile at a time in registers. The host
-/// takes 4 x 8 tiles (8 SSE registers of sums, each w fragment loaded once
-/// for 4 batch rows) over panels of 64 columns and blocks of 32 rows (16 KiB
-/// of w, read from memory once and then from L1 for every tile); a GPU
-/// takes one element a thread, rows x dim threads. Each element adds its
-/// terms in candidate order, the same sums whatever the tiling.
+/// block it sums one tile of up to `Rows` x `Cols` at a time in registers.
+/// The host takes 4 x 8 tiles (8 SSE registers of sums, each w fragment
+/// loaded once for 4 batch rows), panels of 64 columns and blocks of 32
+/// rows: 8 KiB of w, prefetched while the block before is summed, then read
+/// from L1 by every tile. A GPU takes one element a thread, rows x dim
+/// threads. Each element adds its terms in candidate order, the same sums
+/// whatever the tiling.
 template <class T, std::size_t Rows = 4, std::size_t Cols = 8, std::size_t Panel = 64, std::size_t Block = 32>
 struct HiddenGrad {
   static_assert(Panel % Cols == 0, "a panel is whole tiles");
@@ -263,29 +264,43 @@ struct HiddenGrad {
     }
     for (std::size_t r0 = 0; r0 < candidates; r0 += Block) {
       const std::size_t r1 = candidates - r0 < Block ? candidates : r0 + Block;
+#if !defined(__CUDA_ARCH__) && defined(__GNUC__)
+      // The tiles walk down the block's rows, a stride the hardware does
+      // not prefetch: ask for the next block's part of the panel now.
+      for (std::size_t r = r1; r < r1 + Block && r < candidates; ++r)
+        for (std::size_t c = p0; c < p1; c += 64 / sizeof(T)) __builtin_prefetch(w + r * (dim + 1) + c);
+#endif
       for (std::size_t c0 = p0; c0 < p1; c0 += Cols) {
         const std::size_t nc = p1 - c0 < Cols ? p1 - c0 : Cols;
-        if (nb == Rows && nc == Cols)
-          tile(b0, c0, r0, r1, Rows, Cols);  // bounds the compiler sees: unrolled, in registers
-        else
-          tile(b0, c0, r0, r1, nb, nc);
+        rows_tile<Rows>(nb, b0, c0, r0, r1, nc);
       }
     }
   }
 
  private:
-  PARALLAX_HOST_DEVICE void tile(std::size_t b0, std::size_t c0, std::size_t r0, std::size_t r1, std::size_t nb,
-                                 std::size_t nc) const {
-    T acc[Rows][Cols];
-    for (std::size_t bi = 0; bi < nb; ++bi)
+  // A tile of nb <= R rows, with nb as a template argument: bounds the
+  // compiler sees are unrolled, their sums held in registers.
+  template <std::size_t R>
+  PARALLAX_HOST_DEVICE void rows_tile(std::size_t nb, std::size_t b0, std::size_t c0, std::size_t r0, std::size_t r1,
+                                      std::size_t nc) const {
+    if constexpr (R > 1) {
+      if (nb < R) return rows_tile<R - 1>(nb, b0, c0, r0, r1, nc);
+    }
+    nc == Cols ? tile<R>(b0, c0, r0, r1, Cols) : tile<R>(b0, c0, r0, r1, nc);
+  }
+  // Adds candidate rows [r0, r1) to dh's R x nc tile at (b0, c0).
+  template <std::size_t R>
+  PARALLAX_HOST_DEVICE void tile(std::size_t b0, std::size_t c0, std::size_t r0, std::size_t r1, std::size_t nc) const {
+    T acc[R][Cols];
+    for (std::size_t bi = 0; bi < R; ++bi)
       for (std::size_t i = 0; i < nc; ++i) acc[bi][i] = dh[(b0 + bi) * dim + c0 + i];
     for (std::size_t r = r0; r < r1; ++r) {
       const T* dr = d + r * rows + b0;
       const T* wr = w + r * (dim + 1) + c0;
-      for (std::size_t bi = 0; bi < nb; ++bi)
+      for (std::size_t bi = 0; bi < R; ++bi)
         for (std::size_t i = 0; i < nc; ++i) acc[bi][i] += dr[bi] * wr[i];
     }
-    for (std::size_t bi = 0; bi < nb; ++bi)
+    for (std::size_t bi = 0; bi < R; ++bi)
       for (std::size_t i = 0; i < nc; ++i) dh[(b0 + bi) * dim + c0 + i] = acc[bi][i];
   }
 };
