@@ -19,6 +19,19 @@
 
 set(PARALLAX_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wno-unknown-pragmas)
 
+# Intel's JCC erratum: on Skylake-derived cores (this project's development
+# machine among them) the microcode fix keeps any jump that crosses or ends on
+# a 32-byte boundary out of the decoded-instruction cache, so the speed of a
+# tight loop changes with where unrelated code moves it. GNU as can pad those
+# jumps; parallax's own programs ask for it where the toolchain can (x86 with
+# GNU as). docs/benchmarks.md: word_lm's logits kernel took 9.5% of a
+# 4-rank step instead of 7% when an edit elsewhere moved it.
+option(PARALLAX_ALIGN_BRANCHES "Pad jumps off 32-byte boundaries in parallax's own programs (x86, GNU as)" ON)
+if(PARALLAX_ALIGN_BRANCHES)
+  include(CheckCXXCompilerFlag)
+  check_cxx_compiler_flag("-Wa,-mbranches-within-32B-boundaries" PARALLAX_HAVE_ALIGN_BRANCHES)
+endif()
+
 option(PARALLAX_CUDA_BUILD_HOST_COPIES
   "In a CUDA configuration, also build by default the C++ copies of executables that have a CUDA twin" OFF)
 
@@ -26,6 +39,7 @@ function(_parallax_configure_target target)
   target_link_libraries(${target} PRIVATE parallax::parallax)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:${PARALLAX_WARNINGS}>
+    $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${PARALLAX_HAVE_ALIGN_BRANCHES}>>:-Wa,-mbranches-within-32B-boundaries>
     $<$<COMPILE_LANGUAGE:CUDA>:--extended-lambda --expt-relaxed-constexpr -Xcompiler=-Wall>)
   set_target_properties(${target} PROPERTIES CXX_EXTENSIONS OFF CUDA_EXTENSIONS OFF)
 endfunction()
