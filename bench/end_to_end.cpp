@@ -12,13 +12,13 @@
 // the timed region (data loading is not what is measured). After the timed
 // loop every rank checks that its loss is finite, reported as `wrong`.
 //
-// Shapes (global batch, split over the ranks):
+// Shapes (global batch, split over the ranks; divisible by 1, 2, 3 and 4):
 //  * word_lm: LM1B-like sparse tables scaled down: vocabulary 200,000, width
-//    256, 8192 sampled classes per step (LM1B's count), context 2, batch 32,
+//    256, 8192 sampled classes per step (LM1B's count), context 2, batch 24,
 //    Adagrad. The softmax rows of a step (8192 + labels) dwarf the batch.
 //  * ctr: 26 tables (Criteo's cardinalities capped at 100,000 rows), width 16,
-//    batch 256, Adagrad.
-//  * dense_mlp: MLP 32-512-512-10 (0.29M parameters), batch 256, Momentum.
+//    batch 240, Adagrad.
+//  * dense_mlp: MLP 32-512-512-10 (0.29M parameters), batch 240, Momentum.
 #include "common/harness.hpp"
 
 #include "../examples/01_word_lm/model.hpp"
