@@ -188,12 +188,16 @@ struct SoftmaxCrossEntropy {
     std::size_t arg = 0;
     for (std::size_t c = 1; c < classes; ++c)
       if (z[c] > top) top = z[c], arg = c;
-    T sum = T(0);
-    for (std::size_t c = 0; c < classes; ++c) sum += std::exp(z[c] - top);
     const auto label = static_cast<std::size_t>(labels[r]);
-    loss[r] = std::log(sum) - (z[label] - top);
+    const T true_logit = z[label];
+    T sum = T(0);
+    for (std::size_t c = 0; c < classes; ++c) {  // one exp per logit, kept for the gradient
+      z[c] = std::exp(z[c] - top);
+      sum += z[c];
+    }
+    loss[r] = std::log(sum) - (true_logit - top);
     correct[r] = arg == label ? T(1) : T(0);
-    for (std::size_t c = 0; c < classes; ++c) z[c] = (std::exp(z[c] - top) / sum - (c == label ? T(1) : T(0))) * inv_rows;
+    for (std::size_t c = 0; c < classes; ++c) z[c] = (z[c] / sum - (c == label ? T(1) : T(0))) * inv_rows;
   }
 };
 

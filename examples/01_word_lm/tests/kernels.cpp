@@ -3,7 +3,8 @@
 // against the formulas written out in double, on shapes whose edges cut the
 // host's register tiles (rows and dim not multiples of the tile), with
 // repeated labels and an accidental hit; and HiddenGrad's tilings against
-// each other and against a loop over the sampled words, bit for bit. No MPI.
+// each other and against a loop over the sampled words, bit for bit; and the
+// softmax cross-entropy it trains with (examples/common/layers.hpp). No MPI.
 #include <catch2/catch.hpp>
 
 #include "01_word_lm/model.hpp"
@@ -159,4 +160,34 @@ TEST_CASE("HiddenGrad: dh = dz w over the true and sampled words, the same bits 
       CHECK(same_bits(host, loop));
     }
   }
+}
+
+TEST_CASE("SoftmaxCrossEntropy: each row's loss, whether its label wins, and the gradient in place", "[word_lm][kernels]") {
+  const std::size_t rows = 3, classes = 7;
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  std::vector<float> z(rows * classes);
+  for (float& x : z) x = u(gen);
+  z[1 * classes + 2] = 9.0f;  // row 1's label (2) is its largest logit
+  const std::vector<float> logits = z;
+  const std::vector<std::int32_t> labels{0, 2, 6};
+  std::vector<float> loss(rows), correct(rows);
+  px::for_each(px::Exec<px::HostSpace>{}, rows,
+               examples::SoftmaxCrossEntropy<float>{z.data(), labels.data(), loss.data(), correct.data(), classes, 0.5f});
+  for (std::size_t r = 0; r < rows; ++r) {
+    INFO("row " << r);
+    const float* x = logits.data() + r * classes;
+    const auto label = static_cast<std::size_t>(labels[r]);
+    double sum = 0;
+    std::size_t arg = 0;
+    for (std::size_t c = 0; c < classes; ++c) {
+      sum += std::exp(static_cast<double>(x[c]));
+      if (x[c] > x[arg]) arg = c;
+    }
+    CHECK(loss[r] == Approx(std::log(sum) - x[label]).epsilon(1e-5));
+    CHECK(correct[r] == (arg == label ? 1.0f : 0.0f));
+    for (std::size_t c = 0; c < classes; ++c)
+      CHECK(z[r * classes + c] == Approx(0.5 * (std::exp(x[c]) / sum - (c == label ? 1.0 : 0.0))).margin(1e-6));
+  }
+  CHECK(correct[1] == 1.0f);
 }
