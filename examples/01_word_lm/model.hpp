@@ -191,8 +191,8 @@ struct SampledGrad {
   }
 };
 
-/// The gradient of candidate row r: sum_b d[b, r] [h_b, 1], where d[b, r] is
-/// the sampled term (SampledGrad) plus dz[b, 0] if r is b's label. One row
+/// The gradient of candidate row r: sum_b delta(r, b) [h_b, 1], where
+/// delta(r, b) is d[r, b] (SampledGrad) plus dz[b, 0] if r is b's label. One row
 /// per call, its sums held in registers a tile of `Cols` columns at a time.
 template <class T, std::size_t Cols = 16>
 struct CandidateGrad {
