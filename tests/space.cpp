@@ -192,6 +192,38 @@ TEMPLATE_TEST_CASE("for_each_rows visits every element of every row exactly once
   CHECK(std::count(got.begin(), got.end(), 1) == static_cast<std::ptrdiff_t>(rows * cols));
 }
 
+namespace {
+/// A row kernel with a prefetch hook that logs, in order, "p r" for each
+/// prefetch(r) and "r" when row r's first element runs (one thread: the loops
+/// below are under the OpenMP threshold).
+struct LogRows {
+  std::vector<std::string>* log;
+  const float* table;
+  std::size_t cols;
+  void operator()(std::size_t r, std::size_t c) const {
+    if (c == 0) log->push_back(std::to_string(r));
+  }
+  void prefetch(std::size_t r) const {
+    px::prefetch_bytes(table + r * cols, cols * sizeof(float));
+    log->push_back("p " + std::to_string(r));
+  }
+};
+}  // namespace
+
+TEST_CASE("for_each_rows on the host prefetches row r + 1 before it runs row r, where the kernel can", "[space]") {
+  static_assert(px::detail::has_prefetch<LogRows>::value);
+  static_assert(!px::detail::has_prefetch<CountVisit>::value);
+  static_assert(px::detail::has_prefetch<px::detail::GatherRows<float>>::value);
+  std::vector<float> table(4 * 8, 1.0f);
+  std::vector<std::string> log;
+  px::for_each_rows(px::Exec<px::HostSpace>{}, 4, 8, LogRows{&log, table.data(), 8});
+  CHECK(log == std::vector<std::string>{"p 1", "0", "p 2", "1", "p 3", "2", "3"});
+  log.clear();
+  px::for_each_rows(px::Exec<px::HostSpace>{}, 1, 8, LogRows{&log, table.data(), 8});
+  CHECK(log == std::vector<std::string>{"0"});  // no row past the end
+  px::prefetch_bytes(nullptr, 0);             // a hint of nothing is no access
+}
+
 TEST_CASE("Buffer allocations are 64-byte aligned on the host", "[space]") {
   px::Buffer<float> b(3);
   CHECK(reinterpret_cast<std::uintptr_t>(b.data()) % 64 == 0);

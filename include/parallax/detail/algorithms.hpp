@@ -307,6 +307,7 @@ struct GatherRows {
   PARALLAX_HOST_DEVICE void operator()(std::size_t i, std::size_t c) const {
     out[i * cols + c] = table[static_cast<std::size_t>(rows[i]) * cols + c];
   }
+  void prefetch(std::size_t i) const { prefetch_bytes(table + static_cast<std::size_t>(rows[i]) * cols, cols * sizeof(T)); }
 };
 
 /// table[rows[i]*cols + c] += values[i*cols + c]; rows must be unique.

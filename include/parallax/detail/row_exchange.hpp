@@ -77,6 +77,7 @@ struct PackValues {
     T* block = RowBlock<T>::values(out + meta[ranks + 1 + p], count);
     block[static_cast<std::size_t>(t) * cols + c] = values[static_cast<std::size_t>(order[j]) * cols + c];
   }
+  void prefetch(std::size_t j) const { prefetch_bytes(values + static_cast<std::size_t>(order[j]) * cols, cols * sizeof(T)); }
 };
 
 /// One table's part of a route (type-erased, so tables of different element

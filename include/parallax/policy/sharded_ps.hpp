@@ -76,6 +76,9 @@ struct GatherKeyedRows {
   PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
     out[j * cols + c] = shard[static_cast<std::size_t>(keys[j] - base) * cols + c];
   }
+  void prefetch(std::size_t j) const {
+    prefetch_bytes(shard + static_cast<std::size_t>(keys[j] - base) * cols, cols * sizeof(T));
+  }
 };
 
 struct ToLocalRow {
