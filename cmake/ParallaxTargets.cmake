@@ -26,10 +26,31 @@ set(PARALLAX_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wno-unknown-pragmas)
 # jumps; parallax's own programs ask for it where the toolchain can (x86 with
 # GNU as). docs/benchmarks.md: word_lm's logits kernel took 9.5% of a
 # 4-rank step instead of 7% when an edit elsewhere moved it.
-option(PARALLAX_ALIGN_BRANCHES "Pad jumps off 32-byte boundaries in parallax's own programs (x86, GNU as)" ON)
+# The same cache holds 32-byte windows of code: a short hot loop that starts
+# 16 bytes into one spans two, and with GCC's default loop alignment (16)
+# where it starts moves with unrelated code. -falign-loops=32 fixes that
+# start: the logits kernel's 28-byte dot-product loop took 13% of a 4-rank
+# step instead of 9.5% when an edit elsewhere moved it across a boundary.
+option(PARALLAX_ALIGN_BRANCHES
+  "Pad jumps off 32-byte boundaries and start loops on one in parallax's own programs (x86, GNU as)" ON)
 if(PARALLAX_ALIGN_BRANCHES)
   include(CheckCXXCompilerFlag)
   check_cxx_compiler_flag("-Wa,-mbranches-within-32B-boundaries" PARALLAX_HAVE_ALIGN_BRANCHES)
+  check_cxx_compiler_flag("-falign-loops=32" PARALLAX_HAVE_ALIGN_LOOPS)
+endif()
+
+# errno: C's sqrt() must set errno for a negative argument, so under GCC's
+# and Clang's default -fmath-errno every std::sqrt is an instruction plus a
+# compare and a branch to the library call, and a loop holding one does not
+# vectorise. Adagrad's and Adam's rules have one per element: their sparse
+# update ran 2x faster without errno (docs/benchmarks.md, "Row kernels").
+# Nothing in parallax or its programs reads errno after a math call, and the
+# results are the same bits (sqrt and division are correctly rounded either
+# way), so parallax's own programs are built without it.
+option(PARALLAX_NO_MATH_ERRNO "Build parallax's own programs with -fno-math-errno (GCC, Clang)" ON)
+if(PARALLAX_NO_MATH_ERRNO)
+  include(CheckCXXCompilerFlag)
+  check_cxx_compiler_flag("-fno-math-errno" PARALLAX_HAVE_NO_MATH_ERRNO)
 endif()
 
 option(PARALLAX_CUDA_BUILD_HOST_COPIES
@@ -40,6 +61,9 @@ function(_parallax_configure_target target)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:${PARALLAX_WARNINGS}>
     $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${PARALLAX_HAVE_ALIGN_BRANCHES}>>:-Wa,-mbranches-within-32B-boundaries>
+    $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${PARALLAX_HAVE_ALIGN_LOOPS}>>:-falign-loops=32>
+    $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${PARALLAX_HAVE_NO_MATH_ERRNO}>>:-fno-math-errno>
+    $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${PARALLAX_HAVE_NO_MATH_ERRNO}>>:-Xcompiler=-fno-math-errno>
     $<$<COMPILE_LANGUAGE:CUDA>:--extended-lambda --expt-relaxed-constexpr -Xcompiler=-Wall>)
   set_target_properties(${target} PROPERTIES CXX_EXTENSIONS OFF CUDA_EXTENSIONS OFF)
 endfunction()
