@@ -1,0 +1,78 @@
+// Host row kernels on scattered rows: the sparse optimizer update and the
+// row gather that a sharded PS runs on its shard every step.
+//
+//   build/host/bench/bench_row_kernels
+//
+// One process, no MPI. The workload (row_kernels.hpp) is a rank's shard of
+// word_lm's softmax table at the demo's shape: 8,192 distinct rows of 128
+// floats out of 200,000, a new set of rows each iteration. Benchmarks:
+//   AdagradRows/library      optim::apply_rows(Adagrad), as the trainer runs it
+//   AdagradRows/math_errno   the same kernel compiled with -fmath-errno
+//   GatherRows/library       detail::GatherRows (a lookup's gather)
+//   GatherRows/no_prefetch   the same kernel with its prefetch(r) hidden
+// Counter `bytes_per_second`: the rows' bytes read and written.
+#include "row_kernels.hpp"
+
+#include <benchmark/benchmark.h>
+
+namespace px = parallax;
+namespace pb = parallax::bench;
+
+namespace {
+
+/// A row kernel without its prefetch(r): the baseline of the hook.
+template <class F>
+struct NoPrefetch {
+  F f;
+  void operator()(std::size_t r, std::size_t c) const { f(r, c); }
+};
+
+const px::Exec<px::HostSpace> host;
+constexpr std::size_t kRowBytes = pb::RowWorkload::cols * sizeof(float);
+
+void adagrad_rows(pb::RowWorkload& w, std::size_t s) {
+  const px::optim::Adagrad opt{0.5f};
+  px::optim::apply_rows(host, opt, 1, w.table.data(), w.ids[s].data(), w.grad.data(), pb::RowWorkload::touched,
+                        pb::RowWorkload::cols, w.state, 1.0f);
+}
+
+template <class Run>
+void run_rows(benchmark::State& state, Run run, std::size_t bytes_per_row) {
+  auto& w = pb::RowWorkload::get();
+  std::size_t s = 0;
+  for (auto _ : state) {
+    run(w, s);
+    s = (s + 1) % pb::RowWorkload::sets;
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * pb::RowWorkload::touched * bytes_per_row));
+}
+
+// Adagrad reads and writes a row of the table and of the accumulator, and reads a gradient row.
+constexpr std::size_t kAdagradBytes = 5 * kRowBytes;
+
+void AdagradRows_library(benchmark::State& state) { run_rows(state, adagrad_rows, kAdagradBytes); }
+void AdagradRows_math_errno(benchmark::State& state) {
+  run_rows(state, pb::adagrad_rows_math_errno, kAdagradBytes);
+}
+
+template <bool Prefetch>
+void gather_rows(pb::RowWorkload& w, std::size_t s) {
+  const px::detail::GatherRows<float> f{w.table.data(), w.ids[s].data(), w.out.data(), pb::RowWorkload::cols};
+  if constexpr (Prefetch)
+    px::for_each_rows(host, pb::RowWorkload::touched, pb::RowWorkload::cols, f);
+  else
+    px::for_each_rows(host, pb::RowWorkload::touched, pb::RowWorkload::cols, NoPrefetch<decltype(f)>{f});
+}
+void GatherRows_library(benchmark::State& state) { run_rows(state, gather_rows<true>, 2 * kRowBytes); }
+void GatherRows_no_prefetch(benchmark::State& state) { run_rows(state, gather_rows<false>, 2 * kRowBytes); }
+
+}  // namespace
+
+// Interleaved, so drift on a shared machine falls on every variant alike.
+BENCHMARK(AdagradRows_library)->Name("AdagradRows/library")->Unit(benchmark::kMicrosecond);
+BENCHMARK(AdagradRows_math_errno)->Name("AdagradRows/math_errno")->Unit(benchmark::kMicrosecond);
+BENCHMARK(GatherRows_library)->Name("GatherRows/library")->Unit(benchmark::kMicrosecond);
+BENCHMARK(GatherRows_no_prefetch)->Name("GatherRows/no_prefetch")->Unit(benchmark::kMicrosecond);
+
+BENCHMARK_MAIN();
