@@ -26,11 +26,11 @@ set(PARALLAX_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wno-unknown-pragmas)
 # jumps; parallax's own programs ask for it where the toolchain can (x86 with
 # GNU as). docs/benchmarks.md: word_lm's logits kernel took 9.5% of a
 # 4-rank step instead of 7% when an edit elsewhere moved it.
-# The same cache holds 32-byte windows of code: a short hot loop that starts
-# 16 bytes into one spans two, and with GCC's default loop alignment (16)
-# where it starts moves with unrelated code. -falign-loops=32 fixes that
-# start: the logits kernel's 28-byte dot-product loop took 13% of a 4-rank
-# step instead of 9.5% when an edit elsewhere moved it across a boundary.
+# With GCC's default loop alignment (16 bytes) where a short hot loop falls
+# against the cache's 32-byte windows and 64-byte lines moves with unrelated
+# code: the logits kernel's 28-byte dot-product loop took 13% of a 4-rank
+# step instead of 9.5% when an edit elsewhere moved it across a 64-byte line.
+# -falign-loops=32 starts every loop on a 32-byte boundary.
 option(PARALLAX_ALIGN_BRANCHES
   "Pad jumps off 32-byte boundaries and start loops on one in parallax's own programs (x86, GNU as)" ON)
 if(PARALLAX_ALIGN_BRANCHES)
