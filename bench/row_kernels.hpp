@@ -5,6 +5,7 @@
 #include <parallax/parallax.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstddef>
 #include <numeric>
 #include <random>
@@ -12,33 +13,44 @@
 
 namespace parallax::bench {
 
-/// A rank's shard of word_lm's softmax table at the demo's shape (800,000
-/// words over 4 ranks: 200,000 rows of 128 floats, 100 MB) with its Adagrad
-/// accumulator, and `sets` sets of `touched` distinct rows in ascending order
-/// (as the sharded PS applies them). The sets together touch 128 MB, far
-/// more than a core's L2, so each iteration finds its rows in the shared L3
-/// or DRAM, as a training step does.
+/// A table of `rows` rows of 128 floats with its Adagrad accumulator, and
+/// `sets` sets of 8,192 distinct rows each in ascending order (as the
+/// sharded PS applies them); an iteration takes the next set. Two sizes:
+/// * shard(): a rank's shard of word_lm's softmax table at the demo's shape
+///   (800,000 words over 4 ranks: 200,000 rows, 100 MB), 16 sets (128 MB
+///   touched): after the first pass the rows sit in this machine's shared
+///   480 MiB L3, as they may when one process has the machine;
+/// * table(): 2,000,000 rows (1 GB, and 1 GB of accumulator), 64 sets (512 MB
+///   touched, more than the L3): the rows come from DRAM, as they do when
+///   several ranks' tables and other jobs share the cache.
 struct RowWorkload {
-  static constexpr std::size_t rows = 200000, cols = 128, touched = 8192, sets = 16;
-  std::vector<float> table = std::vector<float>(rows * cols, 0.01f);
-  optim::State<optim::Adagrad, float, HostSpace> state{optim::Adagrad{0.5f}, rows * cols};  // accumulator 0.1
+  static constexpr std::size_t cols = 128, touched = 8192;
+  std::size_t rows, sets;
+  std::vector<float> table;
+  optim::State<optim::Adagrad, float, HostSpace> state;  // accumulator 0.1
   std::vector<float> grad = std::vector<float>(touched * cols, 1e-3f);
   std::vector<float> out = std::vector<float>(touched * cols);
   std::vector<std::vector<index_t>> ids;
-  RowWorkload() {
+  RowWorkload(std::size_t n, std::size_t s)
+      : rows(n), sets(s), table(n * cols, 0.01f), state(optim::Adagrad{0.5f}, n * cols) {
     std::mt19937_64 rng(7);
     std::vector<index_t> all(rows);
     std::iota(all.begin(), all.end(), index_t{0});
-    for (std::size_t s = 0; s < sets; ++s) {
+    for (std::size_t k = 0; k < sets; ++k) {
       std::shuffle(all.begin(), all.end(), rng);
       ids.emplace_back(all.begin(), all.begin() + touched);
       std::sort(ids.back().begin(), ids.back().end());
     }
   }
-  static RowWorkload& get() {
-    static RowWorkload w;
+  static RowWorkload& shard() {
+    static RowWorkload w(200000, 16);
     return w;
   }
+  static RowWorkload& table_in_dram() {
+    static RowWorkload w(2000000, 64);
+    return w;
+  }
+  static RowWorkload& of(std::int64_t size) { return size == 0 ? shard() : table_in_dram(); }
 };
 
 /// optim::apply_rows with Adagrad on set `s` of the workload, compiled with

@@ -43,7 +43,7 @@ endif()
 # and Clang's default -fmath-errno every std::sqrt is an instruction plus a
 # compare and a branch to the library call, and a loop holding one does not
 # vectorise. Adagrad's and Adam's rules have one per element: their sparse
-# update ran 2x faster without errno (docs/benchmarks.md, "Row kernels").
+# update ran 1.7-2.1x faster without errno (docs/benchmarks.md, "Row kernels").
 # Nothing in parallax or its programs reads errno after a math call, and the
 # results are the same bits (sqrt and division are correctly rounded either
 # way), so parallax's own programs are built without it.

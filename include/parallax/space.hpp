@@ -247,10 +247,11 @@ struct has_prefetch<F, std::void_t<decltype(std::declval<const F&>().prefetch(st
 /// large table) may have a host member `void prefetch(std::size_t r) const`
 /// that names that memory with prefetch_bytes(). The host calls it for row
 /// r + 1 before it runs row r, so the next row's cache misses overlap this
-/// row's copy: a gather of 8,192 scattered rows of 128 floats from a 100 MB
-/// table ran 1.19x faster. Updates of scattered rows in place (the sparse
-/// optimizer rules) gained nothing from it (0.97-1.02x) and have none
-/// (docs/benchmarks.md, "Row kernels"). A GPU ignores it.
+/// row's copy: a gather of 8,192 scattered rows of 128 floats ran 1.2x
+/// faster from a 100 MB table in cache, 1.3-1.4x from a 1 GB table in DRAM.
+/// Updates of scattered rows in place (the sparse optimizer rules) gained
+/// nothing from it (0.99-1.01x) and have none (docs/benchmarks.md, "Row
+/// kernels"). A GPU ignores it.
 template <class Space, class F>
 void for_each_rows(const Exec<Space>& ex, std::size_t rows, std::size_t cols, F f) {
   if (rows == 0 || cols == 0) return;
