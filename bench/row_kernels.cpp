@@ -49,10 +49,8 @@ struct PrefetchingUpdate : px::optim::detail::RowUpdate<px::optim::Adagrad::Rule
   }
 };
 void adagrad_rows_prefetch(pb::RowWorkload& w, std::size_t s) {
-  const px::optim::Adagrad opt{0.5f};
-  const PrefetchingUpdate f{{opt.rule<float>(1), w.table.data(), w.state.slot(0), nullptr, w.ids[s].data(),
-                             w.grad.data(), pb::RowWorkload::cols, 1.0f}};
-  px::for_each_rows(host, pb::RowWorkload::touched, pb::RowWorkload::cols, f);
+  px::for_each_rows(host, pb::RowWorkload::touched, pb::RowWorkload::cols,
+                    pb::adagrad_update<PrefetchingUpdate>(w, s));
 }
 
 template <class Run>

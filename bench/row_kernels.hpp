@@ -53,6 +53,14 @@ struct RowWorkload {
   static RowWorkload& of(std::int64_t size) { return size == 0 ? shard() : table_in_dram(); }
 };
 
+/// The kernel optim::apply_rows runs for Adagrad on set `s` of the workload,
+/// as an `Update` (RowUpdate or a type derived from it without members).
+template <class Update>
+Update adagrad_update(RowWorkload& w, std::size_t s) {
+  return Update{{optim::Adagrad{0.5f}.rule<float>(1), w.table.data(), w.state.slot(0), nullptr, w.ids[s].data(),
+                 w.grad.data(), RowWorkload::cols, 1.0f}};
+}
+
 /// optim::apply_rows with Adagrad on set `s` of the workload, compiled with
 /// -fmath-errno (row_kernels_errno.cpp).
 void adagrad_rows_math_errno(RowWorkload& w, std::size_t s);

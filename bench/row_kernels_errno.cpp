@@ -12,8 +12,6 @@ struct ErrnoUpdate : px::optim::detail::RowUpdate<px::optim::Adagrad::Rule<float
 }  // namespace
 
 void px::bench::adagrad_rows_math_errno(RowWorkload& w, std::size_t s) {
-  const px::optim::Adagrad opt{0.5f};
-  const ErrnoUpdate f{{opt.rule<float>(1), w.table.data(), w.state.slot(0), nullptr, w.ids[s].data(), w.grad.data(),
-                       RowWorkload::cols, 1.0f}};
-  px::for_each_rows(px::Exec<px::HostSpace>{}, RowWorkload::touched, RowWorkload::cols, f);
+  px::for_each_rows(px::Exec<px::HostSpace>{}, RowWorkload::touched, RowWorkload::cols,
+                    adagrad_update<ErrnoUpdate>(w, s));
 }

@@ -18,6 +18,7 @@
 # parallax_host_only(<target>...) applies that rule to targets made otherwise.
 
 set(PARALLAX_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wno-unknown-pragmas)
+include(CheckCXXCompilerFlag)
 
 # Intel's JCC erratum: on Skylake-derived cores (this project's development
 # machine among them) the microcode fix keeps any jump that crosses or ends on
@@ -34,7 +35,6 @@ set(PARALLAX_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wno-unknown-pragmas)
 option(PARALLAX_ALIGN_BRANCHES
   "Pad jumps off 32-byte boundaries and start loops on one in parallax's own programs (x86, GNU as)" ON)
 if(PARALLAX_ALIGN_BRANCHES)
-  include(CheckCXXCompilerFlag)
   check_cxx_compiler_flag("-Wa,-mbranches-within-32B-boundaries" PARALLAX_HAVE_ALIGN_BRANCHES)
   check_cxx_compiler_flag("-falign-loops=32" PARALLAX_HAVE_ALIGN_LOOPS)
 endif()
@@ -49,7 +49,6 @@ endif()
 # way), so parallax's own programs are built without it.
 option(PARALLAX_NO_MATH_ERRNO "Build parallax's own programs with -fno-math-errno (GCC, Clang)" ON)
 if(PARALLAX_NO_MATH_ERRNO)
-  include(CheckCXXCompilerFlag)
   check_cxx_compiler_flag("-fno-math-errno" PARALLAX_HAVE_NO_MATH_ERRNO)
 endif()
 
