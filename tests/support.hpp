@@ -8,8 +8,10 @@
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
+#include <sys/statvfs.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace px = parallax;
@@ -27,6 +29,24 @@ inline bool all_ranks(bool ok) {
   int mine = ok ? 1 : 0, all = 0;
   MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
   return all == 1;
+}
+
+/// Whether /dev/shm has room for shared shards of test sizes with plenty to
+/// spare (SharedWindow needs all of them and 16 MiB): where it does not, a
+/// table keeps its shard private and tests cannot expect shared memory.
+inline bool dev_shm_roomy() {
+  struct statvfs fs {};
+  return statvfs("/dev/shm", &fs) == 0 &&
+         static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize >= (1ull << 30);
+}
+
+/// Whether a ShardedTable over `engine` with shared_memory on may keep its
+/// shard in shared memory: host memory, several ranks, one host. Where
+/// dev_shm_roomy(), it must.
+template <class Engine>
+bool can_share(const Engine& engine) {
+  return std::is_same_v<typename Engine::space, px::HostSpace> && engine.size() > 1 &&
+         engine.topology().num_hosts() == 1;
 }
 
 /// Runs `f`, expecting it to throw parallax::error on this rank; returns the

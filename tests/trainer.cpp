@@ -127,6 +127,34 @@ TEMPLATE_TEST_CASE("the three architectures reach the same model", "[trainer]", 
   CHECK(max_relative_error(p.w, h.w) <= 1e-5);
 }
 
+TEST_CASE("shared shards and messages train the same model, bit for bit", "[trainer][shared]") {
+  // Lookups that read the owners' shared memory return the rows the owners'
+  // replies would: the same model to the last bit, under both architectures
+  // that shard.
+  px::TrainerOptions messages;
+  messages.sharded.shared_memory = false;
+  const px::optim::Adam opt{0.05f};
+  const Model hs = train<px::arch::Hybrid>(test::world(), opt), hm = train<px::arch::Hybrid>(test::world(), opt, messages);
+  CHECK(hs.emb == hm.emb);
+  CHECK(hs.w == hm.w);
+  CHECK(hs.b == hm.b);
+  const Model ps = train<px::arch::PS>(test::world(), opt), pm = train<px::arch::PS>(test::world(), opt, messages);
+  CHECK(ps.emb == pm.emb);
+  CHECK(ps.w == pm.w);
+
+  // Which runs read shared memory: the default one, where it can.
+  auto& ctx = test::world();
+  px::Variable<px::Sparse, float> a(ctx, "a", {kRows, kDim}), b(ctx, "b", {kRows, kDim});
+  px::Variable<px::Dense, float> d(ctx, "d", {kDim});
+  px::Trainer<px::arch::Hybrid, px::optim::Sgd> shared(ctx, px::optim::Sgd{}, a, d);
+  px::Trainer<px::arch::Hybrid, px::optim::Sgd> sent(ctx, messages, px::optim::Sgd{}, b);
+  px::engine::Mpi probe(ctx);
+  if (test::dev_shm_roomy()) CHECK(shared.in_shared_memory(a) == test::can_share(probe));
+  CHECK(!shared.in_shared_memory(d));
+  CHECK(!sent.in_shared_memory(b));
+  CHECK((shared.describe().find("(shared memory)") != std::string::npos) == shared.in_shared_memory(a));
+}
+
 TEST_CASE("summed gradients equal N times the mean with SGD", "[trainer]") {
   // With Reduction::sum and lr/N, SGD takes the same steps as the mean with lr.
   px::TrainerOptions sum;
@@ -316,11 +344,12 @@ void check_batched_lookup() {
   CHECK(test::all_ranks(test::to_host(rows[0]) == want_p));
 
   // Sharded: one route for both tables' ids, then one reply each (against a
-  // route and a reply per table one by one). Replicas look up locally.
+  // route and a reply per table one by one); shared shards need no reply.
+  // Replicas look up locally.
   const bool sharded = !std::is_same_v<Arch, px::arch::AllReduce>;
   CHECK(calls["(fused sparse)"] == (sharded ? test::route_calls<test::engine_for<Space>> : 0u));
-  CHECK(calls["p"] == (sharded ? 1u : 0u));
-  CHECK(calls["q"] == (sharded ? 1u : 0u));
+  CHECK(calls["p"] == (sharded && !trainer.in_shared_memory(p) ? 1u : 0u));
+  CHECK(calls["q"] == (sharded && !trainer.in_shared_memory(q) ? 1u : 0u));
 }
 
 }  // namespace
@@ -479,10 +508,11 @@ namespace {
 /// rows in each of the N partitions (k = N t rows, owned uniformly), so the
 /// DESIGN.md formulas hold exactly.
 template <class Arch>
-px::Traffic sparse_step_traffic(px::Context& ctx, std::size_t t, std::size_t cols) {
+px::Traffic sparse_step_traffic(px::Context& ctx, std::size_t t, std::size_t cols, bool* shared = nullptr) {
   const std::size_t n = static_cast<std::size_t>(ctx.size()), m = 8 * t;  // rows per partition
   px::Variable<px::Sparse, float> emb(ctx, "emb", {n * m, cols});
   px::Trainer<Arch, px::optim::Sgd> trainer(ctx, px::optim::Sgd{0.1f}, emb);
+  if (shared) *shared = trainer.in_shared_memory(emb);
   std::vector<px::index_t> ids;
   for (std::size_t p = 0; p < n; ++p)
     for (std::size_t j = 0; j < t; ++j) ids.push_back(static_cast<px::index_t>(p * m + (ctx.rank() * t + j) % m));
@@ -498,13 +528,15 @@ TEST_CASE("the hybrid's bytes per step follow DESIGN.md and undercut AllGatherv 
   auto& ctx = test::world();
   const std::uint64_t n = static_cast<std::uint64_t>(ctx.size()), t = 5, cols = 16, b = 4;
   const std::uint64_t k = n * t;
-  const px::Traffic hybrid = sparse_step_traffic<px::arch::Hybrid>(ctx, t, cols);
+  bool shared = false;
+  const px::Traffic hybrid = sparse_step_traffic<px::arch::Hybrid>(ctx, t, cols, &shared);
   const px::Traffic allgather = sparse_step_traffic<px::arch::AllReduce>(ctx, t, cols);
 
-  // ShardedPS: pull sends 8 bytes per remote id and serves D*b per remote row;
-  // push sends (8 + D*b) per remote row; two 16-byte headers per peer.
+  // ShardedPS: pull sends 8 bytes per remote id (none when it reads shared
+  // shards) and serves D*b per remote row; push sends (8 + D*b) per remote
+  // row; two 16-byte headers per peer.
   const std::uint64_t remote = (n - 1) * k / n;
-  CHECK(hybrid.sent() == 2 * remote * cols * b + 2 * remote * 8 + 2 * 16 * (n - 1));
+  CHECK(hybrid.sent() == 2 * remote * cols * b + (shared ? 1 : 2) * remote * 8 + 2 * 16 * (n - 1));
   CHECK(hybrid.received() == hybrid.sent());
   // AllGatherv: every row block but the right neighbour's, plus the counts.
   CHECK(allgather.sent() == (n - 1) * k * (8 + cols * b) + 8 * (n - 1));

@@ -399,6 +399,11 @@ class Trainer {
   /// Rows of `var` stored on this rank (a shard for ShardedPS).
   template <class V>
   std::size_t stored_rows(const V& var) { return slot_of(var).stored_rows(); }
+  /// Whether `var`'s rows on this rank live in shared memory that the other
+  /// ranks' lookups read directly (ShardedPS with ShardedOptions::shared_memory,
+  /// every rank on one machine).
+  template <class V>
+  bool in_shared_memory(const V& var) { return slot_of(var).in_shared_memory(); }
   /// The policy synchronising `var` ("RingAllReduce", "AllGatherv", "ShardedPS").
   template <class V>
   std::string policy_of(const V& var) { return slot_of(var).policy(); }
@@ -414,7 +419,8 @@ class Trainer {
   std::string describe() const {
     std::ostringstream os;
     for (const auto& s : slots_)
-      os << s->name() << ": " << s->policy() << ", " << s->stored_rows() << " rows on rank " << engine_->rank() << "\n";
+      os << s->name() << ": " << s->policy() << ", " << s->stored_rows() << " rows on rank " << engine_->rank()
+         << (s->in_shared_memory() ? " (shared memory)" : "") << "\n";
     return os.str();
   }
 

@@ -59,9 +59,13 @@ TEMPLATE_TEST_CASE("ShardedTable::lookup returns the rows of the caller's ids, w
   // n partitions: ascending ids go out grouped by owner already (no sort, the
   // replies are read in place); 2n+1: owners interleave, ids are regrouped.
   const int parts = GENERATE(0, 1) == 0 ? n : 2 * n + 1;
-  TableIn<Space> table(mpi, px::PartitionMap(R, parts, n), C, "emb");
+  // Shared shards (rows read from the owners' memory) or messages.
+  const bool want_shared = GENERATE(true, false);
+  TableIn<Space> table(mpi, px::PartitionMap(R, parts, n), C, "emb", true, want_shared);
   fill_table(table);
   CHECK(table.shard_rows() == table.map().shard_rows(me));
+  if (test::dev_shm_roomy()) CHECK(table.shared() == (want_shared && test::can_share(mpi)));
+  if (!test::can_share(mpi)) CHECK(!table.shared());
 
   // The ids as given (repeats, any order), strictly ascending (with n
   // partitions their keys are in order: the rows land in place), or
@@ -85,30 +89,87 @@ TEMPLATE_TEST_CASE("ShardedTable::lookup returns the rows of the caller's ids, w
            static_cast<px::index_t>(table.map().local_row(id));
   };
   for (std::size_t i = 1; i < ids.size(); ++i) keys_ascend = keys_ascend && key(ids[i - 1]) < key(ids[i]);
-  CHECK(table.lookup_in_order() == (keys_ascend && !ids.empty()));
-  if (order == 1 && parts == n) CHECK(table.lookup_in_order() == !ids.empty());
+  if (!table.shared()) {
+    CHECK(table.lookup_in_order() == (keys_ascend && !ids.empty()));
+    if (order == 1 && parts == n) CHECK(table.lookup_in_order() == !ids.empty());
+  }
   bool exact = true;
   for (std::size_t i = 0; i < ids.size(); ++i)
     for (std::size_t c = 0; c < C; ++c) exact = exact && out[i * C + c] == initial(ids[i], c);
   CHECK(exact);
 
   // Bytes: a 16-byte header to each peer, 8 bytes per unique id asked of a
-  // peer, and C floats per row back; the same again for what peers ask of us.
+  // peer, and C floats per row back; the same again for what peers ask of
+  // us. Shared shards: the headers, and C floats per id read from a peer's
+  // shard (repeats read again), booked as sent by that peer.
   std::uint64_t sent = 16 * (n - 1), recv = 16 * (n - 1);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    const auto mine = ids_of(me), theirs = ids_of(p);
-    const std::set<px::index_t> um(mine.begin(), mine.end()), ut(theirs.begin(), theirs.end());
+    auto mine = ids_of(me), theirs = ids_of(p);
+    if (!table.shared()) {
+      const std::set<px::index_t> um(mine.begin(), mine.end()), ut(theirs.begin(), theirs.end());
+      mine.assign(um.begin(), um.end());
+      theirs.assign(ut.begin(), ut.end());
+    }
     std::uint64_t to_p = 0, from_p = 0;
-    for (auto id : um) to_p += table.map().owner(id) == p;
-    for (auto id : ut) from_p += table.map().owner(id) == me;
-    sent += 8 * to_p + 4 * C * from_p;
-    recv += 8 * from_p + 4 * C * to_p;
+    for (auto id : mine) to_p += table.map().owner(id) == p;
+    for (auto id : theirs) from_p += table.map().owner(id) == me;
+    const std::uint64_t key_bytes = table.shared() ? 0 : 8;
+    sent += key_bytes * to_p + 4 * C * from_p;
+    recv += key_bytes * from_p + 4 * C * to_p;
   }
   CHECK(mpi.stats().total().sent() == sent);
   CHECK(mpi.stats().total().received() == recv);
-  // The route of the keys, then the reply.
-  CHECK(mpi.stats().total().calls == test::route_calls<test::engine_for<Space>> + 1);
+  // The route of the keys, then the reply; shared shards: the route of the
+  // headers alone.
+  CHECK(mpi.stats().total().calls == test::route_calls<test::engine_for<Space>> + (table.shared() ? 0 : 1));
+}
+
+TEST_CASE("a lookup reads what the owners wrote after the last push, shared or not", "[policy][sharded_ps][shared]") {
+  // The owners update their shards after a push; the next lookup on every
+  // rank must see the new rows, whether it reads the owners' shared memory
+  // or asks them. Three rounds, so a stale read of any round shows.
+  px::engine::Mpi mpi(test::world());
+  const int n = mpi.size(), me = mpi.rank();
+  const bool want_shared = GENERATE(true, false);
+  Table table(mpi, px::PartitionMap(R, 2 * n + 1, n), C, "emb", true, want_shared);
+  fill_table(table);
+  std::vector<float> want(R * C);  // the whole table as every owner should hold it
+  for (px::index_t id = 0; id < static_cast<px::index_t>(R); ++id)
+    for (std::size_t c = 0; c < C; ++c) want[static_cast<std::size_t>(id) * C + c] = initial(id, c);
+  std::vector<px::index_t> every(R);
+  for (std::size_t i = 0; i < R; ++i) every[i] = static_cast<px::index_t>(R - 1 - i);  // descending
+  px::Buffer<px::index_t> local_rows;
+  px::Buffer<float> sums;
+  bool exact = true;
+  for (int round = 0; round < 3; ++round) {
+    const auto ids = push_ids(me);
+    std::vector<float> values(ids.size() * C);
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      for (std::size_t c = 0; c < C; ++c) values[i * C + c] = push_value(me + round, ids[i], c);
+    const std::size_t m = table.push(ids.data(), values.data(), ids.size(), local_rows, sums);
+    for (std::size_t i = 0; i < m; ++i)  // the owner's "optimizer": row += sum
+      for (std::size_t c = 0; c < C; ++c)
+        table.shard().data()[static_cast<std::size_t>(local_rows.data()[i]) * C + c] += sums.data()[i * C + c];
+    for (px::index_t id = 0; id < static_cast<px::index_t>(R); ++id)  // the same sums, by rank, on the host
+      for (std::size_t c = 0; c < C; ++c) {
+        float sum = 0.f;
+        bool touched = false;
+        for (int r = 0; r < n; ++r) {
+          const auto theirs = push_ids(r);
+          if (std::find(theirs.begin(), theirs.end(), id) == theirs.end()) continue;
+          sum += push_value(r + round, id, c);
+          touched = true;
+        }
+        if (touched) want[static_cast<std::size_t>(id) * C + c] += sum;
+      }
+    std::vector<float> out(R * C, -1.f);
+    table.lookup(every.data(), every.size(), out.data());
+    for (std::size_t i = 0; i < R; ++i)
+      for (std::size_t c = 0; c < C; ++c)
+        exact = exact && out[i * C + c] == want[static_cast<std::size_t>(every[i]) * C + c];
+  }
+  CHECK(test::all_ranks(exact));
 }
 
 TEMPLATE_TEST_CASE("ShardedTable::lookup of every row, ascending, over interleaved owners", "[policy][sharded_ps]",
@@ -246,7 +307,8 @@ TEST_CASE("local aggregation sends each row across hosts once per host", "[polic
 TEST_CASE("a bad lookup id on one rank fails the lookup on every rank", "[policy][sharded_ps][errors]") {
   px::engine::Mpi mpi(test::world());
   const int n = mpi.size(), last = n - 1;
-  Table table(mpi, px::PartitionMap(R, n, n), C, "emb");
+  const bool want_shared = GENERATE(true, false);
+  Table table(mpi, px::PartitionMap(R, n, n), C, "emb", true, want_shared);
   std::vector<px::index_t> ids{1, mpi.rank() == last ? static_cast<px::index_t>(R) + 5 : 2};
   std::vector<float> out(ids.size() * C);
   const std::string msg = test::error_of([&] { table.lookup(ids.data(), ids.size(), out.data()); });

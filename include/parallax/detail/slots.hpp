@@ -64,6 +64,8 @@ class SlotBase {
   virtual void clear() = 0;
   /// Rows of the variable this rank stores (replica: all of them).
   virtual std::size_t stored_rows() const = 0;
+  /// Whether those rows live in shared memory that peers' lookups read.
+  virtual bool in_shared_memory() const { return false; }
   /// The whole variable, row-major, on the host of every rank. Collective.
   virtual void fetch(void* host_out) = 0;
 
@@ -329,7 +331,7 @@ class SparseShardedSlot final
       : Common(std::move(var), engine, opt),
         table_(engine,
                PartitionMap(this->var_.rows(), partitions_for(so, this->var_.rows(), engine.size()), engine.size()),
-               this->var_.cols(), this->var_.name(), so.local_aggregation) {
+               this->var_.cols(), this->var_.name(), so.local_aggregation, so.shared_memory) {
     const detail::InitRule rule = this->var_.rule();
     const std::size_t cols = this->var_.cols();
     auto& ex = this->ex();
@@ -389,6 +391,7 @@ class SparseShardedSlot final
     this->release_buffers();
   }
   std::size_t stored_rows() const override { return table_.shard_rows(); }
+  bool in_shared_memory() const override { return table_.shared(); }
   void fetch(void* out) override {
     auto scope = this->scope();
     DenseShards<T, Engine> layout(*this->engine_, table_.map(), this->var_.cols());

@@ -3,9 +3,11 @@
 /// ShardedPS machinery: a variable's rows sharded over the ranks, which act
 /// as parameter servers for them.
 
+#include <parallax/comm_stats.hpp>
 #include <parallax/context.hpp>
 #include <parallax/detail/algorithms.hpp>
 #include <parallax/detail/row_exchange.hpp>
+#include <parallax/detail/shared_window.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/error.hpp>
 #include <parallax/partition.hpp>
@@ -19,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -81,6 +84,56 @@ struct GatherKeyedRows {
   }
 };
 
+/// out[j] = row j, read where it lies (a row of an owner's shard in shared memory).
+template <class T>
+struct GatherAt {
+  const T* const* rows;
+  T* out;
+  std::size_t cols;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const { out[j * cols + c] = rows[j][c]; }
+  void prefetch(std::size_t j) const { prefetch_bytes(rows[j], cols * sizeof(T)); }
+};
+
+/// An engine whose ranks can share host memory (an MPI communicator over
+/// host buffers): a ShardedTable may keep its shard where peers read it.
+template <class Engine, class = void>
+struct shares_host_memory : std::false_type {};
+template <class Engine>
+struct shares_host_memory<Engine, std::void_t<decltype(std::declval<Engine&>().comm())>>
+    : std::bool_constant<std::is_same_v<engine::space_of_t<Engine>, HostSpace> &&
+                         std::is_same_v<decltype(std::declval<Engine&>().comm()), MPI_Comm>> {};
+
+/// The lane of a lookup that reads its rows from the owners' shards in
+/// shared memory: its route carries only the headers (how many rows this
+/// rank will read of each owner, and its status), which are the
+/// synchronisation the reads need. The reads are booked as the messages
+/// they replace: the row bytes from the owner to the reader.
+class SharedReads final : public RouteLane {
+ public:
+  SharedReads(CommStats& stats, const Topology& topology) : stats_(&stats), topology_(&topology) {}
+  /// Rows this rank reads from each rank's shard, and the bytes of a row.
+  std::vector<std::size_t>& counts() noexcept { return counts_; }
+  void set_row_bytes(std::size_t b) noexcept { row_bytes_ = b; }
+
+  std::size_t rows_to(int p) const override { return p == topology_->rank() ? 0 : counts_[static_cast<std::size_t>(p)]; }
+  std::size_t bytes_of(std::size_t) const override { return 0; }
+  void pack(std::byte*, const std::vector<std::size_t>&) override {}
+  void unpack(const std::byte*, const std::vector<std::size_t>&, const std::vector<std::size_t>& rows) override {
+    for (int p = 0; p < topology_->size(); ++p) {
+      if (p == topology_->rank()) continue;
+      const auto up = static_cast<std::size_t>(p);
+      stats_->add_sent(rows[up] * row_bytes_, topology_->same_host(p));
+      stats_->add_received(counts_[up] * row_bytes_, topology_->same_host(p));
+    }
+  }
+
+ private:
+  CommStats* stats_;
+  const Topology* topology_;
+  std::vector<std::size_t> counts_;
+  std::size_t row_bytes_ = 0;
+};
+
 struct ToLocalRow {
   PartitionMap map;
   const index_t* ids;
@@ -110,6 +163,12 @@ struct ShardedOptions {
   /// Sum the sparse gradients of the ranks on one host before they cross to
   /// another host (needs more than one host with several ranks; see Context).
   bool local_aggregation = true;
+  /// When every rank runs on one machine (host-memory engine), keep each
+  /// shard in an MPI shared-memory window and let a lookup read its rows
+  /// straight from their owners' shards: no owner gathers them, no reply
+  /// carries them, and they land in the caller's order. The environment
+  /// variable PARALLAX_SHARED_SHARDS=0 turns it off (for comparisons).
+  bool shared_memory = true;
 };
 
 /// One sparse variable sharded over the ranks of an engine.
@@ -117,7 +176,11 @@ struct ShardedOptions {
 /// * lookup (pull): the ids are de-duplicated, each unique id is requested
 ///   from its owner, and the rows come back aligned to the caller's ids.
 ///   Bytes per rank: 8 per remote unique id out, cols*sizeof(T) per remote
-///   row back, plus the same for the rows this rank serves.
+///   row back, plus the same for the rows this rank serves. With shared
+///   shards (ShardedOptions::shared_memory, every rank on one machine) the
+///   rows are read from the owners' shards instead, after a route of the
+///   headers alone: cols*sizeof(T) per remote id read (repeats too), booked
+///   as received from its owner and sent by it.
 /// * push: the caller's coalesced rows go to their owners; an owner sums the
 ///   contributions by row, then by rank, and gets (local row, sum) pairs to
 ///   apply its optimizer to. With local aggregation the rows first go to an
@@ -135,11 +198,26 @@ class ShardedTable {
   /// @param cols    row width
   /// @param name    the variable's name, for errors
   /// @param aggregate sum per host before crossing hosts, where hosts exist
-  ShardedTable(Engine& engine, PartitionMap map, std::size_t cols, std::string name, bool aggregate = true)
-      : engine_(&engine), map_(map), cols_(cols), name_(std::move(name)), exchange_(engine), aggregate_exchange_(engine) {
+  /// @param shared  keep the shard in shared memory where every rank can read it
+  ///                (ShardedOptions::shared_memory); collective
+  ShardedTable(Engine& engine, PartitionMap map, std::size_t cols, std::string name, bool aggregate = true,
+               bool shared = true)
+      : engine_(&engine), map_(map), cols_(cols), name_(std::move(name)), exchange_(engine), aggregate_exchange_(engine),
+        reads_(engine.stats(), engine.topology()) {
     PARALLAX_EXPECTS(map.ranks == engine.size(), "ShardedTable '", name_, "': partition map is for ", map.ranks,
                      " ranks but the engine has ", engine.size());
-    shard_.resize_discard(map_.shard_rows(engine.rank()) * cols_);
+    const std::size_t elements = map_.shard_rows(engine.rank()) * cols_;
+    if constexpr (detail::shares_host_memory<Engine>::value) {
+      if (const char* env = std::getenv("PARALLAX_SHARED_SHARDS")) shared = shared && std::atoi(env) != 0;
+      // Every rank on one host: the hosts of the topology (real or emulated
+      // for tests) and the machine's own say so (SharedWindow checks).
+      if (shared && engine.size() > 1 && engine.topology().num_hosts() == 1) {
+        window_ = detail::SharedWindow<T>::create(engine.comm(), elements);
+        if (window_) shard_ = Buffer<T, space>::borrow(window_.local(), elements);
+      }
+    }
+    if (!window_) shard_.resize_discard(elements);
+    reads_.set_row_bytes(cols_ * sizeof(T));
     const Topology& topo = engine.topology();
     // Aggregation pays off only with several hosts of which some have several ranks.
     aggregate_ = aggregate && topo.num_hosts() > 1 && topo.num_hosts() < topo.size();
@@ -159,6 +237,9 @@ class ShardedTable {
   Buffer<T, space>& shard() noexcept { return shard_; }
   const Buffer<T, space>& shard() const noexcept { return shard_; }
   bool aggregates() const noexcept { return aggregate_; }
+  /// Whether the shard lives in shared memory, so lookups read the owners'
+  /// shards directly (ShardedOptions::shared_memory).
+  bool shared() const noexcept { return static_cast<bool>(window_); }
 
   /// Fills this rank's shard with initial values: init(global_rows, out).
   template <class Fill>
@@ -188,6 +269,8 @@ class ShardedTable {
     lookup_problem_ = detail::no_problem;
     if (auto at = detail::find_out_of_range(ex, ids, n, map_.rows))
       lookup_problem_ = detail::read_one<index_t, space>(ids + *at);
+    if constexpr (detail::shares_host_memory<Engine>::value)
+      if (window_) return plan_shared_reads(ids, n);
 
     // Each id as a key (owner, row in the owner's shard). Sorted unique keys
     // are grouped by owner, so they go out in their own order and the
@@ -250,6 +333,17 @@ class ShardedTable {
   /// started reply, gather_reply() puts the rows in the caller's order.
   void start_reply(T* out) {
     auto& ex = engine_->exec();
+    if constexpr (detail::shares_host_memory<Engine>::value) {
+      if (window_) {
+        // The route's headers came from every rank after its last update
+        // of its shard: the rows are final. Read them where they lie.
+        window_.sync();
+        for_each_rows(ex, planned_, cols_, detail::GatherAt<T>{reads_at_.data(), out, cols_});
+        ex.synchronize();
+        window_.sync();
+        return;
+      }
+    }
     const std::size_t asked = exchange_.received();
     served_.resize_discard(asked * cols_);
     const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * map_.rows);
@@ -259,7 +353,7 @@ class ShardedTable {
     by_unique_ = exchange_.start_reply(served_.data(), cols_, in_order_ ? out : nullptr);
   }
   void gather_reply(std::size_t n, T* out) {
-    if (in_order_) return;
+    if (in_order_ || window_) return;
     auto& ex = engine_->exec();
     for_each_rows(ex, n, cols_, detail::GatherRows<T>{by_unique_, inverse_.data(), out, cols_});
     ex.synchronize();
@@ -335,6 +429,26 @@ class ShardedTable {
   const Buffer<index_t, space>& pushed_ids() const noexcept { return owned_ids_; }
 
  private:
+  /// plan_lookup() with shared shards: where each row lies, and how many
+  /// rows of each owner this rank will read (the route's headers).
+  detail::RouteLane& plan_shared_reads(const index_t* ids, std::size_t n) {
+    // Our last writes to our shard before the headers that tell peers
+    // they may read it.
+    window_.sync();
+    planned_ = lookup_problem_ == detail::no_problem ? n : 0;
+    auto& counts = reads_.counts();
+    counts.assign(static_cast<std::size_t>(engine_->size()), 0);
+    reads_at_.resize(planned_);
+    const T* const* bases = window_.bases();
+    for (std::size_t j = 0; j < planned_; ++j) {
+      const int o = map_.owner(ids[j]);
+      reads_at_[j] = bases[o] + map_.local_row(ids[j]) * cols_;
+      ++counts[static_cast<std::size_t>(o)];
+    }
+    in_order_ = false;
+    return reads_;
+  }
+
   /// Host memory, ids strictly ascending but owners interleaved (more
   /// partitions than ranks): the keys ascend within each owner (an owner's
   /// shard is its partitions in increasing order), so grouping them by owner
@@ -372,8 +486,12 @@ class ShardedTable {
   bool in_order_ = false;  // the last plan_lookup()'s keys were strictly ascending
   std::vector<index_t> group_first_;  // group_ascending_ids(): where each owner's keys start
   const T* by_unique_ = nullptr;  // where the last start_reply()'s rows land
+  detail::SharedWindow<T> window_;  // the shard's memory, when shared
+  std::vector<const T*> reads_at_;  // where each looked-up row lies, when shared
+  std::size_t planned_ = 0;         // rows the shared lookup reads
   Buffer<T, space> shard_;
   detail::RowExchange<T, Engine> exchange_, aggregate_exchange_;
+  detail::SharedReads reads_;  // the lookup's lane, when shared
   detail::RouteBuffers<space> route_buffers_;
   Buffer<std::int32_t, space> first_hop_, dest_;
   Buffer<index_t, space> keys_, unique_, inverse_, hop_ids_, owned_ids_;
