@@ -196,7 +196,9 @@ static void run(benchmark::State& st, pb::Session& s) {
 };
 
 /// Registers `<model>/<arch>` for the three architectures, one after the
-/// other, each with a fixed step count (the same on every rank).
+/// other (from the session's rotation(): hybrid, allreduce, ps at 0;
+/// allreduce, ps, hybrid at 1; ...), each with a fixed step count (the same
+/// on every rank).
 template <class Model>
 void add(pb::Session& s, const std::string& model, std::int64_t steps) {
   const auto iterations = std::max<std::int64_t>(1, std::llround(static_cast<double>(steps) * s.policy().scale));
@@ -205,9 +207,13 @@ void add(pb::Session& s, const std::string& model, std::int64_t steps) {
     s.add(model + "/" + Arch::name, 0, [&s](benchmark::State& st) { Model::template run<Arch>(st, s); })
         ->Iterations(iterations);
   };
-  one(px::arch::Hybrid{});
-  one(px::arch::AllReduce{});
-  one(px::arch::PS{});
+  for (int i = 0; i < 3; ++i) {
+    switch ((i + s.rotation()) % 3) {
+      case 0: one(px::arch::Hybrid{}); break;
+      case 1: one(px::arch::AllReduce{}); break;
+      default: one(px::arch::PS{}); break;
+    }
+  }
 }
 
 }  // namespace

@@ -6,12 +6,15 @@
         --command "bench/run_end_to_end.sh" e2e_np1.json e2e_np2.json ...
 
 Only that section of the document is replaced (or appended); the rest of the
-file is left as it is. With --benchmark_repetitions the median is used.
+file is left as it is. With --benchmark_repetitions the median is used; several
+files of one rank count (whole runs repeated, bench/run_end_to_end.sh's ROUNDS)
+are pooled: each figure is then the median over the files.
 """
 import argparse
 import json
 import os
 import re
+import statistics
 import sys
 
 SECTION = "## End to end (issue 5)"
@@ -19,13 +22,19 @@ ARCHS = ["hybrid", "allreduce", "ps"]
 MODELS = ["word_lm", "ctr", "dense_mlp"]
 
 
+FIGURES = ("samples_per_s", "real_time", "bytes_per_step", "bytes_per_step_max")
+
+
 def load(paths):
-    """{(model, arch, ranks): counters} from the JSON files (median aggregate if present)."""
-    runs, context = {}, {}
+    """{(model, arch, ranks): counters} from the JSON files: in each file the
+    median aggregate if present, and over several files of one rank count the
+    median of each figure ("rounds" says how many files)."""
+    pooled, context = {}, {}
     for path in paths:
         with open(path) as f:
             data = json.load(f)
         context = data.get("context", context)
+        runs = {}
         for b in data["benchmarks"]:
             if b.get("error_occurred"):
                 sys.exit(f"{path}: {b['name']} failed: {b.get('error_message')}")
@@ -38,7 +47,16 @@ def load(paths):
             key = (model, arch, ranks)
             if agg == "median" or key not in runs:
                 runs[key] = b
-    return runs, context
+        for key, b in runs.items():
+            pooled.setdefault(key, []).append(b)
+    out = {}
+    for key, entries in pooled.items():
+        b = dict(entries[0])
+        for field in FIGURES:
+            b[field] = statistics.median(e[field] for e in entries)
+        b["rounds"] = len(entries)
+        out[key] = b
+    return out, context
 
 
 def fmt_bytes(b):
@@ -76,6 +94,12 @@ def section(runs, context, command, title=SECTION, plot="end_to_end.png"):
     else:
         machine += (" Every rank has cores of its own; OpenMP threads per rank: "
                     f"{context.get('omp_threads_per_rank', '?')} at {max(ranks)} ranks.")
+    rounds = max(b.get("rounds", 1) for b in runs.values())
+    if rounds > 1:
+        machine += (f" Each figure is the median over {rounds} whole runs (rounds, each reporting the median "
+                    "of its repetitions); the rounds follow one another over all the rank counts, so a slow "
+                    "spell of the shared machine falls on one round of every architecture, not on all "
+                    "repetitions of one, and each round starts each model with another architecture.")
     lines.append(machine)
     lines.append("")
     for model in MODELS:

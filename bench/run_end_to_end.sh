@@ -6,6 +6,9 @@
 #
 #   bench/run_end_to_end.sh              # 1..4 ranks, 3 repetitions each (median)
 #   RANKS="2 4" REPETITIONS=5 bench/run_end_to_end.sh
+#   ROUNDS=3 bench/run_end_to_end.sh     # the whole set of runs 3 times; figures are medians over rounds
+#       (Google Benchmark's own random interleaving would shuffle differently on each rank); round r
+#       runs the architectures from the r-th on (--rotate), so each runs first in some round
 #   OUT_DIR=/tmp/e2e PARALLAX_PREBUILT=1 bench/run_end_to_end.sh   # JSON only, no build, no report
 #       (for a machine without compilers; turn the JSON into the report elsewhere with
 #        bench/end_to_end_report.py --title "## ..." --plot docs/other.png ...)
@@ -15,6 +18,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ranks="${RANKS:-1 2 3 4}"
 repetitions="${REPETITIONS:-3}"
+rounds="${ROUNDS:-1}"
 build="$root/build/host"
 out="${OUT_DIR:-$build/bench/end_to_end}"
 
@@ -25,11 +29,16 @@ if [ -z "${PARALLAX_PREBUILT:-}" ]; then
 fi
 mkdir -p "$out"
 files=()
-for np in $ranks; do
-  echo "== $np rank(s); load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-  mpiexec -n "$np" "$build/bench/bench_end_to_end" --benchmark_repetitions="$repetitions" \
-    --benchmark_report_aggregates_only=true --benchmark_out_format=json --benchmark_out="$out/np$np.json"
-  files+=("$out/np$np.json")
+rm -f "$out"/np*.json
+for round in $(seq "$rounds"); do
+  for np in $ranks; do
+    echo "== round $round of $rounds, $np rank(s); load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+    json="$out/np$np.json"
+    [ "$rounds" -gt 1 ] && json="$out/np${np}_round$round.json"
+    mpiexec -n "$np" "$build/bench/bench_end_to_end" --rotate=$((round - 1)) --benchmark_repetitions="$repetitions" \
+      --benchmark_report_aggregates_only=true --benchmark_out_format=json --benchmark_out="$json"
+    files+=("$json")
+  done
 done
 if [ -n "${PARALLAX_PREBUILT:-}" ]; then
   echo "== JSON in $out"
@@ -39,5 +48,5 @@ fi
 py=python3
 if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then py=/usr/bin/python3; fi
 "$py" "$root/bench/end_to_end_report.py" --doc "$root/docs/benchmarks.md" --plot "$root/docs/end_to_end.png" \
-  --command "RANKS=\"$ranks\" REPETITIONS=$repetitions bench/run_end_to_end.sh" "${files[@]}"
+  --command "RANKS=\"$ranks\" REPETITIONS=$repetitions ROUNDS=$rounds bench/run_end_to_end.sh" "${files[@]}"
 echo "== wrote docs/benchmarks.md (section \"End to end (issue 5)\") and docs/end_to_end.png"

@@ -90,7 +90,7 @@ def tables(runs):
         out.append("| architecture | step (ms) | sparse bytes sent/rank (MiB) | DESIGN.md formula (MiB) | "
                    "sent / formula | inter-host sent (MiB) | wrong |")
         out.append("|---|---:|---:|---:|---:|---:|---:|")
-        for arch in ("hybrid", "allreduce", "ps", "hybrid_2hosts"):
+        for arch in ("hybrid", "hybrid_messages", "allreduce", "ps", "hybrid_2hosts"):
             b = rows.get(f"Step/{arch}")
             if not b:
                 continue
@@ -100,6 +100,11 @@ def tables(runs):
         if h and a:
             out.append(f"\nhybrid / allreduce: bytes **{h['sparse_sent'] / a['sparse_sent']:.2f}x**, "
                        f"step time **{h['ms'] / a['ms']:.2f}x** (speed-up {a['ms'] / h['ms']:.2f}x)")
+        hm = rows.get("Step/hybrid_messages")
+        if h and hm and h.get("shared"):
+            out.append(f"; the hybrid reading shared shards against asking the owners (hybrid_messages): "
+                       f"step time **{h['ms'] / hm['ms']:.2f}x** (speed-up {hm['ms'] / h['ms']:.2f}x), "
+                       f"bytes {h['sparse_sent'] / hm['sparse_sent']:.2f}x")
         h2 = rows.get("Step/hybrid_2hosts")
         if h and h2:
             out.append(f"; with 2 emulated hosts of {n // 2} ranks and local aggregation the bytes leaving a "

@@ -6,8 +6,11 @@
 //
 // Step/<arch>[_sorted]: one training step (lookup, gradient rows, step()) of a
 // 1,000,000 x 64 float embedding where every rank touches 20,000 distinct
-// rows (2%) drawn uniformly, plus a 256 x 256 dense layer. Counters per step
-// and rank, from the trainer's CommStats (exact, the busiest rank):
+// rows (2%) drawn uniformly, plus a 256 x 256 dense layer. The ranks share
+// one machine, so the hybrid's lookups read the owners' shards in shared
+// memory; Step/hybrid_messages turns that off (ShardedOptions::shared_memory)
+// and asks the owners for the rows. Counters per step and rank, from the
+// trainer's CommStats (exact, the busiest rank):
 //   sparse_sent      bytes the embedding's policy sent
 //   formula          DESIGN.md section 4 for that policy with this step's k_i
 //   sparse_vs_formula  sparse_sent / formula
@@ -73,9 +76,13 @@ std::size_t distinct(std::vector<px::index_t> v) {
   return static_cast<std::size_t>(std::unique(v.begin(), v.end()) - v.begin());
 }
 
-/// DESIGN.md section 4, bytes a rank sends per step for the sparse variable.
-double formula(const std::string& policy, int n, std::size_t k_mine, std::size_t k_all) {
+/// DESIGN.md section 4, bytes a rank sends per step for the sparse variable:
+/// k_mine distinct ids of n_ids looked up. Shared shards: no ids go out for
+/// a lookup, and every id read (repeats too) is a row from its owner.
+double formula(const std::string& policy, bool shared, int n, std::size_t n_ids, std::size_t k_mine,
+               std::size_t k_all) {
   const double b = 4, idx = 8, frac = double(n - 1) / n;
+  if (policy == "ShardedPS" && shared) return frac * double(n_ids) * kCols * b + frac * k_mine * (kCols * b + idx);
   if (policy == "ShardedPS") return 2 * frac * k_mine * kCols * b + 2 * frac * k_mine * idx;
   return frac * double(k_all) * (kCols * b + idx);  // AllGatherv
 }
@@ -87,7 +94,7 @@ double max_over_ranks(double v, MPI_Comm comm) {
 
 template <class Arch>
 void run_step(benchmark::State& state, int ranks_per_host, double zipf_s, int partitions,
-              bool planned, bool sorted = false) {
+              bool planned, bool sorted = false, bool shared = true) {
   px::Context ctx(MPI_COMM_WORLD, px::ContextOptions{ranks_per_host});
   const MPI_Comm comm = ctx.comm();
   const int n = ctx.size();
@@ -95,8 +102,10 @@ void run_step(benchmark::State& state, int ranks_per_host, double zipf_s, int pa
   px::Variable<px::Dense, float> w(ctx, "w", {kDense, kDense}, px::init::Glorot{6});
   px::TrainerOptions options;
   if (partitions > 0) options.partitions["emb"] = partitions;
+  options.sharded.shared_memory = shared;
   px::Trainer<Arch, px::optim::Sgd> trainer(ctx, options, px::optim::Sgd{0.0f}, emb, w);
   const std::string policy = trainer.policy_of(emb);
+  const bool in_shared_memory = trainer.in_shared_memory(emb);
 
   std::mt19937_64 rng(1000 + static_cast<unsigned>(ctx.rank()));
   std::vector<px::index_t> ids;
@@ -134,7 +143,7 @@ void run_step(benchmark::State& state, int ranks_per_host, double zipf_s, int pa
     state.SetIterationTime(elapsed);
     sparse_sent += (trainer.stats().variable("emb") - t0).sent();
     inter += trainer.stats().total().sent_inter - inter0;
-    want += formula(policy, n, k_mine, k_all);
+    want += formula(policy, in_shared_memory, n, ids.size(), k_mine, k_all);
     ++steps;
   }
 
@@ -157,6 +166,7 @@ void run_step(benchmark::State& state, int ranks_per_host, double zipf_s, int pa
                                         C::OneK::kIs1024);
   state.counters["samples_per_s"] = C(double(kTouched) * n, C::kIsIterationInvariantRate);
   state.counters["ranks"] = C(n);
+  state.counters["shared"] = C(in_shared_memory ? 1 : 0);
   if (partitions > 0) {
     // The cost model's view of this P, from the last step's ids.
     const px::PartitionPlan plan = px::plan_partitions(trainer.engine(), kRows, ids, {partitions});
@@ -177,6 +187,8 @@ int main(int argc, char** argv) {
   const std::size_t iters = 0;  // whole steps: the policy's minimum count
 
   session.add("Step/hybrid", iters, [&](benchmark::State& s) { run_step<px::arch::Hybrid>(s, 0, 0, 0, false); });
+  session.add("Step/hybrid_messages", iters,
+              [&](benchmark::State& s) { run_step<px::arch::Hybrid>(s, 0, 0, 0, false, false, false); });
   session.add("Step/allreduce", iters,
               [&](benchmark::State& s) { run_step<px::arch::AllReduce>(s, 0, 0, 0, false); });
   session.add("Step/ps", iters, [&](benchmark::State& s) { run_step<px::arch::PS>(s, 0, 0, 0, false); });

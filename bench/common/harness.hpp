@@ -23,6 +23,11 @@
 /// Harness flags (removed before Google Benchmark sees the command line):
 ///   --iterations_scale=<x>  multiplies every iteration count (default 1; at
 ///                           least min_iterations stay), for quick or long runs.
+///   --rotate=<k>            asks a program that registers variants of one
+///                           workload (architectures) side by side to start
+///                           at the k-th (Session::rotation()): runs repeated
+///                           with k = 0, 1, 2, ... put each variant first in
+///                           turn, so none always runs first, on a cold cache.
 /// Every --benchmark_* flag works (--benchmark_out is written by rank 0 only)
 /// except --benchmark_enable_random_interleaving, which each rank would
 /// shuffle differently: repeat whole runs instead.
@@ -142,6 +147,8 @@ class Session {
   /// More ranks on this host than it has cores (rank 0's view).
   bool oversubscribed() const noexcept { return oversubscribed_; }
   const IterationPolicy& policy() const noexcept { return policy_; }
+  /// --rotate=<k>: where a set of side-by-side variants starts (0 if not given).
+  int rotation() const noexcept { return rotation_; }
   std::int64_t iterations(std::size_t bytes) const { return policy_.iterations(bytes); }
   int warmup(std::size_t bytes) const { return policy_.warmup(bytes); }
 
@@ -194,6 +201,11 @@ class Session {
         if (!(policy_.scale > 0)) policy_.scale = 1.0;
         continue;
       }
+      constexpr const char* rotate_flag = "--rotate=";
+      if (a.rfind(rotate_flag, 0) == 0) {
+        rotation_ = std::max(0, std::atoi(a.c_str() + std::strlen(rotate_flag)));
+        continue;
+      }
       if (a.rfind("--benchmark_enable_random_interleaving", 0) == 0 &&
           a.find("=false") == std::string::npos && a.find("=0") == std::string::npos) {
         // Each rank would shuffle on its own and run a different benchmark.
@@ -225,6 +237,7 @@ class Session {
   bool owns_mpi_ = false;
   bool bad_args_ = false;
   bool oversubscribed_ = false;
+  int rotation_ = 0;
   std::unique_ptr<Context> ctx_;
   std::vector<std::string> args_;  // the command line Google Benchmark sees
   std::vector<char*> argv_;
