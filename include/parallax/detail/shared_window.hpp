@@ -26,13 +26,11 @@ class SharedWindow {
   SharedWindow(const SharedWindow&) = delete;
   SharedWindow& operator=(const SharedWindow&) = delete;
   SharedWindow(SharedWindow&& o) noexcept
-      : win_(std::exchange(o.win_, MPI_WIN_NULL)), comm_(std::exchange(o.comm_, MPI_COMM_NULL)),
-        bases_(std::move(o.bases_)), local_(std::exchange(o.local_, nullptr)) {}
+      : win_(std::exchange(o.win_, MPI_WIN_NULL)), bases_(std::move(o.bases_)), local_(std::exchange(o.local_, nullptr)) {}
   SharedWindow& operator=(SharedWindow&& o) noexcept {
     if (this != &o) {
       release();
       win_ = std::exchange(o.win_, MPI_WIN_NULL);
-      comm_ = std::exchange(o.comm_, MPI_COMM_NULL);
       bases_ = std::move(o.bases_);
       local_ = std::exchange(o.local_, nullptr);
     }
@@ -49,31 +47,33 @@ class SharedWindow {
   /// over comm.
   static SharedWindow create(MPI_Comm comm, std::size_t count) {
     SharedWindow w;
-    int size = 0, node_size = 0;
+    int rank = 0, size = 0, node_size = 0;
+    PARALLAX_MPI_CHECK(MPI_Comm_rank(comm, &rank));
     PARALLAX_MPI_CHECK(MPI_Comm_size(comm, &size));
+    // The ranks that share this machine's memory, in comm's order.
     MPI_Comm node = MPI_COMM_NULL;
-    PARALLAX_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-    PARALLAX_MPI_CHECK(MPI_Comm_size(node, &node_size));
+    PARALLAX_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+    MPI_Comm_size(node, &node_size);
     unsigned long long bytes = count * sizeof(T);
-    PARALLAX_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm));
-    int fits = node_size == size && room_in_dev_shm() >= bytes + (std::size_t{16} << 20);
-    PARALLAX_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, comm));
-    if (!fits) {
-      MPI_Comm_free(&node);
-      return w;
+    int status = MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm);
+    int fits = status == MPI_SUCCESS && node_size == size && room_in_dev_shm() >= bytes + (std::size_t{16} << 20);
+    if (status == MPI_SUCCESS) status = MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, comm);
+    if (status == MPI_SUCCESS && fits) {
+      MPI_Info info = MPI_INFO_NULL;
+      // Each segment on its own pages, near the rank that writes it.
+      MPI_Info_create(&info);
+      MPI_Info_set(info, "alloc_shared_noncontig", "true");
+      void* local = nullptr;
+      status = MPI_Win_allocate_shared(static_cast<MPI_Aint>(count * sizeof(T)), static_cast<int>(sizeof(T)), info,
+                                       node, &local, &w.win_);
+      MPI_Info_free(&info);
+      w.local_ = static_cast<T*>(local);
     }
-    w.comm_ = node;
-    PARALLAX_MPI_CHECK(MPI_Comm_set_errhandler(node, MPI_ERRORS_RETURN));
-    MPI_Info info = MPI_INFO_NULL;
-    // Each segment on its own pages, near the rank that writes it.
-    PARALLAX_MPI_CHECK(MPI_Info_create(&info));
-    PARALLAX_MPI_CHECK(MPI_Info_set(info, "alloc_shared_noncontig", "true"));
-    void* local = nullptr;
-    const int status = MPI_Win_allocate_shared(static_cast<MPI_Aint>(count * sizeof(T)), static_cast<int>(sizeof(T)),
-                                               info, node, &local, &w.win_);
-    MPI_Info_free(&info);
+    // The window keeps its own communicator.
+    MPI_Comm_free(&node);
     PARALLAX_MPI_CHECK(status);
-    w.local_ = static_cast<T*>(local);
+    if (!w) return w;
+    PARALLAX_MPI_CHECK(MPI_Win_set_errhandler(w.win_, MPI_ERRORS_RETURN));
     // A passive-target epoch on every segment for the window's lifetime:
     // MPI_Win_sync (below) needs one.
     PARALLAX_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, w.win_));
@@ -113,21 +113,16 @@ class SharedWindow {
     MPI_Finalized(&finalized);
     // Freeing a window is collective: after a failed job there is nobody to
     // free it with (the job ends, and the memory with it).
-    if (!finalized && !job_failed()) {
-      if (win_ != MPI_WIN_NULL) {
-        MPI_Win_unlock_all(win_);
-        MPI_Win_free(&win_);
-      }
-      if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    if (!finalized && !job_failed() && win_ != MPI_WIN_NULL) {
+      MPI_Win_unlock_all(win_);
+      MPI_Win_free(&win_);
     }
     win_ = MPI_WIN_NULL;
-    comm_ = MPI_COMM_NULL;
     local_ = nullptr;
     bases_.clear();
   }
 
   MPI_Win win_ = MPI_WIN_NULL;
-  MPI_Comm comm_ = MPI_COMM_NULL;
   std::vector<const T*> bases_;
   T* local_ = nullptr;
 };
