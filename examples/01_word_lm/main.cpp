@@ -92,9 +92,10 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
   // example-end
   if (ctx.is_root()) {
     std::printf("architecture %s on %d ranks (%s space): ", Arch::name, ctx.size(), examples::space_name());
-    std::printf("emb -> %s, softmax -> %s, hidden -> %s; partitions emb %d, softmax %d\n",
+    std::printf("emb -> %s, softmax -> %s, hidden -> %s; partitions emb %d, softmax %d%s\n",
                 trainer.policy_of(model.emb).c_str(), trainer.policy_of(model.softmax).c_str(),
-                trainer.policy_of(model.hidden.w).c_str(), options.partitions["emb"], options.partitions["softmax"]);
+                trainer.policy_of(model.hidden.w).c_str(), options.partitions["emb"], options.partitions["softmax"],
+                trainer.in_shared_memory(model.softmax) ? "; shards in shared memory (lookups read them)" : "");
     std::fflush(stdout);
   }
 

@@ -141,9 +141,10 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
       model.variables());
   // example-end
   if (ctx.is_root()) {
-    std::printf("architecture %s on %d ranks (%s space): tables -> %s, MLPs -> %s\n", Arch::name, ctx.size(),
+    std::printf("architecture %s on %d ranks (%s space): tables -> %s, MLPs -> %s%s\n", Arch::name, ctx.size(),
                 examples::space_name(), trainer.policy_of(model.tables[0]).c_str(),
-                trainer.policy_of(model.top1.w).c_str());
+                trainer.policy_of(model.top1.w).c_str(),
+                trainer.in_shared_memory(model.tables[0]) ? "; shards in shared memory (lookups read them)" : "");
     std::fflush(stdout);
   }
 
