@@ -5,6 +5,7 @@
 #include "support.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -123,6 +124,17 @@ TEMPLATE_TEST_CASE("ShardedTable::lookup returns the rows of the caller's ids, w
   // The route of the keys, then the reply; shared shards: the route of the
   // headers alone.
   CHECK(mpi.stats().total().calls == test::route_calls<test::engine_for<Space>> + (table.shared() ? 0 : 1));
+}
+
+TEST_CASE("PARALLAX_SHARED_SHARDS=0 keeps shards private", "[policy][sharded_ps][shared]") {
+  px::engine::Mpi mpi(test::world());
+  const int n = mpi.size();
+  ::setenv("PARALLAX_SHARED_SHARDS", "0", 1);
+  Table off(mpi, px::PartitionMap(R, n, n), C, "emb");
+  ::unsetenv("PARALLAX_SHARED_SHARDS");
+  Table on(mpi, px::PartitionMap(R, n, n), C, "emb");
+  CHECK(!off.shared());
+  if (test::dev_shm_roomy()) CHECK(on.shared() == test::can_share(mpi));
 }
 
 TEST_CASE("a lookup reads what the owners wrote after the last push, shared or not", "[policy][sharded_ps][shared]") {
