@@ -8,7 +8,6 @@
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
-#include <sys/statvfs.h>
 
 #include <string>
 #include <type_traits>
@@ -34,11 +33,7 @@ inline bool all_ranks(bool ok) {
 /// Whether /dev/shm has room for shared shards of test sizes with plenty to
 /// spare (SharedWindow needs all of them and 16 MiB): where it does not, a
 /// table keeps its shard private and tests cannot expect shared memory.
-inline bool dev_shm_roomy() {
-  struct statvfs fs {};
-  return statvfs("/dev/shm", &fs) == 0 &&
-         static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize >= (1ull << 30);
-}
+inline bool dev_shm_roomy() { return px::detail::dev_shm_room() >= (std::size_t{1} << 30); }
 
 /// Whether a ShardedTable over `engine` with shared_memory on may keep its
 /// shard in shared memory: host memory, several ranks, one host. Where

@@ -148,8 +148,7 @@ TEST_CASE("shared shards and messages train the same model, bit for bit", "[trai
   px::Variable<px::Dense, float> d(ctx, "d", {kDim});
   px::Trainer<px::arch::Hybrid, px::optim::Sgd> shared(ctx, px::optim::Sgd{}, a, d);
   px::Trainer<px::arch::Hybrid, px::optim::Sgd> sent(ctx, messages, px::optim::Sgd{}, b);
-  px::engine::Mpi probe(ctx);
-  if (test::dev_shm_roomy()) CHECK(shared.in_shared_memory(a) == test::can_share(probe));
+  if (test::dev_shm_roomy()) CHECK(shared.in_shared_memory(a) == test::can_share(shared.engine()));
   CHECK(!shared.in_shared_memory(d));
   CHECK(!sent.in_shared_memory(b));
   CHECK((shared.describe().find("(shared memory)") != std::string::npos) == shared.in_shared_memory(a));

@@ -19,6 +19,13 @@
 
 namespace parallax::detail {
 
+/// Bytes free in /dev/shm, where MPICH maps shared windows (0 if it has none).
+inline std::size_t dev_shm_room() {
+  struct statvfs fs {};
+  if (statvfs("/dev/shm", &fs) != 0) return 0;
+  return static_cast<std::size_t>(fs.f_bavail) * static_cast<std::size_t>(fs.f_frsize);
+}
+
 template <class T>
 class SharedWindow {
  public:
@@ -56,7 +63,7 @@ class SharedWindow {
     MPI_Comm_size(node, &node_size);
     unsigned long long bytes = count * sizeof(T);
     int status = MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm);
-    int fits = status == MPI_SUCCESS && node_size == size && room_in_dev_shm() >= bytes + (std::size_t{16} << 20);
+    int fits = status == MPI_SUCCESS && node_size == size && dev_shm_room() >= bytes + (std::size_t{16} << 20);
     if (status == MPI_SUCCESS) status = MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, comm);
     if (status == MPI_SUCCESS && fits) {
       MPI_Info info = MPI_INFO_NULL;
@@ -103,11 +110,6 @@ class SharedWindow {
   }
 
  private:
-  static std::size_t room_in_dev_shm() {
-    struct statvfs fs {};
-    if (statvfs("/dev/shm", &fs) != 0) return 0;
-    return static_cast<std::size_t>(fs.f_bavail) * static_cast<std::size_t>(fs.f_frsize);
-  }
   void release() noexcept {
     int finalized = 0;
     MPI_Finalized(&finalized);

@@ -110,10 +110,10 @@ struct shares_host_memory<Engine, std::void_t<decltype(std::declval<Engine&>().c
 /// they replace: the row bytes from the owner to the reader.
 class SharedReads final : public RouteLane {
  public:
-  SharedReads(CommStats& stats, const Topology& topology) : stats_(&stats), topology_(&topology) {}
-  /// Rows this rank reads from each rank's shard, and the bytes of a row.
+  SharedReads(CommStats& stats, const Topology& topology, std::size_t row_bytes)
+      : stats_(&stats), topology_(&topology), row_bytes_(row_bytes) {}
+  /// Rows this rank reads from each rank's shard.
   std::vector<std::size_t>& counts() noexcept { return counts_; }
-  void set_row_bytes(std::size_t b) noexcept { row_bytes_ = b; }
 
   std::size_t rows_to(int p) const override { return p == topology_->rank() ? 0 : counts_[static_cast<std::size_t>(p)]; }
   std::size_t bytes_of(std::size_t) const override { return 0; }
@@ -130,8 +130,8 @@ class SharedReads final : public RouteLane {
  private:
   CommStats* stats_;
   const Topology* topology_;
+  std::size_t row_bytes_;
   std::vector<std::size_t> counts_;
-  std::size_t row_bytes_ = 0;
 };
 
 struct ToLocalRow {
@@ -203,7 +203,7 @@ class ShardedTable {
   ShardedTable(Engine& engine, PartitionMap map, std::size_t cols, std::string name, bool aggregate = true,
                bool shared = true)
       : engine_(&engine), map_(map), cols_(cols), name_(std::move(name)), exchange_(engine), aggregate_exchange_(engine),
-        reads_(engine.stats(), engine.topology()) {
+        reads_(engine.stats(), engine.topology(), cols * sizeof(T)) {
     PARALLAX_EXPECTS(map.ranks == engine.size(), "ShardedTable '", name_, "': partition map is for ", map.ranks,
                      " ranks but the engine has ", engine.size());
     const std::size_t elements = map_.shard_rows(engine.rank()) * cols_;
@@ -217,7 +217,6 @@ class ShardedTable {
       }
     }
     if (!window_) shard_.resize_discard(elements);
-    reads_.set_row_bytes(cols_ * sizeof(T));
     const Topology& topo = engine.topology();
     // Aggregation pays off only with several hosts of which some have several ranks.
     aggregate_ = aggregate && topo.num_hosts() > 1 && topo.num_hosts() < topo.size();
@@ -338,7 +337,7 @@ class ShardedTable {
         // The route's headers came from every rank after its last update
         // of its shard: the rows are final. Read them where they lie.
         window_.sync();
-        for_each_rows(ex, planned_, cols_, detail::GatherAt<T>{reads_at_.data(), out, cols_});
+        for_each_rows(ex, reads_at_.size(), cols_, detail::GatherAt<T>{reads_at_.data(), out, cols_});
         ex.synchronize();
         window_.sync();
         return;
@@ -435,12 +434,12 @@ class ShardedTable {
     // Our last writes to our shard before the headers that tell peers
     // they may read it.
     window_.sync();
-    planned_ = lookup_problem_ == detail::no_problem ? n : 0;
+    // A bad id reads nothing: the route reports it on every rank.
+    reads_at_.resize(lookup_problem_ == detail::no_problem ? n : 0);
     auto& counts = reads_.counts();
     counts.assign(static_cast<std::size_t>(engine_->size()), 0);
-    reads_at_.resize(planned_);
     const T* const* bases = window_.bases();
-    for (std::size_t j = 0; j < planned_; ++j) {
+    for (std::size_t j = 0; j < reads_at_.size(); ++j) {
       const int o = map_.owner(ids[j]);
       reads_at_[j] = bases[o] + map_.local_row(ids[j]) * cols_;
       ++counts[static_cast<std::size_t>(o)];
@@ -488,7 +487,6 @@ class ShardedTable {
   const T* by_unique_ = nullptr;  // where the last start_reply()'s rows land
   detail::SharedWindow<T> window_;  // the shard's memory, when shared
   std::vector<const T*> reads_at_;  // where each looked-up row lies, when shared
-  std::size_t planned_ = 0;         // rows the shared lookup reads
   Buffer<T, space> shard_;
   detail::RowExchange<T, Engine> exchange_, aggregate_exchange_;
   detail::SharedReads reads_;  // the lookup's lane, when shared
