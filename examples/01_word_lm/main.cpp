@@ -129,9 +129,9 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
                   cfg.vocab, a.eval_examples, perplexity, cfg.vocab);
   }
   if (ctx.is_root()) {
-    std::printf("result: example=word_lm arch=%s ranks=%d final_loss=%.7f samples_per_s=%.1f bytes_per_step=%.0f "
+    std::printf("result: example=word_lm arch=%s ranks=%d final_loss=%.7f final_loss_hex=%a samples_per_s=%.1f bytes_per_step=%.0f "
                 "bytes_per_step_max=%.0f perplexity=%.2f\n",
-                Arch::name, s.ranks, s.final_loss, s.samples_per_s, s.bytes_per_step, s.bytes_per_step_max, perplexity);
+                Arch::name, s.ranks, s.final_loss, s.final_loss, s.samples_per_s, s.bytes_per_step, s.bytes_per_step_max, perplexity);
   }
   const double threshold = a.pass_ratio * s.first_loss;
   char why[200];

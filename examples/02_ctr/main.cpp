@@ -172,9 +172,9 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
     std::printf("  held-out (%zu examples): log loss %.4f (constant prediction: %.4f), accuracy %.4f (majority class: "
                 "%.4f)\n",
                 a.eval_examples, loss, constant_loss, accuracy, majority);
-    std::printf("result: example=ctr arch=%s ranks=%d final_loss=%.7f samples_per_s=%.1f bytes_per_step=%.0f "
+    std::printf("result: example=ctr arch=%s ranks=%d final_loss=%.7f final_loss_hex=%a samples_per_s=%.1f bytes_per_step=%.0f "
                 "bytes_per_step_max=%.0f heldout_loss=%.6f accuracy=%.4f\n",
-                Arch::name, s.ranks, s.final_loss, s.samples_per_s, s.bytes_per_step, s.bytes_per_step_max, loss, accuracy);
+                Arch::name, s.ranks, s.final_loss, s.final_loss, s.samples_per_s, s.bytes_per_step, s.bytes_per_step_max, loss, accuracy);
   }
   const bool passed = std::isfinite(loss) && loss < a.pass_ratio * constant_loss && accuracy > majority;
   char why[240];

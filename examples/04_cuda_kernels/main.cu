@@ -253,8 +253,8 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
   }
   const examples::Summary s = progress.finish();
   if (ctx.is_root())
-    std::printf("result: example=cuda_kernels arch=%s ranks=%d final_loss=%.7f samples_per_s=%.1f bytes_per_step=%.0f\n",
-                Arch::name, s.ranks, s.final_loss, s.samples_per_s, s.bytes_per_step);
+    std::printf("result: example=cuda_kernels arch=%s ranks=%d final_loss=%.7f final_loss_hex=%a samples_per_s=%.1f bytes_per_step=%.0f\n",
+                Arch::name, s.ranks, s.final_loss, s.final_loss, s.samples_per_s, s.bytes_per_step);
   const double threshold = a.pass_ratio * s.first_loss;
   char why[160];
   std::snprintf(why, sizeof why, "check: final loss %.4f %s threshold %.4f (%.2f x the step-1 loss)", s.final_loss,
