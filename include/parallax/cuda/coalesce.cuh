@@ -30,7 +30,7 @@
 
 #include <parallax/cuda/error.cuh>
 #include <parallax/cuda/space.cuh>
-#include <parallax/detail/algorithms.hpp>
+#include <parallax/detail/row_sums.hpp>
 #include <parallax/space.hpp>
 #include <parallax/types.hpp>
 

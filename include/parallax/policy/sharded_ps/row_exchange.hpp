@@ -1,0 +1,392 @@
+#pragma once
+// RowExchange: sends rows (id + values) to ranks chosen per row, and replies
+// back. ShardedPS's pull and push are built from it.
+//
+// A route sends each rank pair a header (a row count per table, then a
+// status word) and the rows packed per destination, each table's as
+// [ids][values]: one engine call where the engine has alltoallv_unsized
+// (the header leads each message, engine::Mpi), else an alltoall of the
+// headers and an alltoallv of the rows. The status word carries a bad row
+// id, so a bad input on any rank is known to every rank from the headers,
+// and no rows are taken.
+//
+// A route may carry several lanes at once (route_lanes): each RowExchange
+// is a lane that plans its rows, packs them into the blocks the route lays
+// out and unpacks what it got. ShardedPS routes every table group's
+// gradient rows of a step together: one route a step, whatever the number
+// of groups. A lane's count word in the header is -(1 + t) when the
+// sender's problem concerns table t of that lane (its groups name tables).
+
+#include <parallax/detail/algorithms.hpp>
+#include <parallax/engine/engine.hpp>
+#include <parallax/space.hpp>
+#include <parallax/types.hpp>
+
+#include <thrust/binary_search.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/sequence.h>
+#include <thrust/sort.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
+namespace parallax::detail {
+
+inline constexpr index_t no_problem = std::numeric_limits<index_t>::min();
+
+/// A bad row id reported by some rank during an exchange, the lane (of a
+/// route carrying several) it was meant for, and which of the lane's tables.
+struct RemoteProblem {
+  int rank;
+  index_t id;
+  std::size_t lane = 0;
+  std::size_t table = 0;
+};
+
+template <class T>
+struct PackIds {
+  const index_t* ids;
+  const index_t* order;    // row sent j-th is input row order[j]
+  const std::int32_t* dest;  // sorted destinations
+  const index_t* meta;     // [first row per dest (N+1)][byte offset per dest (N)]
+  int ranks;
+  std::byte* out;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
+    const int p = dest[j];
+    const index_t t = static_cast<index_t>(j) - meta[p];
+    RowBlock<T>::ids(out + meta[ranks + 1 + p])[t] = ids[order[j]];
+  }
+};
+
+template <class T>
+struct PackValues {
+  RowsAt<T> values;
+  const index_t* order;
+  const std::int32_t* dest;
+  const index_t* meta;
+  int ranks;
+  std::size_t cols;
+  std::byte* out;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
+    const int p = dest[j];
+    const index_t t = static_cast<index_t>(j) - meta[p];
+    const auto count = static_cast<std::size_t>(meta[p + 1] - meta[p]);
+    T* block = RowBlock<T>::values(out + meta[ranks + 1 + p], count);
+    block[static_cast<std::size_t>(t) * cols + c] = values.row(static_cast<std::size_t>(order[j]), cols)[c];
+  }
+  void prefetch(std::size_t j) const { prefetch_bytes(values.row(static_cast<std::size_t>(order[j]), cols), cols * sizeof(T)); }
+};
+
+/// One table's part of a route (type-erased, so tables of different element
+/// types share one route). RowExchange implements it.
+class RouteLane {
+ public:
+  virtual ~RouteLane() = default;
+  /// Rows this rank sends to rank p (after the lane's plan()).
+  virtual std::size_t rows_to(int p) const = 0;
+  /// Bytes k of this lane's rows take in a message (a RowBlock).
+  virtual std::size_t bytes_of(std::size_t k) const = 0;
+  /// Writes the rows for every rank p at send + offsets[p] (bytes); may run
+  /// asynchronously on the lane's stream.
+  virtual void pack(std::byte* send, const std::vector<std::size_t>& offsets) = 0;
+  /// Takes rows[p] rows from every rank p at recv + offsets[p].
+  virtual void unpack(const std::byte* recv, const std::vector<std::size_t>& offsets,
+                      const std::vector<std::size_t>& rows) = 0;
+};
+
+/// A route's messages and bookkeeping, kept across steps.
+template <class Space>
+struct RouteBuffers {
+  std::vector<std::int64_t> send_header, recv_header;
+  std::vector<std::size_t> send_bytes, send_displs, recv_bytes, recv_displs;
+  std::vector<std::vector<std::size_t>> send_at, recv_at, recv_rows;  // per lane, per rank
+  Buffer<std::byte, Space> send, recv;
+};
+
+/// The first problem (lowest rank first) that a route's headers report, if
+/// any. `header` holds `width` words per rank: a row count per lane, then
+/// the rank's status; with a problem the lane it concerns has count -(1 + t)
+/// for table t of the lane, the others 0.
+inline std::optional<RemoteProblem> find_problem(const std::int64_t* header, std::size_t ranks, std::size_t width) {
+  const std::size_t count = width - 1;
+  for (std::size_t p = 0; p < ranks; ++p) {
+    const std::int64_t* h = header + width * p;
+    if (h[count] == no_problem) continue;
+    std::size_t lane = 0;
+    while (lane + 1 < count && h[lane] >= 0) ++lane;
+    const std::size_t table = count && h[lane] < 0 ? static_cast<std::size_t>(-h[lane] - 1) : 0;
+    return RemoteProblem{static_cast<int>(p), h[count], lane, table};
+  }
+  return std::nullopt;
+}
+
+/// Routes the planned rows of `count` lanes. Collective; every rank passes
+/// the same number of lanes, in the same order. `bad_id` is this rank's
+/// problem to share (no_problem if none), found in table `bad_table` of lane
+/// `bad_lane`: if any rank has one, no rows are taken and every rank gets the
+/// lowest such rank's report.
+///
+/// Each rank pair's message starts with a header: (rows of each lane, the
+/// sender's status). On an engine with alltoallv_unsized (engine::Mpi) the
+/// header travels in front of the rows and the route is one engine call;
+/// elsewhere the headers go first in an alltoall, then the rows in an
+/// alltoallv. The bytes are the same either way.
+template <class Engine>
+std::optional<RemoteProblem> route_lanes(Engine& engine, RouteLane* const* lanes, std::size_t count,
+                                         RouteBuffers<engine::space_of_t<Engine>>& b, index_t bad_id = no_problem,
+                                         std::size_t bad_lane = 0, std::size_t bad_table = 0) {
+  using space = engine::space_of_t<Engine>;
+  constexpr bool unsized = engine::supports_v<Engine, engine::op_alltoallv_unsized>;
+  const int n = engine.size();
+  const auto un = static_cast<std::size_t>(n);
+  const std::size_t width = count + 1;  // header words per rank pair
+  const std::size_t header_bytes = unsized ? width * sizeof(std::int64_t) : 0;  // in front of a message's rows
+
+  // Header: (rows for you of each lane, my status) to every rank. With a
+  // problem no rows move, so the counts say which lane and table it
+  // concerns instead: -(1 + table) for that lane, 0 for the others.
+  b.send_header.resize(width * un);
+  b.recv_header.resize(width * un);
+  for (std::size_t p = 0; p < un; ++p) {
+    for (std::size_t l = 0; l < count; ++l)
+      b.send_header[width * p + l] = bad_id != no_problem ? (l == bad_lane ? -1 - static_cast<std::int64_t>(bad_table) : 0)
+                                                          : static_cast<std::int64_t>(lanes[l]->rows_to(static_cast<int>(p)));
+    b.send_header[width * p + count] = bad_id;
+  }
+  if constexpr (!unsized) {
+    engine.alltoall(b.send_header.data(), b.recv_header.data(), width, DataType::i64);
+    if (auto problem = find_problem(b.recv_header.data(), un, width)) return problem;
+  }
+
+  // Layout: the message for rank p holds its header (unsized route) and each
+  // lane's rows in turn.
+  b.send_bytes.assign(un, 0);
+  b.send_displs.resize(un);
+  b.recv_bytes.assign(un, 0);
+  b.recv_displs.resize(un);
+  b.send_at.resize(count);
+  b.recv_at.resize(count);
+  b.recv_rows.resize(count);
+  for (std::size_t l = 0; l < count; ++l) {
+    b.send_at[l].resize(un);
+    b.recv_at[l].resize(un);
+    b.recv_rows[l].resize(un);
+  }
+  auto lay_out = [&](const std::vector<std::int64_t>& header, std::vector<std::vector<std::size_t>>& at,
+                     std::vector<std::size_t>& displs, std::vector<std::size_t>& bytes, bool sizes_known) {
+    std::size_t t = 0;
+    for (std::size_t p = 0; p < un; ++p) {
+      if (sizes_known) displs[p] = t;
+      else t = displs[p];
+      t += header_bytes;
+      for (std::size_t l = 0; l < count; ++l) {
+        at[l][p] = t;
+        t += lanes[l]->bytes_of(static_cast<std::size_t>(std::max<std::int64_t>(header[width * p + l], 0)));
+      }
+      if (sizes_known) bytes[p] = t - displs[p];
+    }
+    return t;
+  };
+  const std::size_t st = lay_out(b.send_header, b.send_at, b.send_displs, b.send_bytes, true);
+  b.send.resize_discard(st);
+  if (bad_id == no_problem)
+    for (std::size_t l = 0; l < count; ++l) lanes[l]->pack(b.send.data(), b.send_at[l]);
+  auto& ex = engine.exec();
+  if constexpr (unsized) {
+    for (std::size_t p = 0; p < un; ++p)
+      space_traits<space>::copy_from_host(b.send.data() + b.send_displs[p], b.send_header.data() + width * p,
+                                          header_bytes);
+    ex.synchronize();
+    engine.alltoallv_unsized(b.send.data(), b.send_bytes.data(), b.send_displs.data(), b.recv_bytes.data(),
+                             b.recv_displs.data(), [&](std::size_t total) {
+                               b.recv.resize_discard(total);
+                               return b.recv.data();
+                             });
+    for (std::size_t p = 0; p < un; ++p)
+      space_traits<space>::copy_to_host(b.recv_header.data() + width * p, b.recv.data() + b.recv_displs[p],
+                                        header_bytes);
+    if (auto problem = find_problem(b.recv_header.data(), un, width)) return problem;
+    lay_out(b.recv_header, b.recv_at, b.recv_displs, b.recv_bytes, false);
+  } else {
+    const std::size_t rt = lay_out(b.recv_header, b.recv_at, b.recv_displs, b.recv_bytes, true);
+    ex.synchronize();
+    b.recv.resize_discard(rt);
+    engine.alltoallv(b.send.data(), b.send_bytes.data(), b.send_displs.data(), b.recv.data(), b.recv_bytes.data(),
+                     b.recv_displs.data(), DataType::u8);
+  }
+  for (std::size_t l = 0; l < count; ++l) {
+    for (std::size_t p = 0; p < un; ++p) b.recv_rows[l][p] = static_cast<std::size_t>(b.recv_header[width * p + l]);
+    lanes[l]->unpack(b.recv.data(), b.recv_at[l], b.recv_rows[l]);
+  }
+  ex.synchronize();
+  return std::nullopt;
+}
+
+template <class T, class Engine>
+class RowExchange final : public RouteLane {
+ public:
+  using space = engine::space_of_t<Engine>;
+
+  explicit RowExchange(Engine& engine) : engine_(&engine) {}
+
+  /// Sends row i (ids[i] and, if cols > 0, values.row(i)) to rank dest[i]. Collective. `bad_id` is this rank's problem to share
+  /// (no_problem if none); if any rank has one, no rows move and every rank
+  /// gets the lowest such rank's report.
+  std::optional<RemoteProblem> route(const index_t* ids, RowsAt<T> values, const std::int32_t* dest, std::size_t k,
+                                     std::size_t cols, index_t bad_id = no_problem) {
+    plan(ids, values, dest, bad_id != no_problem ? 0 : k, cols);
+    RouteLane* self = this;
+    return route_lanes(*engine_, &self, 1, buffers_, bad_id);
+  }
+
+  /// The local half of route(): groups the rows by destination, to be sent
+  /// by route_lanes() with this exchange as one of its lanes. The inputs
+  /// must stay valid until then.
+  void plan(const index_t* ids, RowsAt<T> values, const std::int32_t* dest, std::size_t k, std::size_t cols) {
+    const int n = engine_->size();
+    const auto un = static_cast<std::size_t>(n);
+    auto& ex = engine_->exec();
+    ids_ = ids;
+    values_ = values;
+    k_ = k;
+    cols_ = cols;
+
+    // Group rows by destination, keeping their order within a destination.
+    // On the host a counting sort (the destinations are the ranks); on a
+    // device rows already grouped (ascending ids over contiguous partitions)
+    // skip the sort and keep their input order, others are sorted.
+    keys_.resize_discard(k);
+    order_.resize_discard(k);
+    meta_.resize_discard(2 * un + 1);
+    if constexpr (std::is_same_v<space, HostSpace>) {
+      index_t* order = order_.data();
+      std::int32_t* keys = keys_.data();
+      group_stably(k, un, [&](std::size_t i) { return dest[i]; }, meta_.data(), [&](std::size_t i, index_t at) {
+        order[at] = static_cast<index_t>(i);
+        keys[at] = dest[i];
+      });
+    } else {
+      with_thrust(ex, k, [&](auto policy) {
+        if (k) {
+          ex.copy(keys_.data(), dest, k * sizeof(std::int32_t));
+          thrust::sequence(policy, order_.data(), order_.data() + k);
+          if (!thrust::is_sorted(policy, keys_.data(), keys_.data() + k))
+            thrust::stable_sort_by_key(policy, keys_.data(), keys_.data() + k, order_.data());
+        }
+        thrust::lower_bound(policy, keys_.data(), keys_.data() + k, thrust::counting_iterator<std::int32_t>(0),
+                            thrust::counting_iterator<std::int32_t>(n + 1), meta_.data());
+      });
+    }
+    host_meta_.resize(2 * un + 1);
+    space_traits<space>::copy_to_host(host_meta_.data(), meta_.data(), (un + 1) * sizeof(index_t));
+  }
+
+  // RouteLane
+  std::size_t rows_to(int p) const override {
+    return static_cast<std::size_t>(host_meta_[static_cast<std::size_t>(p) + 1] - host_meta_[static_cast<std::size_t>(p)]);
+  }
+  std::size_t bytes_of(std::size_t k) const override { return RowBlock<T>::bytes(k, cols_); }
+  void pack(std::byte* send, const std::vector<std::size_t>& offsets) override {
+    const int n = engine_->size();
+    const auto un = static_cast<std::size_t>(n);
+    auto& ex = engine_->exec();
+    for (std::size_t p = 0; p < un; ++p) host_meta_[un + 1 + p] = static_cast<index_t>(offsets[p]);
+    space_traits<space>::copy_from_host(meta_.data() + un + 1, host_meta_.data() + un + 1, un * sizeof(index_t));
+    if (k_) {
+      for_each(ex, k_, PackIds<T>{ids_, order_.data(), keys_.data(), meta_.data(), n, send});
+      for_each_rows(ex, k_, cols_, PackValues<T>{values_, order_.data(), keys_.data(), meta_.data(), n, cols_, send});
+    }
+  }
+  void unpack(const std::byte* recv, const std::vector<std::size_t>& offsets,
+              const std::vector<std::size_t>& rows) override {
+    const auto un = static_cast<std::size_t>(engine_->size());
+    recv_rows_ = rows;
+    recv_first_.resize(un + 1);
+    std::size_t rows_in = 0;
+    for (std::size_t p = 0; p < un; ++p) {
+      recv_first_[p] = rows_in;
+      rows_in += rows[p];
+    }
+    recv_first_[un] = rows_in;
+    received_.unpack(engine_->exec(), recv, offsets.data(), rows.data(), un, cols_);
+  }
+
+  /// Rows received by the last route(), concatenated by source rank: their
+  /// ids, and their values where they lie (valid until the next route on the
+  /// same buffers; see ReceivedRows).
+  std::size_t received() const noexcept { return received_.size(); }
+  const index_t* received_ids() const noexcept { return received_.ids(); }
+  RowsAt<T> received_values() const noexcept { return received_.values(); }
+  std::size_t received_from(int rank) const noexcept { return recv_rows_[static_cast<std::size_t>(rank)]; }
+  /// The order the last plan() sends its rows in: the row sent j-th (rows
+  /// grouped by destination, in input order within one) is input row
+  /// sent_order()[j]. Replies come back in this order.
+  const index_t* sent_order() const noexcept { return order_.data(); }
+
+  /// Sends `cols` values per row received by the last route() back to its
+  /// sender. Returns the replies in the order the rows were sent (grouped by
+  /// destination, in input order within one): at `into` if given (room for
+  /// every row this rank sent), else in a buffer valid until the next reply.
+  const T* reply(const T* values, std::size_t cols, T* into = nullptr) {
+    T* out = plan_reply(cols, into);
+    engine_->alltoallv(values, reply_scounts_.data(), reply_sdispls_.data(), out, reply_rcounts_.data(),
+                       reply_rdispls_.data(), data_type_of_v<T>);
+    return out;
+  }
+
+  /// reply() left in flight where the engine can (start_alltoallv): the
+  /// replies are there after the engine's wait_started(), and `values` must
+  /// stay untouched until then. Elsewhere it is reply() itself.
+  const T* start_reply(const T* values, std::size_t cols, T* into = nullptr) {
+    if constexpr (engine::supports_v<Engine, engine::op_start_alltoallv>) {
+      T* out = plan_reply(cols, into);
+      engine_->start_alltoallv(values, reply_scounts_.data(), reply_sdispls_.data(), out, reply_rcounts_.data(),
+                               reply_rdispls_.data(), data_type_of_v<T>);
+      return out;
+    } else {
+      return reply(values, cols, into);
+    }
+  }
+
+ private:
+  /// The counts and displacements of a reply; returns where it lands.
+  T* plan_reply(std::size_t cols, T* into) {
+    const auto un = static_cast<std::size_t>(engine_->size());
+    reply_scounts_.resize(un);
+    reply_sdispls_.resize(un);
+    reply_rcounts_.resize(un);
+    reply_rdispls_.resize(un);
+    std::size_t rt = 0;
+    for (std::size_t p = 0; p < un; ++p) {
+      reply_scounts_[p] = recv_rows_[p] * cols;
+      reply_sdispls_[p] = recv_first_[p] * cols;
+      reply_rcounts_[p] = static_cast<std::size_t>(host_meta_[p + 1] - host_meta_[p]) * cols;
+      reply_rdispls_[p] = rt;
+      rt += reply_rcounts_[p];
+    }
+    if (into) return into;
+    replies_.resize_discard(rt);
+    return replies_.data();
+  }
+
+  Engine* engine_;
+  const index_t* ids_ = nullptr;
+  RowsAt<T> values_;
+  std::size_t k_ = 0, cols_ = 0;
+  Buffer<std::int32_t, space> keys_;
+  Buffer<index_t, space> order_;
+  Buffer<index_t, space> meta_;
+  std::vector<index_t> host_meta_;
+  std::vector<std::size_t> recv_rows_, recv_first_;
+  std::vector<std::size_t> reply_scounts_, reply_sdispls_, reply_rcounts_, reply_rdispls_;
+  RouteBuffers<space> buffers_;
+  ReceivedRows<T, space> received_;
+  Buffer<T, space> replies_;
+};
+
+}  // namespace parallax::detail

@@ -1,0 +1,623 @@
+#pragma once
+/// @file
+/// ShardedPS's sparse tables, stored and exchanged as groups: the tables of
+/// one element type and width share one shard buffer per rank, one key
+/// space and one lane of every route (the idea of TorchRec's table-batched
+/// embeddings). A batch's lookups of a group's tables then take one route,
+/// one serve and one reply; a step's pushes one route, one sum and one
+/// optimizer update per group, whatever the number of tables. Each table
+/// keeps its own partitioning: a row lives on the owner its table's
+/// PartitionMap names, so bytes and placement are what the table would have
+/// alone.
+///
+/// Layout: owner o's group shard is its shard of table 0, then of table 1,
+/// and so on; table t starts at row base(t, o) there. A row's key is
+/// o * span + base(t, o) + its row in o's shard of t, where span (the
+/// group's total rows) bounds every shard: keys sort by owner, are distinct
+/// across tables, and an owner finds the row from the key alone.
+
+#include <parallax/comm_stats.hpp>
+#include <parallax/detail/algorithms.hpp>
+#include <parallax/detail/shared_window.hpp>
+#include <parallax/engine/engine.hpp>
+#include <parallax/error.hpp>
+#include <parallax/partition.hpp>
+#include <parallax/policy/sharded_ps/row_exchange.hpp>
+#include <parallax/space.hpp>
+#include <parallax/types.hpp>
+
+#include <thrust/binary_search.h>
+#include <thrust/sort.h>
+#include <thrust/unique.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace parallax {
+
+namespace detail {
+
+/// out[j] = the group key of row ids[j] of a table (see the file comment).
+struct GroupKeyOf {
+  PartitionMap map;
+  const index_t* base;  // per owner: where the table starts in the owner's group shard
+  std::size_t span;
+  const index_t* ids;
+  index_t* out;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
+    const int o = map.owner(ids[j]);
+    out[j] = static_cast<index_t>(static_cast<std::size_t>(o) * span + static_cast<std::size_t>(base[o]) +
+                                  map.local_row(ids[j]));
+  }
+};
+
+struct OwnerOfKey {
+  std::size_t span;
+  const index_t* keys;
+  std::int32_t* out;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
+    out[j] = static_cast<std::int32_t>(static_cast<std::size_t>(keys[j]) / span);
+  }
+};
+
+/// A pushed row of a table: its group key, its first hop (its owner, or
+/// this host's aggregator for that owner when `route` is given) and where
+/// its values lie.
+template <class T>
+struct PushRowOf {
+  PartitionMap map;
+  const index_t* base;
+  std::size_t span;
+  const std::int32_t* route;
+  const index_t* ids;
+  const T* values;
+  std::size_t cols;
+  index_t* key;
+  std::int32_t* dest;
+  const T** at;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
+    const int o = map.owner(ids[j]);
+    key[j] = static_cast<index_t>(static_cast<std::size_t>(o) * span + static_cast<std::size_t>(base[o]) +
+                                  map.local_row(ids[j]));
+    dest[j] = route ? route[o] : o;
+    at[j] = values + j * cols;
+  }
+};
+
+/// out[j] = the shard row of key keys[j] (all owned here: key - base).
+template <class T>
+struct GatherKeyedRows {
+  const T* shard;
+  const index_t* keys;
+  index_t base;  // this rank * span
+  T* out;
+  std::size_t cols;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
+    out[j * cols + c] = shard[static_cast<std::size_t>(keys[j] - base) * cols + c];
+  }
+  void prefetch(std::size_t j) const {
+    prefetch_bytes(shard + static_cast<std::size_t>(keys[j] - base) * cols, cols * sizeof(T));
+  }
+};
+
+/// out[j] = row j, read where it lies (a row of an owner's shard in shared memory).
+template <class T>
+struct GatherAt {
+  const T* const* rows;
+  T* out;
+  std::size_t cols;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const { out[j * cols + c] = rows[j][c]; }
+  void prefetch(std::size_t j) const { prefetch_bytes(rows[j], cols * sizeof(T)); }
+};
+
+/// out[i] = the reply row of a request's id i: its unique key is
+/// first + inverse[i] (first + i when the request's keys were unique and
+/// in order), which was sent where[u]-th (u itself when sent in order).
+template <class T>
+struct GatherReply {
+  const T* reply;
+  const index_t* where;
+  const index_t* inverse;
+  index_t first;
+  T* out;
+  std::size_t cols;
+  PARALLAX_HOST_DEVICE std::size_t row(std::size_t i) const {
+    const index_t u = first + (inverse ? inverse[i] : static_cast<index_t>(i));
+    return static_cast<std::size_t>(where ? where[u] : u);
+  }
+  PARALLAX_HOST_DEVICE void operator()(std::size_t i, std::size_t c) const { out[i * cols + c] = reply[row(i) * cols + c]; }
+  void prefetch(std::size_t i) const { prefetch_bytes(reply + row(i) * cols, cols * sizeof(T)); }
+};
+
+/// where[order[j]] = j: the inverse of a permutation.
+struct InvertOrder {
+  const index_t* order;
+  index_t* where;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const { where[order[j]] = static_cast<index_t>(j); }
+};
+
+/// An engine whose ranks can share host memory (an MPI communicator over
+/// host buffers): a group may keep its shard where peers read it.
+template <class Engine, class = void>
+struct shares_host_memory : std::false_type {};
+template <class Engine>
+struct shares_host_memory<Engine, std::void_t<decltype(std::declval<Engine&>().comm())>>
+    : std::bool_constant<std::is_same_v<engine::space_of_t<Engine>, HostSpace> &&
+                         std::is_same_v<decltype(std::declval<Engine&>().comm()), MPI_Comm>> {};
+
+/// The lane of a lookup that reads its rows from the owners' shards in
+/// shared memory: its route carries only the headers (how many rows this
+/// rank will read of each owner, and its status), which are the
+/// synchronisation the reads need. The reads are booked as the messages
+/// they replace: the row bytes from the owner to the reader.
+class SharedReads final : public RouteLane {
+ public:
+  SharedReads(CommStats& stats, const Topology& topology, std::size_t row_bytes)
+      : stats_(&stats), topology_(&topology), row_bytes_(row_bytes) {}
+  /// Rows this rank reads from each rank's shard.
+  std::vector<std::size_t>& counts() noexcept { return counts_; }
+
+  std::size_t rows_to(int p) const override { return p == topology_->rank() ? 0 : counts_[static_cast<std::size_t>(p)]; }
+  std::size_t bytes_of(std::size_t) const override { return 0; }
+  void pack(std::byte*, const std::vector<std::size_t>&) override {}
+  void unpack(const std::byte*, const std::vector<std::size_t>&, const std::vector<std::size_t>& rows) override {
+    for (int p = 0; p < topology_->size(); ++p) {
+      if (p == topology_->rank()) continue;
+      const auto up = static_cast<std::size_t>(p);
+      stats_->add_sent(rows[up] * row_bytes_, topology_->same_host(p));
+      stats_->add_received(counts_[up] * row_bytes_, topology_->same_host(p));
+    }
+  }
+
+ private:
+  CommStats* stats_;
+  const Topology* topology_;
+  std::size_t row_bytes_;
+  std::vector<std::size_t> counts_;
+};
+
+}  // namespace detail
+
+/// Sparse tables of element type T and one width, sharded over the ranks of
+/// an engine and exchanged together (see the file comment).
+///
+/// * lookup (pull): each request's ids become keys, de-duplicated per
+///   request, and every unique key is asked of its owner; the rows come back
+///   aligned to the caller's ids. Bytes per rank: 8 per remote unique id
+///   out, cols*sizeof(T) per remote row back, plus the same for the rows this
+///   rank serves. With shared shards (every rank on one machine) the rows are
+///   read from the owners' shards instead, after a route of the headers
+///   alone: cols*sizeof(T) per remote id read (repeats too), booked as
+///   received from its owner and sent by it.
+/// * push: the tables' coalesced rows go to their owners; an owner sums the
+///   contributions by row, then by rank, and gets (group shard row, sum)
+///   pairs to apply its optimizer to. With local aggregation the rows first
+///   go to an aggregator on the sender's host (the owner itself when it is
+///   on the same host), which sums them, so each row crosses between hosts
+///   once per host.
+///
+/// Errors in ids (outside a table's [0, rows)) are reported on every rank at
+/// once, naming the table.
+template <class T, class Engine>
+class TableGroup {
+ public:
+  using space = engine::space_of_t<Engine>;
+
+  /// One table's lookup in a batch: `n` ids (in space), rows to `out` (room
+  /// for n x cols, in space). Both must stay valid until finish_lookup().
+  struct Request {
+    std::size_t table = 0;
+    const index_t* ids = nullptr;
+    std::size_t n = 0;
+    T* out = nullptr;
+  };
+  /// One table's gradient in a push: `k` rows, ids strictly ascending (a
+  /// coalesced SparseGrad), values contiguous, both in space.
+  struct Push {
+    std::size_t table = 0;
+    const index_t* ids = nullptr;
+    const T* values = nullptr;
+    std::size_t k = 0;
+  };
+
+  /// @param aggregate sum per host before crossing hosts, where hosts exist
+  /// @param shared    keep the shard in shared memory where every rank can
+  ///                  read it (ShardedOptions::shared_memory)
+  TableGroup(Engine& engine, std::size_t cols, bool aggregate = true, bool shared = true)
+      : engine_(&engine), cols_(cols), want_aggregate_(aggregate), want_shared_(shared), exchange_(engine),
+        aggregate_exchange_(engine), reads_(engine.stats(), engine.topology(), cols * sizeof(T)) {}
+  TableGroup(const TableGroup&) = delete;
+  TableGroup& operator=(const TableGroup&) = delete;
+
+  /// Adds a table (before build()); returns its index in the group.
+  std::size_t add(std::string name, PartitionMap map) {
+    PARALLAX_EXPECTS(!built_, "TableGroup: table '", name, "' added after build()");
+    PARALLAX_EXPECTS(map.ranks == engine_->size(), "sharded variable '", name, "': partition map is for ", map.ranks,
+                     " ranks but the engine has ", engine_->size());
+    tables_.push_back(Table{std::move(name), map});
+    return tables_.size() - 1;
+  }
+
+  /// Lays the tables out and allocates this rank's group shard (in a shared
+  /// window when every rank is on one machine). Collective.
+  void build() {
+    PARALLAX_EXPECTS(!built_, "TableGroup: build() called twice");
+    built_ = true;
+    const int n = engine_->size(), me = engine_->rank();
+    const auto un = static_cast<std::size_t>(n);
+    span_ = 0;
+    for (const Table& t : tables_) span_ += t.map.rows;
+    host_base_.assign(tables_.size() * un, 0);
+    shard_rows_.assign(un, 0);
+    for (std::size_t t = 0; t < tables_.size(); ++t)
+      for (int o = 0; o < n; ++o) {
+        const auto uo = static_cast<std::size_t>(o);
+        host_base_[t * un + uo] = static_cast<index_t>(shard_rows_[uo]);
+        shard_rows_[uo] += tables_[t].map.shard_rows(o);
+      }
+    base_ = Buffer<index_t, space>::from_host(host_base_);
+    const std::size_t elements = shard_rows_[static_cast<std::size_t>(me)] * cols_;
+    if constexpr (detail::shares_host_memory<Engine>::value) {
+      bool shared = want_shared_;
+      if (const char* env = std::getenv("PARALLAX_SHARED_SHARDS")) shared = shared && std::atoi(env) != 0;
+      // Every rank on one host: the hosts of the topology (real or emulated
+      // for tests) and the machine's own say so (SharedWindow checks).
+      if (shared && n > 1 && engine_->topology().num_hosts() == 1) {
+        window_ = detail::SharedWindow<T>::create(engine_->comm(), elements);
+        if (window_) shard_ = Buffer<T, space>::borrow(window_.local(), elements);
+      }
+    }
+    if (!window_) shard_.resize_discard(elements);
+    const Topology& topo = engine_->topology();
+    // Aggregation pays off only with several hosts of which some have several ranks.
+    aggregate_ = want_aggregate_ && topo.num_hosts() > 1 && topo.num_hosts() < topo.size();
+    if (aggregate_) {
+      const auto mates = topo.ranks_of_host(topo.host());
+      std::vector<std::int32_t> route(un);
+      for (int o = 0; o < n; ++o)
+        route[static_cast<std::size_t>(o)] = topo.same_host(o) ? o : mates[static_cast<std::size_t>(o) % mates.size()];
+      first_hop_ = Buffer<std::int32_t, space>::from_host(route);
+    }
+  }
+
+  std::size_t tables() const noexcept { return tables_.size(); }
+  std::size_t cols() const noexcept { return cols_; }
+  const std::string& name(std::size_t t) const noexcept { return tables_[t].name; }
+  const PartitionMap& map(std::size_t t) const noexcept { return tables_[t].map; }
+  /// Where table t starts in this rank's group shard (rows).
+  std::size_t base(std::size_t t) const noexcept {
+    return static_cast<std::size_t>(host_base_[t * static_cast<std::size_t>(engine_->size()) +
+                                               static_cast<std::size_t>(engine_->rank())]);
+  }
+  /// Rows of table t on this rank.
+  std::size_t shard_rows(std::size_t t) const noexcept { return tables_[t].map.shard_rows(engine_->rank()); }
+  /// This rank's group shard: every table's rows here, table by table.
+  Buffer<T, space>& shard() noexcept { return shard_; }
+  const Buffer<T, space>& shard() const noexcept { return shard_; }
+  /// Table t's rows on this rank (shard_rows(t) x cols).
+  T* shard_of(std::size_t t) noexcept { return shard_.data() + base(t) * cols_; }
+  bool aggregates() const noexcept { return aggregate_; }
+  /// Whether the shard lives in shared memory, so lookups read the owners'
+  /// shards directly (ShardedOptions::shared_memory).
+  bool shared() const noexcept { return static_cast<bool>(window_); }
+
+  /// Fills table t's rows on this rank: fill(global rows (in space), k, out).
+  template <class Fill>
+  void initialize(std::size_t t, Fill&& fill) {
+    const std::size_t k = shard_rows(t);
+    std::vector<index_t> rows(k);
+    for (std::size_t i = 0; i < k; ++i) rows[i] = tables_[t].map.global_row(engine_->rank(), i);
+    auto dev = Buffer<index_t, space>::from_host(rows);
+    fill(dev.data(), k, shard_of(t));
+  }
+
+  // ---------------------------------------------------------------- lookup
+  //
+  // plan_lookup() (local), then detail::route_lanes() over the returned lane
+  // and any others, passing lookup_problem() and problem_table() of the
+  // first lane that has one (fail() when the route reports a problem), then
+  // start_reply() (serves and starts the reply, one collective), the
+  // engine's wait_started() where it has one, and finish_lookup().
+
+  /// Plans a batch's lookups of this group's tables: validates every id,
+  /// makes the keys, and de-duplicates them per request. Local.
+  detail::RouteLane& plan_lookup(const Request* requests, std::size_t count) {
+    auto& ex = engine_->exec();
+    requests_.assign(requests, requests + count);
+    problem_ = detail::no_problem;
+    problem_table_ = 0;
+    first_.resize(count + 1);
+    first_[0] = 0;
+    for (std::size_t r = 0; r < count; ++r) first_[r + 1] = first_[r] + requests_[r].n;
+    for (const Request& q : requests_)
+      if (auto at = detail::find_out_of_range(ex, q.ids, q.n, tables_[q.table].map.rows)) {
+        problem_ = detail::read_one<index_t, space>(q.ids + *at);
+        problem_table_ = q.table;
+        break;
+      }
+    if constexpr (detail::shares_host_memory<Engine>::value)
+      if (window_) return plan_shared_reads();
+
+    // Each request's keys are made unique on their own (keys of different
+    // tables never meet): keys already strictly ascending are their own
+    // unique set (ascending unique ids over one partition per rank); ids
+    // strictly ascending over more partitions than ranks have keys that
+    // ascend within each owner, so grouping them by owner sorts them (a
+    // counting sort on the host); anything else is sorted.
+    const std::size_t total = first_[count];
+    keys_.resize_discard(total);
+    unique_.resize_discard(total);
+    inverse_.resize_discard(total);
+    unique_first_.assign(count + 1, 0);
+    in_order_.assign(count, false);
+    std::size_t u = 0;
+    if (problem_ == detail::no_problem) {
+      for (std::size_t r = 0; r < count; ++r) {
+        const Request& q = requests_[r];
+        index_t* keys = keys_.data() + first_[r];
+        index_t* unique = unique_.data() + u;
+        index_t* inverse = inverse_.data() + first_[r];
+        unique_first_[r] = u;
+        if (q.n == 0) continue;
+        for_each(ex, q.n, detail::GroupKeyOf{tables_[q.table].map, base_of(q.table), span_, q.ids, keys});
+        if (detail::strictly_ascending(ex, keys, q.n)) {
+          in_order_[r] = true;
+          if (count > 1) ex.copy(unique, keys, q.n * sizeof(index_t));
+          u += q.n;
+        } else if (group_ascending_ids(q.ids, keys, q.n, unique, inverse)) {
+          u += q.n;
+        } else {
+          ex.copy(unique, keys, q.n * sizeof(index_t));
+          const std::size_t n = q.n;
+          std::size_t k = 0;
+          with_thrust(ex, n, [&](auto policy) {
+            thrust::sort(policy, unique, unique + n);
+            k = static_cast<std::size_t>(thrust::unique(policy, unique, unique + n) - unique);
+            thrust::lower_bound(policy, unique, unique + k, keys, keys + n, inverse);
+          });
+          u += k;
+        }
+      }
+    }
+    unique_first_[count] = u;
+    // One request in order: its keys are the unique set, and the rows can
+    // land straight in its output.
+    single_in_order_ = count == 1 && in_order_[0];
+    const index_t* unique = single_in_order_ ? keys_.data() : unique_.data();
+    dest_.resize_discard(u);
+    if (u) for_each(ex, u, detail::OwnerOfKey{span_, unique, dest_.data()});
+    ex.synchronize();
+    exchange_.plan(unique, nullptr, dest_.data(), u, 0);
+    return exchange_;
+  }
+
+  /// The id outside its table's [0, rows) that the last plan_lookup() found
+  /// on this rank (detail::no_problem if none), and the table.
+  index_t lookup_problem() const noexcept { return problem_; }
+  std::size_t problem_table() const noexcept { return problem_table_; }
+  /// True when the last plan_lookup() was one request whose keys were
+  /// strictly ascending, so its rows land in place (no sort, no reordering).
+  bool lookup_in_order() const noexcept { return single_in_order_; }
+
+  /// Serves the keys the route brought this rank and starts the reply (or,
+  /// with shared shards, reads every row from its owner's shard). Collective.
+  void start_reply() {
+    auto& ex = engine_->exec();
+    if constexpr (detail::shares_host_memory<Engine>::value) {
+      if (window_) {
+        // The route's headers came from every rank after its last update
+        // of its shard: the rows are final. Read them where they lie.
+        window_.sync();
+        if (problem_ == detail::no_problem)
+          for (std::size_t r = 0; r < requests_.size(); ++r)
+            if (requests_[r].n)
+              for_each_rows(ex, requests_[r].n, cols_,
+                            detail::GatherAt<T>{reads_at_.data() + first_[r], requests_[r].out, cols_});
+        ex.synchronize();
+        return;
+      }
+    }
+    const std::size_t asked = exchange_.received();
+    served_.resize_discard(asked * cols_);
+    const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * span_);
+    if (asked)
+      for_each_rows(ex, asked, cols_,
+                    detail::GatherKeyedRows<T>{shard_.data(), exchange_.received_ids(), base, served_.data(), cols_});
+    ex.synchronize();
+    by_unique_ = exchange_.start_reply(served_.data(), cols_, single_in_order_ ? requests_[0].out : nullptr);
+  }
+
+  /// Puts every request's rows in its caller's order (after the engine's
+  /// wait_started(), where it has one).
+  void finish_lookup() {
+    if (window_ || single_in_order_) return;
+    auto& ex = engine_->exec();
+    const std::size_t count = requests_.size(), u = unique_first_[count];
+    // One request: its unique keys were sorted, so they went out in their
+    // own order. Several: the route grouped them by owner.
+    const index_t* where = nullptr;
+    if (count > 1 && u) {
+      where_.resize_discard(u);
+      for_each(ex, u, detail::InvertOrder{exchange_.sent_order(), where_.data()});
+      where = where_.data();
+    }
+    for (std::size_t r = 0; r < count; ++r) {
+      const Request& q = requests_[r];
+      if (q.n == 0) continue;
+      for_each_rows(ex, q.n, cols_,
+                    detail::GatherReply<T>{by_unique_, where, in_order_[r] ? nullptr : inverse_.data() + first_[r],
+                                           static_cast<index_t>(unique_first_[r]), q.out, cols_});
+    }
+    ex.synchronize();
+  }
+
+  /// Throws the error of a problem a route reported (`what`: "lookup id", ...).
+  [[noreturn]] void fail(const detail::RemoteProblem& p, const char* what) const {
+    const Table& t = tables_[p.table < tables_.size() ? p.table : 0];
+    throw error(detail::concat("variable '", t.name, "': ", what, " ", p.id, " is outside [0, ", t.map.rows,
+                               ") on rank ", p.rank));
+  }
+
+  // ---------------------------------------------------------------- push
+  //
+  // plan_push() (collective only with local aggregation, whose first hop it
+  // takes), then detail::route_lanes() over the returned lane and any
+  // others, then finish_push(). The inputs must stay valid until the route.
+
+  detail::RouteLane& plan_push(const Push* pushes, std::size_t count) {
+    auto& ex = engine_->exec();
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < count; ++i) k += pushes[i].k;
+    push_keys_.resize_discard(k);
+    dest_.resize_discard(k);
+    at_.resize_discard(k);
+    std::size_t first = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      const Push& p = pushes[i];
+      if (p.k)
+        for_each(ex, p.k,
+                 detail::PushRowOf<T>{tables_[p.table].map, base_of(p.table), span_,
+                                      aggregate_ ? first_hop_.data() : nullptr, p.ids, p.values, cols_,
+                                      push_keys_.data() + first, dest_.data() + first, at_.data() + first});
+      first += p.k;
+    }
+    ex.synchronize();
+    const detail::RowsAt<T> rows(at_.data());
+    if (!aggregate_) {
+      exchange_.plan(push_keys_.data(), rows, dest_.data(), k, cols_);
+      return exchange_;
+    }
+    // Hop 1, inside the host: to the owner, or to this host's aggregator
+    // for it, which sums what its host sends; then on to the owners.
+    aggregate_exchange_.route(push_keys_.data(), rows, dest_.data(), k, cols_);
+    const std::size_t hop_k =
+        detail::coalesce_rows(ex, aggregate_exchange_.received_ids(), aggregate_exchange_.received_values(),
+                              aggregate_exchange_.received(), cols_, hop_keys_, hop_values_, scratch_);
+    dest_.resize_discard(hop_k);
+    if (hop_k) for_each(ex, hop_k, detail::OwnerOfKey{span_, hop_keys_.data(), dest_.data()});
+    ex.synchronize();
+    exchange_.plan(hop_keys_.data(), hop_values_.data(), dest_.data(), hop_k, cols_);
+    return exchange_;
+  }
+
+  /// Sums the rows the route brought this rank, by row and then by source
+  /// rank. Returns m and fills local_rows / sums with the m rows of this
+  /// rank's group shard that received contributions (ascending) and their
+  /// sums.
+  std::size_t finish_push(Buffer<index_t, space>& local_rows, Buffer<T, space>& sums) {
+    auto& ex = engine_->exec();
+    const std::size_t m = detail::coalesce_rows(ex, exchange_.received_ids(), exchange_.received_values(),
+                                                exchange_.received(), cols_, owned_keys_, sums, scratch_);
+    local_rows.resize_discard(m);
+    const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * span_);
+    if (m) for_each(ex, m, detail::Subtract{owned_keys_.data(), local_rows.data(), base});
+    ex.synchronize();
+    return m;
+  }
+
+ private:
+  struct Table {
+    std::string name;
+    PartitionMap map;
+  };
+
+  /// Where table t starts in each owner's group shard (in space, for kernels).
+  const index_t* base_of(std::size_t t) const noexcept {
+    return base_.data() + t * static_cast<std::size_t>(engine_->size());
+  }
+
+  /// plan_lookup() with shared shards: where each row lies, and how many
+  /// rows of each owner this rank will read (the route's headers).
+  detail::RouteLane& plan_shared_reads() {
+    // Our last writes to our shard before the headers that tell peers
+    // they may read it.
+    window_.sync();
+    // A bad id reads nothing: the route reports it on every rank.
+    const std::size_t total = first_.back();
+    reads_at_.resize(problem_ == detail::no_problem ? total : 0);
+    auto& counts = reads_.counts();
+    counts.assign(static_cast<std::size_t>(engine_->size()), 0);
+    const T* const* bases = window_.bases();
+    const auto un = static_cast<std::size_t>(engine_->size());
+    for (std::size_t r = 0; r < requests_.size() && !reads_at_.empty(); ++r) {
+      const Request& q = requests_[r];
+      const PartitionMap& map = tables_[q.table].map;
+      const index_t* base = host_base_.data() + q.table * un;
+      const T** at = reads_at_.data() + first_[r];
+      for (std::size_t j = 0; j < q.n; ++j) {
+        const int o = map.owner(q.ids[j]);
+        const auto uo = static_cast<std::size_t>(o);
+        at[j] = bases[o] + (static_cast<std::size_t>(base[uo]) + map.local_row(q.ids[j])) * cols_;
+        ++counts[uo];
+      }
+    }
+    single_in_order_ = false;
+    return reads_;
+  }
+
+  /// Host memory, ids strictly ascending but owners interleaved (more
+  /// partitions than ranks): the keys ascend within each owner (an owner's
+  /// shard of a table is its partitions in increasing order), so grouping
+  /// them by owner (a counting sort) sorts them, and they are unique
+  /// already. Writes the sorted keys and each id's place among them as a
+  /// sort would; false (nothing done) otherwise.
+  bool group_ascending_ids(const index_t* ids, const index_t* keys, std::size_t n, index_t* unique, index_t* inverse) {
+    if constexpr (std::is_same_v<space, HostSpace>) {
+      if (!detail::strictly_ascending(engine_->exec(), ids, n)) return false;
+      const std::size_t span = span_;
+      group_first_.resize(static_cast<std::size_t>(engine_->size()) + 1);
+      detail::group_stably(
+          n, static_cast<std::size_t>(engine_->size()),
+          [&](std::size_t i) { return static_cast<std::size_t>(keys[i]) / span; }, group_first_.data(),
+          [&](std::size_t i, index_t at) {
+            unique[at] = keys[i];
+            inverse[i] = at;
+          });
+      return true;
+    } else {
+      (void)ids, (void)keys, (void)n, (void)unique, (void)inverse;
+      return false;
+    }
+  }
+
+  Engine* engine_;
+  std::size_t cols_;
+  bool want_aggregate_, want_shared_;
+  bool built_ = false, aggregate_ = false;
+  std::vector<Table> tables_;
+  std::size_t span_ = 0;                // rows of every table: bounds any group shard
+  std::vector<index_t> host_base_;      // [table][owner]: where the table starts in the owner's group shard
+  std::vector<std::size_t> shard_rows_;  // [owner]: rows of its group shard
+  Buffer<index_t, space> base_;         // host_base_, in space
+  detail::SharedWindow<T> window_;      // the shard's memory, when shared
+  Buffer<T, space> shard_;
+  Buffer<std::int32_t, space> first_hop_, dest_;
+
+  // The last lookup: its requests, where each one's ids start among all
+  // (first_) and its unique keys among all unique keys (unique_first_).
+  std::vector<Request> requests_;
+  std::vector<std::size_t> first_, unique_first_;
+  std::vector<bool> in_order_;
+  bool single_in_order_ = false;
+  index_t problem_ = detail::no_problem;
+  std::size_t problem_table_ = 0;
+  std::vector<index_t> group_first_;  // group_ascending_ids(): where each owner's keys start
+  Buffer<index_t, space> keys_, unique_, inverse_, where_;
+  Buffer<T, space> served_;
+  const T* by_unique_ = nullptr;    // where the last start_reply()'s rows land
+  std::vector<const T*> reads_at_;  // where each looked-up row lies, when shared
+  detail::SharedReads reads_;       // the lookup's lane, when shared
+
+  // The push.
+  Buffer<index_t, space> push_keys_, hop_keys_, owned_keys_;
+  Buffer<const T*, space> at_;
+  Buffer<T, space> hop_values_;
+  detail::RowExchange<T, Engine> exchange_, aggregate_exchange_;
+  detail::CoalesceScratch<space> scratch_;
+};
+
+}  // namespace parallax
