@@ -2,9 +2,10 @@
 /// @file
 /// Byte accounting. Every engine call adds the bytes this rank sends and
 /// receives, split by whether the peer is on the same host, to the entry of
-/// the (variable, policy) pair in scope. Tests assert these counts exactly;
-/// benchmarks report them. This is how a policy's advantage shows on a machine
-/// without a network.
+/// the (variable, policy) pair in scope; a call that carries several
+/// variables (a fused all-reduce, one route for many tables) is shared among
+/// them. Tests assert these counts exactly; benchmarks report them. This is
+/// how a policy's advantage shows on a machine without a network.
 
 #include <cstdint>
 #include <iomanip>
@@ -52,7 +53,13 @@ struct Traffic {
 /// Per-rank byte counts, keyed by (variable, policy).
 ///
 /// The label in force is set by a Scope; calls outside any scope are booked
-/// under variable "" and policy "". Not thread-safe: one engine, one thread.
+/// under variable "" and policy "". Calls that carry several variables at
+/// once are booked through a Shared scope, which divides their bytes among
+/// the variables: every byte the engine moved is booked exactly once, so
+/// total() is what the engine sent and received. A shared call counts as a
+/// call of each variable it carries (`Traffic::calls` of a variable: the
+/// calls that moved some of it); total().calls counts engine calls. Not
+/// thread-safe: one engine, one thread.
 class CommStats {
  public:
   using Key = std::pair<std::string, std::string>;  // (variable, policy)
@@ -75,6 +82,76 @@ class CommStats {
     Entry* previous_;
   };
 
+  /// Books engine calls that carry several variables of one policy: while
+  /// it lives, calls are counted aside; when it ends, their bytes are
+  /// divided among the variables named by part(), each field (sent and
+  /// received, intra and inter host) in proportion to the part's weight in
+  /// it, rounding so that the shares sum to the count exactly; every part
+  /// counts each call. Parts may be named before or after the calls (a
+  /// route learns what it carried when it arrives). Without parts the
+  /// bytes go to ("", policy). Scopes opened inside book to their own entry.
+  class Shared {
+   public:
+    Shared(CommStats& stats, std::string_view policy)
+        : stats_(&stats), previous_(stats.current_), policy_(policy), unnamed_(&stats.entry(Key{"", policy_})),
+          pending_(Key{"", policy_}, Traffic{}) {
+      stats.current_ = &pending_;
+    }
+    Shared(const Shared&) = delete;
+    Shared& operator=(const Shared&) = delete;
+    ~Shared() {
+      stats_->current_ = previous_;
+      const Traffic& t = pending_.second;
+      if (parts_.empty()) {
+        unnamed_->second += t;
+        return;
+      }
+      using Field = std::uint64_t Traffic::*;
+      for (Field f : {&Traffic::sent_intra, &Traffic::sent_inter, &Traffic::recv_intra, &Traffic::recv_inter}) {
+        unsigned __int128 total_weight = 0;
+        for (const auto& p : parts_) total_weight += p.weight.*f;
+        const bool even = total_weight == 0;  // nothing to weigh by: equal shares
+        if (even) total_weight = parts_.size();
+        unsigned __int128 cumulative = 0;
+        std::uint64_t given = 0;
+        for (const auto& p : parts_) {
+          cumulative += even ? 1 : p.weight.*f;
+          const auto upto = static_cast<std::uint64_t>(static_cast<unsigned __int128>(t.*f) * cumulative / total_weight);
+          p.entry->second.*f += upto - given;
+          given = upto;
+        }
+      }
+      for (const auto& p : parts_) p.entry->second.calls += t.calls;
+    }
+    /// A variable the calls carry, and its weight: the bytes (or rows) it
+    /// puts in them, per field. A variable named twice adds up.
+    void part(std::string_view variable, const Traffic& weight) {
+      Entry* e = &stats_->entry(Key{std::string(variable), policy_});
+      for (auto& p : parts_)
+        if (p.entry == e) {
+          p.weight += weight;
+          return;
+        }
+      parts_.push_back(Part{e, weight});
+    }
+    /// part() with one weight for every field.
+    void part(std::string_view variable, std::uint64_t weight) {
+      part(variable, Traffic{weight, weight, weight, weight, 0});
+    }
+
+   private:
+    struct Part {
+      Entry* entry;
+      Traffic weight;
+    };
+    CommStats* stats_;
+    Entry* previous_;
+    std::string policy_;
+    Entry* unnamed_;  // where bytes go when no part is named
+    Entry pending_;
+    std::vector<Part> parts_;
+  };
+
   CommStats() : current_(&*entries_.try_emplace(Key{}).first) {}
   CommStats(const CommStats&) = delete;
   CommStats& operator=(const CommStats&) = delete;
@@ -82,6 +159,8 @@ class CommStats {
   [[nodiscard]] Scope scope(std::string_view variable, std::string_view policy) {
     return Scope(*this, variable, policy);
   }
+  /// A Shared scope for calls of `policy` that carry several variables.
+  [[nodiscard]] Shared shared(std::string_view policy) { return Shared(*this, policy); }
 
   /// Books `bytes` sent to a peer (on this host or not).
   void add_sent(std::uint64_t bytes, bool same_host) noexcept {
@@ -90,14 +169,18 @@ class CommStats {
   void add_received(std::uint64_t bytes, bool same_host) noexcept {
     (same_host ? current_->second.recv_intra : current_->second.recv_inter) += bytes;
   }
-  void add_call() noexcept { ++current_->second.calls; }
+  void add_call() noexcept {
+    ++current_->second.calls;
+    ++calls_;
+  }
   /// The (variable, policy) label calls are booked under now.
   const Key& current() const noexcept { return current_->first; }
 
-  /// Everything booked.
+  /// Everything booked: every byte the engine moved, and its calls.
   Traffic total() const {
     Traffic t;
     for (const auto& [key, traffic] : entries_) t += traffic;
+    t.calls = calls_;
     return t;
   }
   /// Everything booked under this variable, all policies.
@@ -107,7 +190,8 @@ class CommStats {
       if (key.first == name) t += traffic;
     return t;
   }
-  /// Everything booked under this policy, all variables.
+  /// Everything booked under this policy, all variables (a call shared by
+  /// several of them counts once for each).
   Traffic policy(std::string_view name) const {
     Traffic t;
     for (const auto& [key, traffic] : entries_)
@@ -123,6 +207,7 @@ class CommStats {
   /// Zeroes every count (the labels stay).
   void reset() noexcept {
     for (auto& [key, traffic] : entries_) traffic = Traffic{};
+    calls_ = 0;
   }
 
   /// A table of the non-empty entries, one line each.
@@ -141,8 +226,11 @@ class CommStats {
   }
 
  private:
+  Entry& entry(Key key) { return *entries_.try_emplace(std::move(key)).first; }
+
   std::map<Key, Traffic> entries_;  // node-based: pointers to entries stay valid
   Entry* current_;
+  std::uint64_t calls_ = 0;  // engine calls, each once
 };
 
 }  // namespace parallax
