@@ -1,39 +1,24 @@
 #pragma once
 /// @file
-/// What every engine shares: the algorithm choice, the capability trait, and
-/// the options. An engine moves untyped bytes (pointer + count + DataType)
-/// between the ranks of one communicator and books them in its CommStats.
-///
-/// The static interface every engine provides (see engine::Mpi):
-///
-///     using space = ...;                       // where its buffers live
-///     int rank() const; int size() const;
-///     const Topology& topology() const;
-///     CommStats& stats();
-///     Exec<space>& exec();
-///     void allreduce(const void* send, void* recv, size_t count, DataType, ReduceOp);
-///     void reduce_scatter(const void* send, void* recv, const size_t* recv_counts, DataType, ReduceOp);
-///     void allgather(const void* send, void* recv, size_t count, DataType);
-///     void allgatherv(const void* send, size_t count, void* recv, const size_t* counts, const size_t* displs, DataType);
-///     void alltoall(const void* send, void* recv, size_t count, DataType);
-///     void alltoallv(const void* send, const size_t* scounts, const size_t* sdispls,
-///                    void* recv, const size_t* rcounts, const size_t* rdispls, DataType);
-///     void broadcast(void* buf, size_t count, DataType, int root);
-///     void barrier();
-///     void send(const void*, size_t, DataType, int peer); void recv(void*, size_t, DataType, int peer);
-///     Exchange start_sendrecv(const void* s, size_t sc, int dst, void* r, size_t rc, int src, DataType);
-///     void wait(Exchange&);
-///
-/// Counts are elements; displacements are elements. Byte accounting rules are
-/// in docs/design.md ("Byte accounting").
+/// What every engine shares: the algorithm choice, the options, the
+/// capability trait, and the contract an engine type must meet
+/// (`engine::check<E>()`). An engine moves untyped bytes (pointer + count +
+/// DataType) between the ranks of one communicator and books them in its
+/// CommStats. Counts and displacements are in elements. Byte accounting rules
+/// are in docs/design.md ("Byte accounting").
 
+#include <parallax/comm_stats.hpp>
+#include <parallax/context.hpp>
 #include <parallax/space.hpp>
 #include <parallax/types.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <type_traits>
+#include <utility>
 
 namespace parallax::engine {
 
@@ -108,5 +93,106 @@ inline constexpr bool supports_v = supports<Engine, Op>::value;
 /// The space an engine's buffers live in.
 template <class Engine>
 using space_of_t = typename Engine::space;
+
+// ---------------------------------------------------------------- the contract
+
+namespace contract {
+// One detector per member that parallax's trainer and policies call, with
+// the argument types they pass.
+template <class E>
+E& e();
+template <class T>
+T v();
+using csize = const std::size_t*;
+
+template <class E, class = void> struct space : std::false_type {};
+template <class E> struct space<E, std::enable_if_t<is_space_v<typename E::space>>> : std::true_type {};
+#define PARALLAX_ENGINE_MEMBER(trait, expr)                        \
+  template <class E, class = void>                                 \
+  struct trait : std::false_type {};                               \
+  template <class E>                                               \
+  struct trait<E, std::void_t<decltype(expr)>> : std::true_type {};
+PARALLAX_ENGINE_MEMBER(construct, E(v<const Context&>(), v<Options>()))
+PARALLAX_ENGINE_MEMBER(ranks, static_cast<int>(e<const E>().rank() + e<const E>().size()))
+PARALLAX_ENGINE_MEMBER(topology, static_cast<const Topology&>(e<const E>().topology()))
+PARALLAX_ENGINE_MEMBER(stats, static_cast<CommStats&>(e<E>().stats()))
+PARALLAX_ENGINE_MEMBER(exec, static_cast<Exec<typename E::space>&>(e<E>().exec()))
+PARALLAX_ENGINE_MEMBER(set_step, e<E>().set_step(std::int64_t{}))
+PARALLAX_ENGINE_MEMBER(allreduce, e<E>().allreduce(v<const void*>(), v<void*>(), std::size_t{}, DataType{}, ReduceOp{}))
+PARALLAX_ENGINE_MEMBER(allgather, e<E>().allgather(v<const void*>(), v<void*>(), std::size_t{}, DataType{}))
+PARALLAX_ENGINE_MEMBER(allgatherv, e<E>().allgatherv(v<const void*>(), std::size_t{}, v<void*>(), csize{}, csize{},
+                                                     DataType{}))
+PARALLAX_ENGINE_MEMBER(alltoall, e<E>().alltoall(v<const void*>(), v<void*>(), std::size_t{}, DataType{}))
+PARALLAX_ENGINE_MEMBER(alltoallv, e<E>().alltoallv(v<const void*>(), csize{}, csize{}, v<void*>(), csize{}, csize{},
+                                                   DataType{}))
+PARALLAX_ENGINE_MEMBER(broadcast, e<E>().broadcast(v<void*>(), std::size_t{}, DataType{}, int{}))
+PARALLAX_ENGINE_MEMBER(sendrecv, e<E>().sendrecv(v<const void*>(), std::size_t{}, int{}, v<void*>(), std::size_t{},
+                                                 int{}, DataType{}))
+PARALLAX_ENGINE_MEMBER(start_sendrecv,
+                       e<E>().wait(e<decltype(e<E>().start_sendrecv(v<const void*>(), std::size_t{}, int{}, v<void*>(),
+                                                                      std::size_t{}, int{}, DataType{}))>()))
+PARALLAX_ENGINE_MEMBER(alltoallv_unsized,
+                       e<E>().alltoallv_unsized(v<const void*>(), csize{}, csize{}, v<std::size_t*>(),
+                                                v<std::size_t*>(), v<std::byte* (*)(std::size_t)>()))
+PARALLAX_ENGINE_MEMBER(start_alltoallv, (e<E>().start_alltoallv(v<const void*>(), csize{}, csize{}, v<void*>(), csize{},
+                                                                csize{}, DataType{}),
+                                         e<E>().wait_started()))
+#undef PARALLAX_ENGINE_MEMBER
+}  // namespace contract
+
+/// True when E has every member parallax calls on an engine (see check()).
+template <class E>
+inline constexpr bool is_engine_v =
+    contract::space<E>::value && contract::construct<E>::value && contract::ranks<E>::value &&
+    contract::topology<E>::value && contract::stats<E>::value && contract::exec<E>::value &&
+    contract::set_step<E>::value && contract::allreduce<E>::value && contract::allgather<E>::value &&
+    contract::allgatherv<E>::value && contract::alltoall<E>::value && contract::alltoallv<E>::value &&
+    contract::broadcast<E>::value && contract::sendrecv<E>::value && contract::start_sendrecv<E>::value &&
+    (!supports_v<E, op_alltoallv_unsized> || contract::alltoallv_unsized<E>::value) &&
+    (!supports_v<E, op_start_alltoallv> || contract::start_alltoallv<E>::value);
+
+/// The engine contract, checked member by member: each one E lacks is a
+/// compile error that names it. These are exactly the calls parallax's
+/// trainer and policies make (engine::Mpi is the reference implementation).
+/// Returns true, so it can sit in a static_assert or a constexpr variable.
+template <class E>
+constexpr bool check() {
+  static_assert(contract::space<E>::value,
+                "parallax engine: needs `using space = HostSpace;` or `CudaSpace`: where its buffers live");
+  static_assert(contract::construct<E>::value,
+                "parallax engine: needs a constructor E(const Context&, engine::Options)");
+  static_assert(contract::ranks<E>::value, "parallax engine: needs `int rank() const` and `int size() const`");
+  static_assert(contract::topology<E>::value, "parallax engine: needs `const Topology& topology() const`");
+  static_assert(contract::stats<E>::value, "parallax engine: needs `CommStats& stats()` (every call books its bytes)");
+  static_assert(contract::exec<E>::value, "parallax engine: needs `Exec<space>& exec()` (where kernels run)");
+  static_assert(contract::set_step<E>::value,
+                "parallax engine: needs `void set_step(std::int64_t)` (the step fault reports name)");
+  static_assert(contract::allreduce<E>::value,
+                "parallax engine: needs `allreduce(const void* send, void* recv, size_t count, DataType, ReduceOp)`");
+  static_assert(contract::allgather<E>::value,
+                "parallax engine: needs `allgather(const void* send, void* recv, size_t count, DataType)`");
+  static_assert(contract::allgatherv<E>::value,
+                "parallax engine: needs `allgatherv(const void* send, size_t count, void* recv, const size_t* counts, "
+                "const size_t* displs, DataType)`");
+  static_assert(contract::alltoall<E>::value,
+                "parallax engine: needs `alltoall(const void* send, void* recv, size_t count, DataType)`");
+  static_assert(contract::alltoallv<E>::value,
+                "parallax engine: needs `alltoallv(const void* send, const size_t* scounts, const size_t* sdispls, "
+                "void* recv, const size_t* rcounts, const size_t* rdispls, DataType)`");
+  static_assert(contract::broadcast<E>::value,
+                "parallax engine: needs `broadcast(void* buf, size_t count, DataType, int root)`");
+  static_assert(contract::sendrecv<E>::value,
+                "parallax engine: needs `sendrecv(const void* send, size_t scount, int dst, void* recv, size_t rcount, "
+                "int src, DataType)`");
+  static_assert(contract::start_sendrecv<E>::value,
+                "parallax engine: needs `X start_sendrecv(...)` (sendrecv's arguments) and `void wait(X&)`");
+  static_assert(!supports_v<E, op_alltoallv_unsized> || contract::alltoallv_unsized<E>::value,
+                "parallax engine: supports<E, op_alltoallv_unsized> says yes, but alltoallv_unsized(send, sbytes, "
+                "sdispls, rbytes, rdispls, allocate) is missing");
+  static_assert(!supports_v<E, op_start_alltoallv> || contract::start_alltoallv<E>::value,
+                "parallax engine: supports<E, op_start_alltoallv> says yes, but start_alltoallv(...) (alltoallv's "
+                "arguments) or wait_started() is missing");
+  return true;
+}
 
 }  // namespace parallax::engine

@@ -12,7 +12,8 @@
 ///     template <class T> Rule<T> rule(std::uint64_t step) const;  // step counts from 1
 ///
 /// where `Rule<T>` is a PARALLAX_HOST_DEVICE functor
-/// `void operator()(T& w, T g, T& s0, T& s1) const`.
+/// `void operator()(T& w, T g, T& s0, T& s1) const`. `optim::check<O>()`
+/// checks a type against this contract, naming what it lacks.
 
 #include <parallax/config.hpp>
 #include <parallax/space.hpp>
@@ -20,8 +21,58 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 namespace parallax::optim {
+
+/// State values per element an optimizer may keep: the update rule receives
+/// two (s0, s1).
+inline constexpr int max_slots = 2;
+
+namespace contract {
+template <class O, class = void>
+struct named : std::false_type {};
+template <class O>
+struct named<O, std::enable_if_t<std::is_convertible_v<decltype(O::name), const char*>>> : std::true_type {};
+template <class O, class = void>
+struct slot_count : std::false_type {};
+template <class O>
+struct slot_count<O, std::enable_if_t<std::is_convertible_v<decltype(O::slots), int>>> : std::true_type {};
+template <class O, class T, class = void>
+struct initial : std::false_type {};
+template <class O, class T>
+struct initial<O, T, std::enable_if_t<std::is_convertible_v<decltype(std::declval<const O&>().template slot_initial<T>(0)), T>>>
+    : std::true_type {};
+template <class O, class T, class = void>
+struct rule : std::false_type {};
+template <class O, class T>
+struct rule<O, T,
+            std::void_t<decltype(std::declval<const O&>().template rule<T>(std::uint64_t{1})(
+                std::declval<T&>(), std::declval<T>(), std::declval<T&>(), std::declval<T&>()))>> : std::true_type {};
+template <class O>
+constexpr int slots_or_zero() {
+  if constexpr (slot_count<O>::value) return O::slots;
+  else return 0;
+}
+}  // namespace contract
+
+/// The optimizer contract (above), checked member by member: each one O
+/// lacks is a compile error that names it. Returns true.
+template <class O>
+constexpr bool check() {
+  static_assert(contract::named<O>::value, "parallax optimizer: needs `static constexpr const char* name`");
+  static_assert(contract::slot_count<O>::value,
+                "parallax optimizer: needs `static constexpr int slots` (state values per element)");
+  static_assert(contract::slots_or_zero<O>() >= 0 && contract::slots_or_zero<O>() <= max_slots,
+                "parallax optimizer: `slots` must be 0, 1 or 2 (the update rule receives two state values)");
+  static_assert(contract::initial<O, float>::value && contract::initial<O, double>::value,
+                "parallax optimizer: needs `template <class T> T slot_initial(int k) const`");
+  static_assert(contract::rule<O, float>::value && contract::rule<O, double>::value,
+                "parallax optimizer: needs `template <class T> Rule<T> rule(std::uint64_t step) const`, where Rule<T> "
+                "is callable as rule(T& w, T g, T& s0, T& s1)");
+  return true;
+}
 
 namespace detail {
 
@@ -68,6 +119,9 @@ struct RowUpdate {
 /// An optimizer's per-element state for `n` elements (a variable or a shard).
 template <class Optimizer, class T, class Space>
 class State {
+  static_assert(Optimizer::slots >= 0 && Optimizer::slots <= max_slots,
+                "parallax optimizer: `slots` must be 0, 1 or 2 (the update rule receives two state values)");
+
  public:
   State() = default;
   State(const Optimizer& opt, std::size_t n, const Exec<Space>& ex = Exec<Space>{}) { reset(opt, n, ex); }
@@ -79,12 +133,13 @@ class State {
     }
     ex.synchronize();
   }
+  /// Slot k's values, or null for k >= slots().
   T* slot(int k) noexcept { return k < Optimizer::slots ? slot_[k].data() : nullptr; }
   Buffer<T, Space>& buffer(int k) noexcept { return slot_[k]; }
   static constexpr int slots() noexcept { return Optimizer::slots; }
 
  private:
-  Buffer<T, Space> slot_[2];
+  Buffer<T, Space> slot_[Optimizer::slots > 0 ? Optimizer::slots : 1];
 };
 
 /// w[i] <- rule(w[i], scale * g[i]) for i < n.
