@@ -11,8 +11,8 @@
 #include "common/harness.hpp"
 
 #include <parallax/engine/mpi.hpp>
-#include <parallax/policy/allgatherv.hpp>
-#include <parallax/policy/ring_allreduce.hpp>
+#include <parallax/policy/allgatherv/gatherer.hpp>
+#include <parallax/policy/ring_allreduce/fusion.hpp>
 #include <parallax/space.hpp>
 
 #include <benchmark/benchmark.h>

@@ -264,28 +264,33 @@ TEST_CASE("every sharded variable's gradient rows share one route a step", "[tra
   const auto want_b = add_sparse_grad<double>(1, b, trainer.fetch(b), ctx);
   const auto want_c = add_sparse_grad<float>(2, c, trainer.fetch(c), ctx);
   std::map<std::string, px::Traffic> before;
-  for (const char* v : {"(fused sparse)", "a", "b", "c"}) before[v] = trainer.stats().variable(v);
+  for (const char* v : {"a", "b", "c"}) before[v] = trainer.stats().variable(v);
+  const px::Traffic total_before = trainer.stats().total();
   trainer.step();
   std::map<std::string, px::Traffic> step;
-  for (const char* v : {"(fused sparse)", "a", "b", "c"}) step[v] = trainer.stats().variable(v) - before[v];
+  for (const char* v : {"a", "b", "c"}) step[v] = trainer.stats().variable(v) - before[v];
+  const px::Traffic all = trainer.stats().total() - total_before;
   // Summed by row, then by rank, and applied: exactly the sums above.
   CHECK(trainer.fetch(a) == want_a);
   CHECK(trainer.fetch(b) == want_b);
   CHECK(trainer.fetch(c) == want_c);
 
-  // One route for the three tables (plus the first hop's route per table
-  // when aggregating), none booked per table.
+  // One route carries the three tables' rows: one engine call, booked as a
+  // call of each table (with aggregation, each table also takes its first
+  // hop inside the host, alone: three more). Besides: the step's agreement
+  // and w's all-reduce.
   const auto calls = [&](const char* v) { return step[v].calls; };
   const bool aggregating = ranks_per_host > 0 && ctx.size() > ranks_per_host;
   constexpr std::uint64_t route = test::route_calls<px::engine::Mpi>;
-  CHECK(calls("(fused sparse)") == route);
-  CHECK(calls("a") == (aggregating ? route : 0u));
-  CHECK(calls("b") == (aggregating ? route : 0u));
-  CHECK(calls("c") == (aggregating ? route : 0u));
+  CHECK(calls("a") == (aggregating ? 2 * route : route));
+  CHECK(calls("b") == (aggregating ? 2 * route : route));
+  CHECK(calls("c") == (aggregating ? 2 * route : route));
+  const std::uint64_t dense = ctx.size() > 1 ? 1 : 0;
+  CHECK(all.calls == 1 + dense + (aggregating ? 4 * route : route));
   // The header carries a count per table and one status word per rank pair.
   if (ctx.size() > 1 && !aggregating) {
     const std::uint64_t header = 8 * (3 + 1) * static_cast<std::uint64_t>(ctx.size() - 1);
-    CHECK(step["(fused sparse)"].sent() > header);
+    CHECK(step["a"].sent() + step["b"].sent() + step["c"].sent() > header);
   }
 }
 
@@ -324,10 +329,12 @@ void check_batched_lookup() {
   const auto want_p = rows_of(trainer.fetch(p), host_p, 3), want_q = rows_of(trainer.fetch(q), host_q, 5);
 
   std::map<std::string, px::Traffic> before;
-  for (const char* v : {"(fused sparse)", "p", "q"}) before[v] = trainer.stats().variable(v);
+  for (const char* v : {"p", "q"}) before[v] = trainer.stats().variable(v);
+  const px::Traffic total_before = trainer.stats().total();
   const auto rows = trainer.lookup({px::Lookup{p, ids_p}, px::Lookup{q, ids_q}});
   std::map<std::string, std::uint64_t> calls;
-  for (const char* v : {"(fused sparse)", "p", "q"}) calls[v] = (trainer.stats().variable(v) - before[v]).calls;
+  for (const char* v : {"p", "q"}) calls[v] = (trainer.stats().variable(v) - before[v]).calls;
+  const std::uint64_t engine_calls = (trainer.stats().total() - total_before).calls;
 
   REQUIRE(rows.size() == 2);
   CHECK(rows[0].rows == host_p.size());
@@ -342,13 +349,15 @@ void check_batched_lookup() {
   CHECK(test::all_ranks(test::to_host(one_p) == want_p && test::to_host(one_q) == want_q));
   CHECK(test::all_ranks(test::to_host(rows[0]) == want_p));
 
-  // Sharded: one route for both tables' ids, then one reply each (against a
-  // route and a reply per table one by one); shared shards need no reply.
-  // Replicas look up locally.
+  // Sharded: one route for both tables' ids, then one reply each, p and q
+  // being of different widths (against a route and a reply per table one
+  // by one); shared shards need no reply. Every call carries both tables'
+  // bytes, so each counts all of them. Replicas look up locally.
   const bool sharded = !std::is_same_v<Arch, px::arch::AllReduce>;
-  CHECK(calls["(fused sparse)"] == (sharded ? test::route_calls<test::engine_for<Space>> : 0u));
-  CHECK(calls["p"] == (sharded && !trainer.in_shared_memory(p) ? 1u : 0u));
-  CHECK(calls["q"] == (sharded && !trainer.in_shared_memory(q) ? 1u : 0u));
+  const std::uint64_t want = sharded ? test::route_calls<test::engine_for<Space>> + (trainer.in_shared_memory(p) ? 0 : 2) : 0;
+  CHECK(engine_calls == want);
+  CHECK(calls["p"] == want);
+  CHECK(calls["q"] == want);
 }
 
 }  // namespace

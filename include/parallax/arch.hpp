@@ -2,9 +2,12 @@
 /// @file
 /// Architectures: the compile-time routing table from a variable's sparsity to
 /// its communicator policy, and a helper to pick one from a command line.
+/// Includes the built-in policies' machinery, which the architectures name.
 
 #include <parallax/error.hpp>
-#include <parallax/policy/policy.hpp>
+#include <parallax/policy/allgatherv/synchronizer.hpp>
+#include <parallax/policy/ring_allreduce/synchronizer.hpp>
+#include <parallax/policy/sharded_ps/synchronizer.hpp>
 #include <parallax/types.hpp>
 #include <parallax/variable.hpp>
 

@@ -1,33 +1,29 @@
 #pragma once
 /// @file
-/// Checkpoints: where a Trainer saves, how often, how many it keeps, and how
-/// to find them. Saving and restoring are Trainer::save() and
-/// Trainer::restore(); the format is in docs/design.md ("Checkpoints").
+/// Checkpoints: finding them on disk, and the component that saves and
+/// restores a trainer's variables (Trainer::save(), restore() and the
+/// automatic saves of TrainerOptions::checkpoint call it). The format is in
+/// docs/design.md ("Checkpoints").
 
+#include <parallax/detail/agreement.hpp>
+#include <parallax/detail/checkpoint_io.hpp>
 #include <parallax/error.hpp>
+#include <parallax/options.hpp>
+#include <parallax/policy/policy.hpp>
+#include <parallax/types.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace parallax {
-
-/// When and where a Trainer saves on its own (during step()).
-struct CheckpointOptions {
-  /// Directory of the checkpoints (on a file system every rank sees). Empty:
-  /// no automatic saves.
-  std::string dir;
-  /// Save after every this many steps (0: not by step count).
-  std::uint64_t every_steps = 0;
-  /// Save when this many seconds passed since the last save (0: not by time).
-  /// Rank 0's clock decides; the decision travels with the step's agreement.
-  double every_seconds = 0;
-  /// Complete checkpoints kept; older ones are deleted after a save.
-  int keep_last = 3;
-};
 
 /// A complete checkpoint found on disk.
 struct CheckpointInfo {
@@ -68,5 +64,237 @@ inline std::string checkpoint_dir_name(std::uint64_t step) {
   return "step-" + digits;
 }
 }  // namespace detail
+
+/// A trainer's checkpoints: every variable (its members, in registration
+/// order) and its optimizer state, saved by every rank in its own layout and
+/// restored onto any rank count. Every call is collective.
+template <class Engine>
+class Checkpoints {
+ public:
+  /// @param optimizer the optimizer's name and state values per element,
+  ///                  recorded in the manifest and checked on restore
+  Checkpoints(Engine& engine, CheckpointOptions options, std::string optimizer, int slots,
+              std::vector<policy::Member*> members)
+      : engine_(&engine), options_(std::move(options)), optimizer_(std::move(optimizer)), slots_(slots),
+        members_(std::move(members)) {}
+
+  const CheckpointOptions& options() const noexcept { return options_; }
+
+  /// Whether rank 0's clock says a timed save is due (the request travels
+  /// with the step's agreement, so every rank decides alike).
+  bool time_to_save() const {
+    return engine_->rank() == 0 && !options_.dir.empty() && options_.every_seconds > 0 &&
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_).count() >=
+               options_.every_seconds;
+  }
+  /// Whether a save is due after `steps` steps, given whether a timed save
+  /// was requested.
+  bool due(std::uint64_t steps, bool requested) const {
+    return !options_.dir.empty() && (requested || (options_.every_steps > 0 && steps % options_.every_steps == 0));
+  }
+
+  /// Saves every variable and its optimizer state as checkpoint
+  /// `dir/step-<step>`: each rank writes its own rows, the manifest is
+  /// written last, and the directory appears only when complete (a crash
+  /// leaves the previous checkpoints intact). Keeps the newest
+  /// `keep_last`. Returns the checkpoint's path.
+  std::string save(const std::string& dir, std::uint64_t step) {
+    namespace fs = std::filesystem;
+    auto scope = engine_->stats().scope("", "checkpoint");
+    const int me = engine_->rank(), n = engine_->size();
+    const std::string final_dir = dir + "/" + detail::checkpoint_dir_name(step);
+    const std::string partial = final_dir + ".partial";
+    std::optional<std::string> problem;
+    if (me == 0) {
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      fs::remove_all(partial, ec);
+      if (!fs::create_directory(partial, ec))
+        problem = detail::concat("cannot create checkpoint directory ", partial, ": ", ec.message());
+    }
+    detail::agree(*engine_, problem);
+
+    std::uint64_t meta[2] = {0, 0};
+    try {
+      detail::AtomicFile file(partial + "/" + detail::rank_file_name(me));
+      write_rank_header(file);
+      for (policy::Member* m : members_) m->save(file);
+      file.commit();
+      meta[0] = file.size();
+      meta[1] = file.crc();
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    detail::agree(*engine_, problem);
+    std::vector<std::uint64_t> metas(2 * static_cast<std::size_t>(n));
+    engine_->allgather(meta, metas.data(), 2, DataType::i64);
+
+    if (me == 0) {
+      try {
+        detail::Manifest m = manifest_of_model();
+        m.step = step;
+        m.ranks = n;
+        for (int r = 0; r < n; ++r)
+          m.files.push_back({detail::rank_file_name(r), metas[2 * r], static_cast<std::uint32_t>(metas[2 * r + 1])});
+        const std::string text = m.serialize();
+        detail::AtomicFile mf(partial + "/manifest");
+        mf.write(text.data(), text.size());
+        mf.commit();
+        detail::fsync_directory(partial);
+        std::error_code ec;
+        fs::remove_all(final_dir, ec);
+        fs::rename(partial, final_dir);
+        detail::fsync_directory(dir);
+        prune(dir, options_.keep_last);
+      } catch (const std::exception& e) {
+        problem = detail::concat("cannot finish checkpoint ", final_dir, ": ", e.what());
+      }
+    }
+    detail::agree(*engine_, problem);
+    last_save_ = std::chrono::steady_clock::now();
+    return final_dir;
+  }
+
+  /// Restores every variable and its optimizer state from the checkpoint
+  /// directory `path`, onto any number of ranks (sharded variables are cut
+  /// again), and returns the step it was saved at. Everything is checked
+  /// first (manifest, model, every file's size and CRC-32C) and a problem
+  /// found by any rank is thrown on every rank before anything is loaded.
+  /// If loading itself fails, damaged() says so afterwards.
+  std::uint64_t restore(const std::string& path) {
+    auto scope = engine_->stats().scope("", "checkpoint");
+    const int me = engine_->rank(), n = engine_->size();
+    std::optional<std::string> problem;
+    detail::Manifest m;
+    try {
+      const std::string mpath = path + "/manifest";
+      std::ifstream in(mpath, std::ios::binary);
+      if (!in) throw error(detail::concat("checkpoint manifest ", mpath, " is missing or unreadable"));
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      m = detail::Manifest::parse(text, mpath);
+      check_model(m, mpath);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    detail::agree(*engine_, problem);
+
+    // Every file is checked in full by one rank.
+    for (std::size_t f = static_cast<std::size_t>(me); f < m.files.size() && !problem; f += static_cast<std::size_t>(n)) {
+      const std::string fpath = path + "/" + m.files[f].name;
+      try {
+        if (!detail::file_exists(fpath)) throw error(detail::concat("checkpoint file ", fpath, " is missing"));
+        const auto [size, crc] = detail::checksum_file(fpath);
+        if (size != m.files[f].size)
+          throw error(detail::concat("checkpoint file ", fpath, " has ", size, " bytes; the manifest says ",
+                                     m.files[f].size, " (truncated or replaced)"));
+        if (crc != m.files[f].crc)
+          throw error(detail::concat("checkpoint file ", fpath, " fails its CRC-32C check (corrupt)"));
+      } catch (const std::exception& e) {
+        problem = e.what();
+      }
+    }
+    detail::agree(*engine_, problem);
+
+    try {
+      detail::CheckpointReader reader(path, m);
+      for (std::size_t v = 0; v < members_.size(); ++v) members_[v]->load(reader, v);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    try {
+      detail::agree(*engine_, problem);
+    } catch (...) {
+      damaged_ = true;
+      throw;
+    }
+    damaged_ = false;
+    last_save_ = std::chrono::steady_clock::now();
+    return m.step;
+  }
+
+  /// True when the last restore() failed while loading: the variables may
+  /// be half-loaded.
+  bool damaged() const noexcept { return damaged_; }
+
+  /// The step of the newest complete checkpoint under `dir` (rank 0 looks),
+  /// if any.
+  std::optional<std::uint64_t> latest(const std::string& dir) {
+    std::int64_t step = -1;
+    if (engine_->rank() == 0)
+      if (auto found = latest_checkpoint(dir)) step = static_cast<std::int64_t>(found->step);
+    engine_->broadcast(&step, 1, DataType::i64, 0);
+    if (step < 0) return std::nullopt;
+    return static_cast<std::uint64_t>(step);
+  }
+
+ private:
+  detail::Manifest manifest_of_model() const {
+    detail::Manifest m;
+    m.optimizer = optimizer_;
+    m.slots = slots_;
+    for (const policy::Member* s : members_) {
+      const detail::VarRecord r = s->record();
+      m.variables.push_back({r.name, r.sparse != 0, to_string(static_cast<DataType>(r.type)), r.rows, r.cols,
+                             s->saved_partitions()});
+    }
+    return m;
+  }
+  /// Throws unless the checkpoint holds this model's variables and optimizer.
+  void check_model(const detail::Manifest& m, const std::string& mpath) const {
+    const detail::Manifest here = manifest_of_model();
+    auto describe = [](const detail::ManifestVariable& v) {
+      return detail::concat("'", v.name, "' (", v.rows, " x ", v.cols, ", ", v.type, ", ", v.sparse ? "sparse" : "dense",
+                            ")");
+    };
+    if (m.optimizer != here.optimizer || m.slots != here.slots)
+      throw error(detail::concat("checkpoint manifest ", mpath, " was saved with optimizer ", m.optimizer,
+                                 "; this trainer uses ", here.optimizer));
+    if (m.variables.size() != here.variables.size())
+      throw error(detail::concat("checkpoint manifest ", mpath, " holds ", m.variables.size(),
+                                 " variables; this model has ", here.variables.size(), " (a different model?)"));
+    for (std::size_t v = 0; v < m.variables.size(); ++v) {
+      const auto &a = m.variables[v], &b = here.variables[v];
+      if (a.name != b.name || a.sparse != b.sparse || a.type != b.type || a.rows != b.rows || a.cols != b.cols)
+        throw error(detail::concat("checkpoint manifest ", mpath, " is of a different model: variable #", v, " is ",
+                                   describe(a), " there but ", describe(b), " here"));
+    }
+  }
+  void write_rank_header(detail::AtomicFile& file) const {
+    const int me = engine_->rank(), n = engine_->size();
+    const std::uint64_t rank = static_cast<std::uint64_t>(me), count = members_.size();
+    file.write(detail::RankFileHeader::magic, 8);
+    file.write(&rank, 8);
+    file.write(&count, 8);
+    std::uint64_t offset = detail::RankFileHeader::bytes(members_.size());
+    for (const policy::Member* s : members_) {
+      const detail::VarRecord r = s->record();
+      const detail::SavedLayout layout{r.rows, r.cols, s->saved_partitions(), n};
+      detail::RankFileHeader::Entry e{layout.stored_rows(me), r.cols, static_cast<std::uint64_t>(slots_), offset};
+      file.write(&e, sizeof(e));
+      offset += e.rows * e.cols * (1 + e.slots) * size_of(static_cast<DataType>(r.type));
+    }
+  }
+  /// Keeps the newest `keep` complete checkpoints and no unfinished ones.
+  static void prune(const std::string& dir, int keep) {
+    namespace fs = std::filesystem;
+    const auto all = list_checkpoints(dir);
+    std::error_code ec;
+    for (std::size_t i = 0; i + static_cast<std::size_t>(std::max(keep, 1)) < all.size(); ++i)
+      fs::remove_all(all[i].path, ec);
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("step-", 0) == 0 && name.size() > 8 && name.substr(name.size() - 8) == ".partial")
+        fs::remove_all(entry.path(), ec);
+    }
+  }
+
+  Engine* engine_;
+  CheckpointOptions options_;
+  std::string optimizer_;
+  int slots_;
+  std::vector<policy::Member*> members_;
+  std::chrono::steady_clock::time_point last_save_ = std::chrono::steady_clock::now();
+  bool damaged_ = false;
+};
 
 }  // namespace parallax

@@ -1,33 +1,288 @@
 #pragma once
 /// @file
-/// Communicator policies: how one variable's gradient is synchronised. Each
-/// is a small tag type; the machinery lives beside it (ring_allreduce.hpp,
-/// allgatherv.hpp, sharded_ps.hpp) and the Trainer picks it at compile time.
+/// The protocol between a Trainer and its communicator policies.
+///
+/// A policy is a tag type (RingAllReduce, AllGatherv, ShardedPS, or one of
+/// your own) that names its synchronizer:
+///
+///     struct MyPolicy {
+///       static constexpr const char* name = "MyPolicy";
+///       template <class Engine, class Optimizer>
+///       using synchronizer = MySynchronizer<Engine, Optimizer>;
+///     };
+///
+/// A trainer makes one synchronizer per policy its variables use and hands
+/// it every such variable, in registration order. The synchronizer derives
+/// from policy::Synchronizer<Engine> (the phases of a step, below) and has
+///
+///     MySynchronizer(Engine&, const Optimizer&, const TrainerOptions&);
+///     template <class Var> policy::Member& add(Var var);   // the variable, placed
+///
+/// and, if it takes sparse variables,
+///
+///     template <class V>
+///     std::vector<Rows<typename V::value_type, space>> lookup(const Lookup<V>* batch, std::size_t n);
+///
+/// policy::check<Policy, Var, Engine, Optimizer>() names what a policy lacks.
+/// A step runs phase by phase over every synchronizer, in the order their
+/// policies first appear among the variables: problem() and has_gradient()
+/// (then one agreement among the ranks), start_exchange(), finish_exchange(),
+/// update(), clear(). Every rank makes the same calls in the same order, so
+/// collectives inside the phases match.
+
+#include <parallax/detail/agreement.hpp>
+#include <parallax/detail/checkpoint_io.hpp>
+#include <parallax/engine/engine.hpp>
+#include <parallax/options.hpp>
+#include <parallax/optim/optimizer.hpp>
+#include <parallax/partition.hpp>
+#include <parallax/space.hpp>
+#include <parallax/types.hpp>
+#include <parallax/variable.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace parallax {
 
-/// Dense gradients are summed over the ranks with a bandwidth-optimal ring
-/// (reduce-scatter, then all-gather), or the engine's own all-reduce where
-/// that is faster. Every rank keeps a full replica and applies the same update.
-/// For a sparse variable, the gradient is first scattered into a dense buffer
-/// (the "sparse sent as dense" baseline of docs/design.md).
-struct RingAllReduce {
-  static constexpr const char* name = "RingAllReduce";
+/// One request of a batched Trainer::lookup: a sparse variable and the ids
+/// to look up in it (`n` ids at `ids`, in the trainer's memory space; they
+/// must stay valid until the lookup returns). Requests of one batch share
+/// the variable type; CTAD reads it: `px::Lookup{emb, ids}`.
+template <class V>
+struct Lookup {
+  V* var;
+  const index_t* ids;
+  std::size_t n;
+
+  Lookup(V& v, const index_t* i, std::size_t count) : var(&v), ids(i), n(count) {}
+  Lookup(V& v, const Buffer<index_t, typename V::space>& i) : var(&v), ids(i.data()), n(i.size()) {}
+  /// Host ids, for variables in HostSpace.
+  template <class S = typename V::space, std::enable_if_t<std::is_same_v<S, HostSpace>, int> = 0>
+  Lookup(V& v, const std::vector<index_t>& i) : var(&v), ids(i.data()), n(i.size()) {}
 };
 
-/// Sparse gradients (indices + rows) are gathered from every rank, then
-/// coalesced; every rank keeps a full replica. Horovod's way; its bytes grow
-/// with the number of ranks.
-struct AllGatherv {
-  static constexpr const char* name = "AllGatherv";
+namespace policy {
+
+/// What a step hands every synchronizer.
+struct StepInfo {
+  std::uint64_t step = 0;  ///< 1-based number of the step being taken
+  double scale = 1.0;      ///< gradient scale (1/N for the mean over ranks)
 };
 
-/// Rows are cut into partitions owned by the ranks, which act as parameter
-/// servers: a rank pulls the rows it needs and pushes the rows it touched;
-/// the owner sums and applies the optimizer. Dense variables can be sharded
-/// too (then push = reduce-scatter, pull = all-gather).
-struct ShardedPS {
-  static constexpr const char* name = "ShardedPS";
+/// A variable as its synchronizer holds it: what the trainer, checkpoints
+/// and statistics ask of each variable, whatever its policy.
+class Member {
+ public:
+  virtual ~Member() = default;
+  /// The variable's shared state: Variable handles of one variable share it.
+  virtual const void* identity() const = 0;
+  virtual const std::string& name() const = 0;
+  /// The policy's name.
+  virtual const char* policy() const = 0;
+  /// What the ranks compare when a trainer is built, and a checkpoint records.
+  virtual detail::VarRecord record() const = 0;
+  /// Rows of the variable this rank stores (a replica: all of them).
+  virtual std::size_t stored_rows() const = 0;
+  /// Whether those rows live in shared memory that peers' lookups read.
+  virtual bool in_shared_memory() const { return false; }
+  /// The whole variable, row-major, on the host of every rank. Collective.
+  virtual void fetch(void* host_out) = 0;
+
+  // Checkpoints: a member saves the rows it holds, in its layout, and loads
+  // the rows it needs from whatever layout the checkpoint was saved in.
+  /// 0: replicated (rank 0 saves every row); P: sharded in P partitions.
+  virtual int saved_partitions() const = 0;
+  /// Writes this rank's rows of the value, then of each optimizer slot.
+  virtual void save(detail::AtomicFile& out) = 0;
+  /// Reads this rank's rows (value and optimizer slots) of variable `index`.
+  virtual void load(detail::CheckpointReader& in, std::size_t index) = 0;
 };
 
+/// A policy's part of a trainer: the variables it synchronises and the
+/// phases of their step. See the file comment for the order of the calls.
+template <class Engine>
+class Synchronizer {
+ public:
+  using space = engine::space_of_t<Engine>;
+  virtual ~Synchronizer() = default;
+
+  /// Once, after every variable was added and before the first lookup or
+  /// step: lay out what spans variables (fusion buckets, table groups,
+  /// shared windows). Collective.
+  virtual void prepare() {}
+
+  /// This rank's first problem with this step's data, as a sentence that
+  /// names the variable; local (the trainer agrees on it across ranks).
+  virtual std::optional<std::string> problem() = 0;
+  /// Whether any variable was given a gradient on this rank this step.
+  virtual bool has_gradient() const = 0;
+  /// Starts moving this step's gradients. May complete them (on engines that
+  /// cannot leave calls in flight). Collective.
+  virtual void start_exchange(const StepInfo&) {}
+  /// Completes the exchange: every gradient is summed where it is applied.
+  /// Collective.
+  virtual void finish_exchange(const StepInfo&) = 0;
+  /// Applies the optimizer to what this rank stores; afterwards every value
+  /// a lookup or value() reads is current. May communicate (collective).
+  virtual void update(const StepInfo&) = 0;
+  /// Forgets this step's gradients and lookups (after a step, or a failed one).
+  virtual void clear() = 0;
+};
+
+/// The synchronizer of Policy for this engine and optimizer.
+template <class Policy, class Engine, class Optimizer>
+using synchronizer_t = typename Policy::template synchronizer<Engine, Optimizer>;
+
+namespace contract {
+template <class P, class = void>
+struct named : std::false_type {};
+template <class P>
+struct named<P, std::enable_if_t<std::is_convertible_v<decltype(P::name), const char*>>> : std::true_type {};
+template <class P, class E, class O, class = void>
+struct names_synchronizer : std::false_type {};
+template <class P, class E, class O>
+struct names_synchronizer<P, E, O, std::void_t<synchronizer_t<P, E, O>>> : std::true_type {};
+template <class S, class E, class O, class = void>
+struct constructible : std::false_type {};
+template <class S, class E, class O>
+struct constructible<S, E, O,
+                     std::void_t<decltype(S(std::declval<E&>(), std::declval<const O&>(),
+                                            std::declval<const TrainerOptions&>()))>> : std::true_type {};
+template <class S, class V, class = void>
+struct adds : std::false_type {};
+template <class S, class V>
+struct adds<S, V, std::enable_if_t<std::is_same_v<decltype(std::declval<S&>().add(std::declval<V&>())), Member&>>>
+    : std::true_type {};
+template <class S, class V, class = void>
+struct looks_up : std::false_type {};
+template <class S, class V>
+struct looks_up<S, V, std::void_t<decltype(std::declval<S&>().lookup(std::declval<const Lookup<V>*>(), std::size_t{}))>>
+    : std::true_type {};
+
+template <class P, class E, class O>
+constexpr bool synchronizer_ok() {
+  if constexpr (names_synchronizer<P, E, O>::value) {
+    using S = synchronizer_t<P, E, O>;
+    return std::is_base_of_v<Synchronizer<E>, S> && constructible<S, E, O>::value;
+  } else {
+    return false;
+  }
+}
+template <class P, class V, class E, class O>
+constexpr bool adds_ok() {
+  if constexpr (synchronizer_ok<P, E, O>()) return adds<synchronizer_t<P, E, O>, V>::value;
+  else return false;
+}
+template <class P, class V, class E, class O>
+constexpr bool lookup_ok() {
+  if constexpr (synchronizer_ok<P, E, O>() && V::is_sparse()) return looks_up<synchronizer_t<P, E, O>, V>::value;
+  else return true;
+}
+}  // namespace contract
+
+/// Whether Policy can synchronise variables of type Var in a trainer over
+/// Engine with Optimizer (see check()).
+template <class Policy, class Var, class Engine, class Optimizer>
+inline constexpr bool is_policy_for_v =
+    contract::named<Policy>::value && contract::synchronizer_ok<Policy, Engine, Optimizer>() &&
+    contract::adds_ok<Policy, Var, Engine, Optimizer>() && contract::lookup_ok<Policy, Var, Engine, Optimizer>();
+
+/// The policy contract (the file comment), checked piece by piece: each one
+/// Policy lacks for Var is a compile error that names it. Returns true.
+template <class Policy, class Var, class Engine, class Optimizer>
+constexpr bool check() {
+  static_assert(contract::named<Policy>::value, "parallax policy: the tag needs `static constexpr const char* name`");
+  static_assert(contract::names_synchronizer<Policy, Engine, Optimizer>::value,
+                "parallax policy: the tag needs `template <class Engine, class Optimizer> using synchronizer = ...;`");
+  static_assert(contract::synchronizer_ok<Policy, Engine, Optimizer>(),
+                "parallax policy: the synchronizer must derive from policy::Synchronizer<Engine> and be constructible "
+                "from (Engine&, const Optimizer&, const TrainerOptions&)");
+  static_assert(contract::adds_ok<Policy, Var, Engine, Optimizer>(),
+                "parallax policy: the synchronizer needs `policy::Member& add(Var)` for this variable type");
+  static_assert(contract::lookup_ok<Policy, Var, Engine, Optimizer>(),
+                "parallax policy: a sparse variable's synchronizer needs `lookup(const Lookup<V>* batch, size_t n)`, "
+                "returning a std::vector of Rows");
+  return true;
+}
+
+// ---------------------------------------------------------------- helpers for writing members
+
+/// Shared by members: the variable, its name, its record.
+template <class Var>
+class MemberOf : public Member {
+ public:
+  using T = typename Var::value_type;
+  MemberOf(Var var, const char* policy) : var_(std::move(var)), policy_(policy) {}
+  MemberOf(const MemberOf&) = delete;
+  MemberOf& operator=(const MemberOf&) = delete;
+
+  const void* identity() const override { return &var_.state(); }
+  const std::string& name() const override { return var_.name(); }
+  const char* policy() const override { return policy_; }
+  detail::VarRecord record() const override {
+    return detail::VarRecord::make(var_.name(), var_.shape(), data_type_of_v<T>, Var::is_sparse(), policy_);
+  }
+  Var& variable() noexcept { return var_; }
+
+ protected:
+  Var var_;
+  const char* policy_;
+};
+
+/// Writes n elements of a buffer in `Space` to a checkpoint file.
+template <class T, class Space>
+void save_block(detail::AtomicFile& out, const T* data, std::size_t n) {
+  std::vector<T> host(n);
+  space_traits<Space>::copy_to_host(host.data(), data, n * sizeof(T));
+  out.write(host.data(), n * sizeof(T));
+}
+
+/// Reads the rows a rank holds (all rows when `map` is null, else its
+/// partitions, back to back) of one saved array into `out` (in Space).
+template <class T, class Space>
+void load_block(detail::CheckpointReader& in, std::size_t v, int what, const PartitionMap* map, int rank,
+                std::size_t rows, std::size_t cols, T* out) {
+  std::vector<T> host(map ? map->shard_rows(rank) * cols : rows * cols);
+  if (!map) {
+    in.read_rows(v, what, 0, rows, host.data());
+  } else {
+    for (std::size_t t = 0; t < map->partitions_on(rank); ++t) {
+      const int p = rank + static_cast<int>(t) * map->ranks;
+      in.read_rows(v, what, map->begin(p), map->size(p), host.data() + map->shard_offset(p) * cols);
+    }
+  }
+  space_traits<Space>::copy_from_host(out, host.data(), host.size() * sizeof(T));
+}
+
+/// Saves n elements of a value and of each of its optimizer slots (`slots`
+/// pointers, in Space), as one layout.
+template <class T, class Space>
+void save_state(detail::AtomicFile& out, const T* value, T* const* slots, int count, std::size_t n) {
+  save_block<T, Space>(out, value, n);
+  for (int k = 0; k < count; ++k) save_block<T, Space>(out, slots[k], n);
+}
+/// Loads what save_state() saved, for the rows `map` places on `rank` (all
+/// rows when null).
+template <class T, class Space>
+void load_state(detail::CheckpointReader& in, std::size_t v, const PartitionMap* map, int rank, std::size_t rows,
+                std::size_t cols, T* value, T* const* slots, int count) {
+  load_block<T, Space>(in, v, 0, map, rank, rows, cols, value);
+  for (int k = 0; k < count; ++k) load_block<T, Space>(in, v, k + 1, map, rank, rows, cols, slots[k]);
+}
+
+/// The slots of an optimizer state as pointers (for save_state / load_state).
+template <class Optimizer, class T, class Space>
+std::vector<T*> slots_of(optim::State<Optimizer, T, Space>& state, std::size_t offset = 0) {
+  std::vector<T*> out;
+  for (int k = 0; k < Optimizer::slots; ++k) out.push_back(state.slot(k) + offset);
+  return out;
+}
+
+}  // namespace policy
 }  // namespace parallax

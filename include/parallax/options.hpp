@@ -1,0 +1,99 @@
+#pragma once
+/// @file
+/// Every setting of a Trainer, with the settings of the built-in policies it
+/// carries to them. Every field has a working default.
+
+#include <parallax/engine/engine.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace parallax {
+
+/// How the ranks' gradients are combined.
+enum class Reduction {
+  mean,  ///< sum over ranks divided by the rank count: with equal local batches
+         ///< and per-rank mean losses, the gradient of the global batch's mean loss
+  sum,   ///< plain sum over ranks (for gradients already scaled by the global batch)
+};
+
+/// Settings of RingAllReduce. The defaults are what docs/benchmarks.md
+/// measured best on the machines there.
+struct RingOptions {
+  /// ring, native (the engine's all-reduce), or automatic: native with one
+  /// rank, below `native_below_bytes`, on an oversubscribed host (see
+  /// `adapt_to_oversubscription`) and for engines over device memory (NCCL,
+  /// MpiStaged); ring otherwise.
+  engine::Algorithm algorithm = engine::Algorithm::automatic;
+  /// Buffers smaller than this go to the engine's all-reduce under automatic.
+  /// The ring beat MPICH's all-reduce at every size measured (4 KiB up, two
+  /// ranks); smaller buffers, not measured, stay with the engine.
+  std::size_t native_below_bytes = std::size_t{4} << 10;
+  /// The ring moves each chunk in segments of at most this many bytes, two
+  /// in flight, so a segment is reduced while the next one travels and
+  /// landing and packing buffers stay in cache. Ignored on an oversubscribed
+  /// host (see `adapt_to_oversubscription`).
+  std::size_t segment_bytes = std::size_t{128} << 10;
+  /// Tensor fusion: consecutive gradients are packed into buckets of at most
+  /// this many bytes (a larger gradient is reduced in place, alone).
+  std::size_t bucket_bytes = std::size_t{32} << 20;
+  /// When a host runs more ranks than it has hardware threads, waiting ranks
+  /// take turns on the cores and every wait for a descheduled neighbour costs
+  /// a scheduler time slice. Then automatic picks the engine's all-reduce
+  /// (fewer dependent steps than the ring's 2(N-1)), and the ring, if forced,
+  /// sends each chunk whole instead of in segments. False: behave as on a
+  /// host with a core per rank (tests use it to exercise segments).
+  bool adapt_to_oversubscription = true;
+};
+
+/// Settings of ShardedPS.
+struct ShardedOptions {
+  /// Partitions per sharded variable; 0 means one per rank.
+  int partitions = 0;
+  /// Sum the sparse gradients of the ranks on one host before they cross to
+  /// another host (needs more than one host with several ranks; see Context).
+  bool local_aggregation = true;
+  /// When every rank runs on one machine (host-memory engine), keep each
+  /// shard in an MPI shared-memory window and let a lookup read its rows
+  /// straight from their owners' shards: no owner gathers them, no reply
+  /// carries them, and they land in the caller's order. The environment
+  /// variable PARALLAX_SHARED_SHARDS=0 turns it off (for comparisons).
+  bool shared_memory = true;
+  /// Store and exchange the sparse variables of one element type and width
+  /// as one group (one shard buffer, one key space): a batched lookup then
+  /// makes one sort pass, route and reply per group, and a step one push
+  /// and one optimizer update per group, whatever the number of tables.
+  /// Rows, errors, bytes and checkpoints stay per variable, and so does
+  /// each variable's partitioning.
+  bool group_tables = true;
+};
+
+/// When and where a Trainer saves on its own (during step()).
+struct CheckpointOptions {
+  /// Directory of the checkpoints (on a file system every rank sees). Empty:
+  /// no automatic saves.
+  std::string dir;
+  /// Save after every this many steps (0: not by step count).
+  std::uint64_t every_steps = 0;
+  /// Save when this many seconds passed since the last save (0: not by time).
+  /// Rank 0's clock decides; the decision travels with the step's agreement.
+  double every_seconds = 0;
+  /// Complete checkpoints kept; older ones are deleted after a save.
+  int keep_last = 3;
+};
+
+/// Settings of a Trainer. Every synchronizer it creates reads its own part
+/// (`ring`, `sharded`, `partitions`).
+struct TrainerOptions {
+  Reduction reduction = Reduction::mean;
+  RingOptions ring;        ///< RingAllReduce: algorithm, segments, fusion buckets
+  ShardedOptions sharded;  ///< ShardedPS: default partition count, local aggregation, groups
+  /// Partition count per variable name, overriding sharded.partitions.
+  std::map<std::string, int> partitions;
+  engine::Options engine;  ///< deadline of every collective
+  CheckpointOptions checkpoint;  ///< automatic saves during step()
+};
+
+}  // namespace parallax

@@ -1,0 +1,114 @@
+#pragma once
+/// @file
+/// AllGatherv's part of a trainer: sparse variables replicated on every
+/// rank; each step every rank gathers every rank's gradient rows and applies
+/// the same lazy update to its replica.
+
+#include <parallax/error.hpp>
+#include <parallax/options.hpp>
+#include <parallax/policy/allgatherv.hpp>
+#include <parallax/policy/allgatherv/gatherer.hpp>
+#include <parallax/policy/policy.hpp>
+#include <parallax/policy/replicas.hpp>
+#include <parallax/space.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace parallax::policy {
+
+template <class Engine, class Optimizer>
+class GatherSynchronizer final : public Synchronizer<Engine> {
+ public:
+  using space = engine::space_of_t<Engine>;
+
+  GatherSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions&) : engine_(&engine), opt_(opt) {}
+
+  template <class Var>
+  Member& add(Var var) {
+    static_assert(Var::is_sparse(),
+                  "parallax: AllGatherv synchronises sparse gradients (rows); a dense variable has none to gather. "
+                  "Use RingAllReduce or ShardedPS for dense variables.");
+    auto m = std::make_unique<Of<Var>>(std::move(var), *engine_, opt_);
+    Of<Var>& ref = *m;
+    members_.push_back(std::move(m));
+    return ref;
+  }
+
+  std::optional<std::string> problem() override {
+    for (auto& m : members_)
+      if (auto p = m->problem()) return p;
+    return std::nullopt;
+  }
+  bool has_gradient() const override {
+    for (const auto& m : members_)
+      if (m->has_gradient()) return true;
+    return false;
+  }
+  void finish_exchange(const StepInfo&) override {
+    for (auto& m : members_) m->gather();
+  }
+  void update(const StepInfo& info) override {
+    for (auto& m : members_) m->apply(info);
+  }
+  void clear() override {
+    for (auto& m : members_) m->clear();
+  }
+
+  template <class V>
+  std::vector<Rows<typename V::value_type, space>> lookup(const Lookup<V>* batch, std::size_t n) {
+    return lookup_replicas<V, space>(batch, n, [&](V& var) -> Of<V>& {
+      for (auto& m : members_)
+        if (m->identity() == &var.state()) return static_cast<Of<V>&>(*m);
+      throw error(detail::concat("variable '", var.name(), "' is not synchronised by AllGatherv"));
+    });
+  }
+
+ private:
+  class Entry {
+   public:
+    virtual ~Entry() = default;
+    virtual const void* identity() const = 0;
+    virtual std::optional<std::string> problem() = 0;
+    virtual bool has_gradient() const = 0;
+    virtual void gather() = 0;
+    virtual void apply(const StepInfo&) = 0;
+    virtual void clear() = 0;
+  };
+  template <class Var>
+  class Of final : public SparseReplica<Var, Engine, Optimizer>, public Entry {
+    using Base = SparseReplica<Var, Engine, Optimizer>;
+    using T = typename Var::value_type;
+
+   public:
+    Of(Var var, Engine& engine, const Optimizer& opt)
+        : Base(std::move(var), engine, opt, AllGatherv::name), gatherer_(engine, this->var_.cols()) {}
+    const void* identity() const override { return Base::identity(); }
+    std::optional<std::string> problem() override { return Base::problem(); }
+    bool has_gradient() const override { return Base::has_gradient(); }
+    /// Every rank's coalesced rows, summed by row then by rank.
+    void gather() override {
+      auto scope = this->engine_->stats().scope(this->var_.name(), AllGatherv::name);
+      auto& g = this->gradient();
+      g.coalesce(this->ex());
+      rows_ = gatherer_.gather(g.indices(), g.values(), g.size(), ids_, sums_);
+    }
+    void apply(const StepInfo& info) override { Base::apply_rows(info, ids_.data(), sums_.data(), rows_); }
+    void clear() override { Base::clear(); }
+
+   private:
+    SparseAllGatherer<T, Engine> gatherer_;
+    Buffer<index_t, space> ids_;
+    Buffer<T, space> sums_;
+    std::size_t rows_ = 0;
+  };
+
+  Engine* engine_;
+  Optimizer opt_;
+  std::vector<std::unique_ptr<Entry>> members_;
+};
+
+}  // namespace parallax::policy

@@ -1,0 +1,202 @@
+#pragma once
+/// @file
+/// Members that keep a full replica of their variable on every rank, for
+/// any policy to use: a dense variable (its value and gradient are the
+/// Variable's own buffers) and a sparse one (a replica of its rows, looked up
+/// locally). They hold the optimizer state and do the checkpoint I/O; the
+/// policy decides how gradients are summed before apply().
+
+#include <parallax/detail/algorithms.hpp>
+#include <parallax/optim/optimizer.hpp>
+#include <parallax/policy/policy.hpp>
+#include <parallax/space.hpp>
+#include <parallax/types.hpp>
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace parallax::detail {
+/// Ids outside [0, rows) read row 0 instead (their values are never used:
+/// the step that follows throws).
+struct ClampBadIds {
+  const index_t* in;
+  index_t* out;
+  index_t rows;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t i) const { out[i] = (in[i] < 0 || in[i] >= rows) ? 0 : in[i]; }
+};
+}  // namespace parallax::detail
+
+namespace parallax::policy {
+
+/// Output buffers of the lookups of one step: a fresh one per lookup, so the
+/// rows a step's earlier lookups returned stay valid until the step ends.
+template <class T, class Space>
+class LookupBuffers {
+ public:
+  Buffer<T, Space>& next(std::size_t elements) {
+    if (used_ == buffers_.size()) buffers_.emplace_back();
+    Buffer<T, Space>& b = buffers_[used_++];
+    b.resize_discard(elements);
+    return b;
+  }
+  /// The step is over: the buffers may be reused.
+  void release() noexcept { used_ = 0; }
+
+ private:
+  std::vector<Buffer<T, Space>> buffers_;
+  std::size_t used_ = 0;
+};
+
+/// A dense variable replicated on every rank: value() and grad() are the
+/// Variable's own; apply() runs the optimizer over every element.
+template <class Var, class Engine, class Optimizer>
+class DenseReplica : public MemberOf<Var> {
+  static_assert(!Var::is_sparse(), "DenseReplica holds dense variables");
+
+ public:
+  using T = typename Var::value_type;
+  using space = engine::space_of_t<Engine>;
+
+  DenseReplica(Var var, Engine& engine, const Optimizer& opt, const char* policy)
+      : MemberOf<Var>(std::move(var), policy), engine_(&engine), opt_(opt),
+        state_(opt, this->var_.shape().elements()) {}
+
+  Buffer<T, space>& value() noexcept { return this->var_.state().value; }
+  Buffer<T, space>& grad() noexcept { return this->var_.state().grad; }
+  bool has_gradient() const noexcept { return this->var_.state().grad_touched; }
+  /// value <- rule(value, scale * grad), every element.
+  void apply(const StepInfo& info) {
+    optim::apply_dense(engine_->exec(), opt_, info.step, value().data(), grad().data(), value().size(), state_,
+                       static_cast<T>(info.scale));
+  }
+  void clear() {
+    grad().zero();
+    this->var_.state().grad_touched = false;
+  }
+
+  std::size_t stored_rows() const override { return this->var_.rows(); }
+  void fetch(void* out) override {
+    space_traits<space>::copy_to_host(out, value().data(), value().bytes());
+  }
+  int saved_partitions() const override { return 0; }
+  void save(detail::AtomicFile& out) override {
+    if (engine_->rank() != 0) return;
+    const auto slots = slots_of(state_);
+    save_state<T, space>(out, value().data(), slots.data(), Optimizer::slots, value().size());
+  }
+  void load(detail::CheckpointReader& in, std::size_t index) override {
+    const auto slots = slots_of(state_);
+    load_state<T, space>(in, index, nullptr, 0, this->var_.rows(), this->var_.cols(), value().data(), slots.data(),
+                         Optimizer::slots);
+  }
+
+ private:
+  Engine* engine_;
+  Optimizer opt_;
+  optim::State<Optimizer, T, space> state_;
+};
+
+/// A sparse variable replicated on every rank (AllGatherv, and RingAllReduce
+/// for sparse variables): lookups are local gathers; a bad lookup id is
+/// reported by the next step() on every rank, since a local lookup is not
+/// collective.
+template <class Var, class Engine, class Optimizer>
+class SparseReplica : public MemberOf<Var> {
+  static_assert(Var::is_sparse(), "SparseReplica holds sparse variables");
+
+ public:
+  using T = typename Var::value_type;
+  using space = engine::space_of_t<Engine>;
+
+  SparseReplica(Var var, Engine& engine, const Optimizer& opt, const char* policy)
+      : MemberOf<Var>(std::move(var), policy), engine_(&engine), opt_(opt), value_(this->var_.shape().elements()) {
+    this->var_.fill_initial(ex(), value_.data(), 0, this->var_.rows());
+    ex().synchronize();
+    state_.reset(opt, value_.size());
+  }
+
+  Buffer<T, space>& value() noexcept { return value_; }
+  SparseGrad<T, space>& gradient() noexcept { return this->var_.state().sparse_grad; }
+
+  /// Rows for n ids (in space), valid until clear().
+  Rows<T, space> lookup(const index_t* ids, std::size_t n) {
+    const std::size_t cols = this->var_.cols();
+    Buffer<T, space>& out = buffers_.next(n * cols);
+    const index_t* rows = ids;
+    if (auto bad = detail::find_out_of_range(ex(), ids, n, this->var_.rows())) {
+      if (!lookup_problem_)
+        lookup_problem_ = detail::concat("variable '", this->var_.name(), "': lookup id ",
+                                                     detail::read_one<index_t, space>(ids + *bad),
+                                                     " is outside [0, ", this->var_.rows(), ")");
+      safe_ids_.resize_discard(n);
+      for_each(ex(), n, detail::ClampBadIds{ids, safe_ids_.data(), static_cast<index_t>(this->var_.rows())});
+      rows = safe_ids_.data();
+    }
+    for_each_rows(ex(), n, cols, detail::GatherRows<T>{value_.data(), rows, out.data(), cols});
+    ex().synchronize();
+    return Rows<T, space>{out.data(), n, cols};
+  }
+  std::optional<std::string> problem() {
+    if (lookup_problem_) return lookup_problem_;
+    return gradient().find_problem(ex());
+  }
+  bool has_gradient() const { return this->var_.state().sparse_grad.touched(); }
+  /// The optimizer over rows `rows` (k unique rows, sums in `g`).
+  void apply_rows(const StepInfo& info, const index_t* rows, const T* g, std::size_t k) {
+    optim::apply_rows(ex(), opt_, info.step, value_.data(), rows, g, k, this->var_.cols(), state_,
+                      static_cast<T>(info.scale));
+    ex().synchronize();
+  }
+  /// The optimizer over every element (a dense gradient `g`).
+  void apply_dense(const StepInfo& info, const T* g) {
+    optim::apply_dense(ex(), opt_, info.step, value_.data(), g, value_.size(), state_, static_cast<T>(info.scale));
+    ex().synchronize();
+  }
+  void clear() {
+    gradient().clear();
+    this->var_.state().grad_touched = false;
+    lookup_problem_.reset();
+    buffers_.release();
+  }
+
+  std::size_t stored_rows() const override { return this->var_.rows(); }
+  void fetch(void* out) override { space_traits<space>::copy_to_host(out, value_.data(), value_.bytes()); }
+  int saved_partitions() const override { return 0; }
+  void save(detail::AtomicFile& out) override {
+    if (engine_->rank() != 0) return;
+    const auto slots = slots_of(state_);
+    save_state<T, space>(out, value_.data(), slots.data(), Optimizer::slots, value_.size());
+  }
+  void load(detail::CheckpointReader& in, std::size_t index) override {
+    const auto slots = slots_of(state_);
+    load_state<T, space>(in, index, nullptr, 0, this->var_.rows(), this->var_.cols(), value_.data(), slots.data(),
+                         Optimizer::slots);
+  }
+
+ protected:
+  Exec<space>& ex() { return engine_->exec(); }
+
+  Engine* engine_;
+  Optimizer opt_;
+  Buffer<T, space> value_;
+  optim::State<Optimizer, T, space> state_;
+  Buffer<index_t, space> safe_ids_;
+  std::optional<std::string> lookup_problem_;
+  LookupBuffers<T, space> buffers_;
+};
+
+/// Local lookups of a batch of replicated variables (each request's rows
+/// gathered from its member's replica), for a synchronizer whose sparse
+/// members are SparseReplicas: `member_of(var)` finds one.
+template <class V, class Space, class Find>
+std::vector<Rows<typename V::value_type, Space>> lookup_replicas(const Lookup<V>* batch, std::size_t n,
+                                                                 Find&& member_of) {
+  std::vector<Rows<typename V::value_type, Space>> rows;
+  rows.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) rows.push_back(member_of(*batch[i].var).lookup(batch[i].ids, batch[i].n));
+  return rows;
+}
+
+}  // namespace parallax::policy

@@ -1,0 +1,114 @@
+#pragma once
+/// @file
+/// Tensor fusion: many gradients summed over the ranks in few collectives,
+/// each bucket run by the ring over the tensors where they lie.
+
+#include <parallax/comm_stats.hpp>
+#include <parallax/engine/engine.hpp>
+#include <parallax/policy/ring_allreduce.hpp>
+#include <parallax/policy/ring_allreduce/reducer.hpp>
+#include <parallax/space.hpp>
+#include <parallax/types.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <optional>
+#include <vector>
+
+namespace parallax {
+
+/// Sums many gradients over the ranks with few collectives: consecutive
+/// tensors of one type are grouped into buckets of at most
+/// RingOptions::bucket_bytes; a tensor at least that large is reduced in
+/// place. A bucket the ring takes is reduced where its tensors lie (the ring
+/// runs over them as one buffer); a bucket the engine's all-reduce takes
+/// (small, or an oversubscribed host: RingAllReducer::choose) is packed into
+/// a staging buffer, reduced, and unpacked. The plan is made once; run() is
+/// the per-step call. A bucket's bytes are booked to the variables of its
+/// tensors (TensorRef::label), in proportion to their sizes.
+template <class Engine>
+class FusedAllReducer {
+ public:
+  using space = engine::space_of_t<Engine>;
+
+  struct Bucket {
+    std::size_t first = 0, last = 0;  // tensors [first, last)
+    std::size_t elements = 0;
+    DataType type = DataType::f32;
+    bool in_place = false;  // one tensor, reduced where it lies
+  };
+
+  FusedAllReducer(RingAllReducer<Engine>& reducer, std::vector<TensorRef> tensors)
+      : reducer_(&reducer), tensors_(std::move(tensors)) {
+    const std::size_t limit = reducer.options().bucket_bytes;
+    std::size_t largest = 0;
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      const TensorRef& t = tensors_[i];
+      const std::size_t bytes = t.count * size_of(t.type);
+      if (bytes >= limit || bytes == 0) {
+        buckets_.push_back(Bucket{i, i + 1, t.count, t.type, true});
+        continue;
+      }
+      if (buckets_.empty() || buckets_.back().in_place || buckets_.back().type != t.type ||
+          (buckets_.back().elements + t.count) * size_of(t.type) > limit) {
+        buckets_.push_back(Bucket{i, i, 0, t.type, false});
+      }
+      Bucket& b = buckets_.back();
+      b.last = i + 1;
+      b.elements += t.count;
+      largest = std::max(largest, b.elements * size_of(b.type));
+    }
+    staging_.resize_discard(largest);
+  }
+
+  const std::vector<Bucket>& buckets() const noexcept { return buckets_; }
+  /// Bytes of the staging buffer (the largest bucket), used by buckets that
+  /// go to the engine's all-reduce.
+  std::size_t staging_bytes() const noexcept { return staging_.size(); }
+
+  /// Sums every tensor over the ranks, in place.
+  void run() {
+    if (reducer_->engine().size() == 1) return;  // a sum over one rank
+    for (const Bucket& b : buckets_) run(b);
+    reducer_->engine().exec().synchronize();
+  }
+
+ private:
+  void run(const Bucket& b) {
+    auto& ex = reducer_->engine().exec();
+    std::optional<CommStats::Shared> shared;
+    if (tensors_[b.first].label) {
+      shared.emplace(reducer_->engine().stats(), RingAllReduce::name);
+      for (std::size_t i = b.first; i < b.last; ++i)
+        shared->part(tensors_[i].label, tensors_[i].count * size_of(tensors_[i].type));
+    }
+    if (b.in_place) {
+      reducer_->allreduce(tensors_[b.first].data, b.elements, b.type);
+      return;
+    }
+    const std::size_t es = size_of(b.type);
+    if (reducer_->choose(b.elements * es) == engine::Algorithm::ring) {
+      reducer_->ring_allreduce(tensors_.data() + b.first, b.last - b.first);
+      return;
+    }
+    std::byte* at = staging_.data();
+    for (std::size_t i = b.first; i < b.last; ++i) {
+      ex.copy(at, tensors_[i].data, tensors_[i].count * es);
+      at += tensors_[i].count * es;
+    }
+    reducer_->allreduce(staging_.data(), b.elements, b.type);
+    at = staging_.data();
+    for (std::size_t i = b.first; i < b.last; ++i) {
+      ex.copy(tensors_[i].data, at, tensors_[i].count * es);
+      at += tensors_[i].count * es;
+    }
+  }
+
+ private:
+  RingAllReducer<Engine>* reducer_;
+  std::vector<TensorRef> tensors_;
+  std::vector<Bucket> buckets_;
+  Buffer<std::byte, space> staging_;
+};
+
+}  // namespace parallax

@@ -1,0 +1,215 @@
+#pragma once
+/// @file
+/// RingAllReduce's part of a trainer: dense variables replicated on every
+/// rank, their gradients laid end to end in one arena and summed by tensor
+/// fusion; sparse variables replicated too, their gradients scattered into a
+/// dense buffer and summed whole.
+
+#include <parallax/detail/algorithms.hpp>
+#include <parallax/error.hpp>
+#include <parallax/options.hpp>
+#include <parallax/policy/policy.hpp>
+#include <parallax/policy/replicas.hpp>
+#include <parallax/policy/ring_allreduce.hpp>
+#include <parallax/policy/ring_allreduce/fusion.hpp>
+#include <parallax/policy/ring_allreduce/reducer.hpp>
+#include <parallax/space.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace parallax::policy {
+
+template <class Engine, class Optimizer>
+class RingSynchronizer final : public Synchronizer<Engine> {
+ public:
+  using space = engine::space_of_t<Engine>;
+
+  RingSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions& options)
+      : engine_(&engine), opt_(opt), reducer_(engine, options.ring) {}
+  RingSynchronizer(const RingSynchronizer&) = delete;
+  RingSynchronizer& operator=(const RingSynchronizer&) = delete;
+  /// Gives every dense variable its own gradient back, out of the arena.
+  ~RingSynchronizer() override {
+    for (Dense* d : dense_) d->give_back();
+  }
+
+  template <class Var>
+  Member& add(Var var) {
+    if constexpr (Var::is_sparse()) {
+      auto m = std::make_unique<SparseOf<Var>>(std::move(var), *engine_, opt_);
+      sparse_.push_back(m.get());
+      members_.push_back(std::move(m));
+    } else {
+      auto m = std::make_unique<DenseOf<Var>>(std::move(var), *engine_, opt_);
+      dense_.push_back(m.get());
+      members_.push_back(std::move(m));
+    }
+    return *members_.back();
+  }
+
+  /// Moves the dense gradients into one arena, end to end in registration
+  /// order (each aligned for its elements), as PyTorch DDP's
+  /// gradient_as_bucket_view does: the ring then finds a bucket's tensors
+  /// adjacent and sends them in place, with no packing. The variables'
+  /// grad() buffers borrow their slices; the buckets are planned here.
+  void prepare() override {
+    std::vector<TensorRef> tensors;
+    std::vector<std::size_t> offsets;
+    std::size_t bytes = 0;
+    for (Dense* d : dense_) {
+      const TensorRef t = d->gradient();
+      const std::size_t align = size_of(t.type);
+      bytes = (bytes + align - 1) / align * align;
+      offsets.push_back(bytes);
+      bytes += t.count * align;
+      tensors.push_back(t);
+    }
+    arena_.resize_discard(bytes);
+    for (std::size_t k = 0; k < dense_.size(); ++k) {
+      tensors[k].data = arena_.data() + offsets[k];
+      dense_[k]->move_gradient(tensors[k].data);
+    }
+    fusion_ = std::make_unique<FusedAllReducer<Engine>>(reducer_, std::move(tensors));
+  }
+
+  std::optional<std::string> problem() override {
+    for (Sparse* s : sparse_)
+      if (auto p = s->problem()) return p;
+    return std::nullopt;
+  }
+  bool has_gradient() const override {
+    for (const Dense* d : dense_)
+      if (d->has_gradient()) return true;
+    for (const Sparse* s : sparse_)
+      if (s->has_gradient()) return true;
+    return false;
+  }
+  void finish_exchange(const StepInfo&) override {
+    fusion_->run();
+    for (Sparse* s : sparse_) s->sum(reducer_);
+  }
+  void update(const StepInfo& info) override {
+    for (Dense* d : dense_) d->apply(info);
+    for (Sparse* s : sparse_) s->apply(info);
+    engine_->exec().synchronize();
+  }
+  void clear() override {
+    for (Dense* d : dense_) d->clear();
+    for (Sparse* s : sparse_) s->clear();
+  }
+
+  template <class V>
+  std::vector<Rows<typename V::value_type, space>> lookup(const Lookup<V>* batch, std::size_t n) {
+    return lookup_replicas<V, space>(batch, n, [&](V& var) -> SparseOf<V>& {
+      for (Sparse* s : sparse_)
+        if (s->identity() == &var.state()) return static_cast<SparseOf<V>&>(*s);
+      throw error(detail::concat("variable '", var.name(), "' is not synchronised by RingAllReduce"));
+    });
+  }
+
+  /// The fusion plan (its buckets), for tests and benchmarks.
+  const FusedAllReducer<Engine>& fusion() const noexcept { return *fusion_; }
+
+ private:
+  /// What the synchronizer does with a dense member, whatever its type.
+  class Dense {
+   public:
+    virtual ~Dense() = default;
+    virtual TensorRef gradient() = 0;
+    virtual void move_gradient(void* at) = 0;
+    virtual void give_back() noexcept = 0;
+    virtual bool has_gradient() const = 0;
+    virtual void apply(const StepInfo&) = 0;
+    virtual void clear() = 0;
+  };
+  template <class Var>
+  class DenseOf final : public DenseReplica<Var, Engine, Optimizer>, public Dense {
+    using Base = DenseReplica<Var, Engine, Optimizer>;
+    using T = typename Var::value_type;
+
+   public:
+    DenseOf(Var var, Engine& engine, const Optimizer& opt) : Base(std::move(var), engine, opt, RingAllReduce::name) {}
+    TensorRef gradient() override {
+      auto& g = this->grad();
+      return TensorRef{g.data(), g.size(), data_type_of_v<T>, this->var_.name().c_str()};
+    }
+    void move_gradient(void* at) override {
+      auto& g = this->grad();
+      T* to = static_cast<T*>(at);
+      space_traits<space>::copy(to, g.data(), g.bytes());
+      g = Buffer<T, space>::borrow(to, g.size());
+    }
+    void give_back() noexcept override {
+      auto& g = this->grad();
+      if (g.owned()) return;
+      try {
+        Buffer<T, space> own(g.size());
+        space_traits<space>::copy(own.data(), g.data(), g.bytes());
+        g = std::move(own);
+      } catch (...) {
+        g = Buffer<T, space>();  // out of memory: the next step's grad() starts empty
+      }
+    }
+    bool has_gradient() const override { return Base::has_gradient(); }
+    void apply(const StepInfo& info) override { Base::apply(info); }
+    void clear() override { Base::clear(); }
+  };
+
+  /// What the synchronizer does with a sparse member, whatever its type.
+  class Sparse {
+   public:
+    virtual ~Sparse() = default;
+    virtual const void* identity() const = 0;
+    virtual std::optional<std::string> problem() = 0;
+    virtual bool has_gradient() const = 0;
+    virtual void sum(RingAllReducer<Engine>& reducer) = 0;
+    virtual void apply(const StepInfo&) = 0;
+    virtual void clear() = 0;
+  };
+  /// The gradient is scattered into a dense buffer and all-reduced whole
+  /// (the baseline a dense-only framework gives a sparse variable); the
+  /// update is dense too.
+  template <class Var>
+  class SparseOf final : public SparseReplica<Var, Engine, Optimizer>, public Sparse {
+    using Base = SparseReplica<Var, Engine, Optimizer>;
+    using T = typename Var::value_type;
+
+   public:
+    SparseOf(Var var, Engine& engine, const Optimizer& opt)
+        : Base(std::move(var), engine, opt, RingAllReduce::name), dense_grad_(this->value_.size()) {}
+    const void* identity() const override { return Base::identity(); }
+    std::optional<std::string> problem() override { return Base::problem(); }
+    bool has_gradient() const override { return Base::has_gradient(); }
+    void sum(RingAllReducer<Engine>& reducer) override {
+      auto scope = this->engine_->stats().scope(this->var_.name(), RingAllReduce::name);
+      auto& ex = this->ex();
+      auto& g = this->gradient();
+      g.coalesce(ex);
+      dense_grad_.zero();
+      const std::size_t cols = this->var_.cols();
+      for_each_rows(ex, g.size(), cols, detail::ScatterAddRows<T>{dense_grad_.data(), g.indices(), g.values(), cols});
+      ex.synchronize();
+      reducer.allreduce(dense_grad_.data(), dense_grad_.size());
+    }
+    void apply(const StepInfo& info) override { Base::apply_dense(info, dense_grad_.data()); }
+    void clear() override { Base::clear(); }
+
+   private:
+    Buffer<T, space> dense_grad_;
+  };
+
+  Engine* engine_;
+  Optimizer opt_;
+  RingAllReducer<Engine> reducer_;
+  Buffer<std::byte, space> arena_;  // the dense gradients; outlives the members that borrow it
+  std::vector<std::unique_ptr<Member>> members_;
+  std::vector<Dense*> dense_;
+  std::vector<Sparse*> sparse_;
+  std::unique_ptr<FusedAllReducer<Engine>> fusion_;
+};
+
+}  // namespace parallax::policy

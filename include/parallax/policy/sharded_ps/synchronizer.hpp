@@ -1,0 +1,434 @@
+#pragma once
+/// @file
+/// ShardedPS's part of a trainer. Sparse variables are sharded over the
+/// ranks in table groups (one per element type and width, or one per table
+/// with ShardedOptions::group_tables off): a batched lookup routes every
+/// group's keys in one route and each group replies once; a step pushes
+/// every group's gradient rows in one route, and each owner sums and updates
+/// a group at once. Dense variables are sharded too (DenseShards): each
+/// owner sums and updates its rows, then every rank gathers the replica it
+/// reads.
+
+#include <parallax/comm_stats.hpp>
+#include <parallax/error.hpp>
+#include <parallax/init.hpp>
+#include <parallax/options.hpp>
+#include <parallax/optim/optimizer.hpp>
+#include <parallax/partition.hpp>
+#include <parallax/policy/policy.hpp>
+#include <parallax/policy/replicas.hpp>
+#include <parallax/policy/sharded_ps.hpp>
+#include <parallax/policy/sharded_ps/dense_shards.hpp>
+#include <parallax/policy/sharded_ps/row_exchange.hpp>
+#include <parallax/policy/sharded_ps/table_group.hpp>
+#include <parallax/space.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <typeinfo>
+#include <vector>
+
+namespace parallax::policy {
+
+/// The partition count of a sharded variable: its own (TrainerOptions::
+/// partitions), the configured default, or one per rank (but no more than
+/// the variable has rows).
+inline int partitions_for(const TrainerOptions& o, const std::string& name, std::size_t rows, int ranks) {
+  if (auto it = o.partitions.find(name); it != o.partitions.end()) return it->second;
+  if (o.sharded.partitions > 0) return o.sharded.partitions;
+  return static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(ranks), std::max<std::size_t>(rows, 1)));
+}
+
+template <class Engine, class Optimizer>
+class ShardedSynchronizer final : public Synchronizer<Engine> {
+ public:
+  using space = engine::space_of_t<Engine>;
+
+  ShardedSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions& options)
+      : engine_(&engine), opt_(opt), options_(options) {}
+  ShardedSynchronizer(const ShardedSynchronizer&) = delete;
+  ShardedSynchronizer& operator=(const ShardedSynchronizer&) = delete;
+
+  template <class Var>
+  Member& add(Var var) {
+    const PartitionMap map(var.rows(), partitions_for(options_, var.name(), var.rows(), engine_->size()),
+                           engine_->size());
+    if constexpr (Var::is_sparse()) {
+      using T = typename Var::value_type;
+      Group<T>& g = group_for<T>(var.cols());
+      const std::size_t index = g.tables.add(var.name(), map);
+      auto m = std::make_unique<TableOf<Var>>(std::move(var), *engine_, g, index);
+      g.members.push_back(m.get());
+      tables_.push_back(m.get());
+      members_.push_back(std::move(m));
+    } else {
+      auto m = std::make_unique<DenseOf<Var>>(std::move(var), *engine_, opt_, map);
+      dense_.push_back(m.get());
+      members_.push_back(std::move(m));
+    }
+    return *members_.back();
+  }
+
+  /// Lays every group out (shared windows: collective) and places its
+  /// tables' initial values and optimizer state.
+  void prepare() override {
+    for (auto& g : groups_) g->build();
+  }
+
+  std::optional<std::string> problem() override {
+    for (Table* t : tables_)
+      if (auto p = t->problem()) return p;
+    return std::nullopt;
+  }
+  bool has_gradient() const override {
+    for (const Table* t : tables_)
+      if (t->has_gradient()) return true;
+    for (const Dense* d : dense_)
+      if (d->has_gradient()) return true;
+    return false;
+  }
+  /// Every group's gradient rows in one route (one engine call on MPI, two
+  /// elsewhere), booked to the tables in proportion to the rows each sends;
+  /// the dense variables' gradients to their owners.
+  void start_exchange(const StepInfo&) override {
+    lanes_.clear();
+    auto shared = engine_->stats().shared(ShardedPS::name);
+    for (auto& g : groups_) lanes_.push_back(&g->plan_push(shared));
+    if (!lanes_.empty()) detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_);
+  }
+  void finish_exchange(const StepInfo&) override {
+    for (auto& g : groups_) g->finish_push();
+    for (Dense* d : dense_) d->reduce();
+  }
+  void update(const StepInfo& info) override {
+    for (auto& g : groups_) g->update(info);
+    for (Dense* d : dense_) d->update(info);
+  }
+  void clear() override {
+    for (auto& g : groups_) g->clear();
+    for (Dense* d : dense_) d->clear();
+  }
+
+  /// The rows of a batch of sparse variables: every group's keys in one
+  /// route, then one reply per group (in flight together where the engine
+  /// can), rows put in each caller's order. A bad id throws on every rank,
+  /// naming its variable, before any row moves. Collective.
+  template <class V>
+  std::vector<Rows<typename V::value_type, space>> lookup(const Lookup<V>* batch, std::size_t count) {
+    using T = typename V::value_type;
+    using Request = typename TableGroup<T, Engine>::Request;
+    // The groups in the order the batch first names them, and each one's requests.
+    std::vector<Group<T>*> groups;
+    std::vector<std::vector<Request>> requests;
+    std::vector<std::size_t> request_group(count), request_at(count);
+    auto shared = engine_->stats().shared(ShardedPS::name);
+    for (std::size_t i = 0; i < count; ++i) {
+      TableOf<V>& t = table_of(*batch[i].var);
+      Group<T>& g = static_cast<Group<T>&>(t.group());
+      auto at = std::find(groups.begin(), groups.end(), &g);
+      if (at == groups.end()) {
+        groups.push_back(&g);
+        requests.emplace_back();
+        at = groups.end() - 1;
+      }
+      const auto gi = static_cast<std::size_t>(at - groups.begin());
+      request_group[i] = gi;
+      request_at[i] = requests[gi].size();
+      requests[gi].push_back(Request{t.index(), batch[i].ids, batch[i].n, nullptr});
+      shared.part(t.name(), g.weight(batch[i].n));
+    }
+    // Each group's rows land in one buffer, request after request.
+    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+      std::size_t total = 0;
+      for (const Request& r : requests[gi]) total += r.n;
+      T* out = groups[gi]->outputs.next(total * groups[gi]->tables.cols()).data();
+      for (Request& r : requests[gi]) {
+        r.out = out;
+        out += r.n * groups[gi]->tables.cols();
+      }
+    }
+    lanes_.clear();
+    index_t bad = detail::no_problem;
+    std::size_t bad_lane = 0, bad_table = 0;
+    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+      auto& tg = groups[gi]->tables;
+      lanes_.push_back(&tg.plan_lookup(requests[gi].data(), requests[gi].size()));
+      if (bad == detail::no_problem && tg.lookup_problem() != detail::no_problem) {
+        bad = tg.lookup_problem();
+        bad_lane = gi;
+        bad_table = tg.problem_table();
+      }
+    }
+    // The push's buffers serve too: a lookup's ids are copied out as they
+    // arrive, and pushes route only inside a step.
+    if (auto problem = detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_, bad, bad_lane, bad_table))
+      groups[problem->lane]->tables.fail(*problem, "lookup id");
+    for (auto* g : groups) g->tables.start_reply();
+    if constexpr (engine::supports_v<Engine, engine::op_start_alltoallv>) engine_->wait_started();
+    for (auto* g : groups) g->tables.finish_lookup();
+
+    std::vector<Rows<T, space>> rows;
+    rows.reserve(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      const Request& r = requests[request_group[i]][request_at[i]];
+      rows.push_back(Rows<T, space>{r.out, r.n, groups[request_group[i]]->tables.cols()});
+    }
+    return rows;
+  }
+
+ private:
+  // ---------------------------------------------------------------- sparse tables
+
+  /// What a group does in a step, whatever its element type.
+  class GroupBase {
+   public:
+    virtual ~GroupBase() = default;
+    virtual void build() = 0;
+    virtual detail::RouteLane& plan_push(CommStats::Shared& route) = 0;
+    virtual void finish_push() = 0;
+    virtual void update(const StepInfo&) = 0;
+    virtual void clear() = 0;
+  };
+
+  /// What the synchronizer asks of a sharded table, whatever its type.
+  class Table {
+   public:
+    virtual ~Table() = default;
+    virtual std::optional<std::string> problem() = 0;
+    virtual bool has_gradient() const = 0;
+  };
+
+  template <class T>
+  class TableMember : public Table {
+   public:
+    /// Coalesces this step's gradient and says where it lies.
+    virtual typename TableGroup<T, Engine>::Push push() = 0;
+    virtual void fill_initial(TableGroup<T, Engine>& tables) = 0;
+    virtual void clear() = 0;
+  };
+
+  template <class T>
+  class Group final : public GroupBase {
+   public:
+    Group(Engine& engine, const Optimizer& opt, std::size_t cols, const ShardedOptions& o)
+        : tables(engine, cols, o.local_aggregation, o.shared_memory), engine_(&engine), opt_(opt) {}
+
+    void build() override {
+      tables.build();
+      for (TableMember<T>* m : members) m->fill_initial(tables);
+      state.reset(opt_, tables.shard().size());
+    }
+    detail::RouteLane& plan_push(CommStats::Shared& route) override {
+      pushes_.clear();
+      for (std::size_t t = 0; t < members.size(); ++t) {
+        pushes_.push_back(members[t]->push());
+        route.part(tables.name(t), weight(pushes_.back().k));
+      }
+      // Local aggregation's first hop carries this group's tables alone.
+      std::optional<CommStats::Shared> hop;
+      if (tables.aggregates()) {
+        hop.emplace(engine_->stats(), ShardedPS::name);
+        for (std::size_t t = 0; t < members.size(); ++t) hop->part(tables.name(t), weight(pushes_[t].k));
+      }
+      return tables.plan_push(pushes_.data(), pushes_.size());
+    }
+    /// What k rows of this group put on the wire: the share a table's bytes take.
+    std::uint64_t weight(std::size_t k) const { return k * (sizeof(index_t) + tables.cols() * sizeof(T)); }
+    void finish_push() override { rows_ = tables.finish_push(local_rows_, sums_); }
+    void update(const StepInfo& info) override {
+      auto& ex = engine_->exec();
+      optim::apply_rows(ex, opt_, info.step, tables.shard().data(), local_rows_.data(), sums_.data(), rows_,
+                        tables.cols(), state, static_cast<T>(info.scale));
+      ex.synchronize();
+    }
+    void clear() override {
+      for (TableMember<T>* m : members) m->clear();
+      outputs.release();
+    }
+
+    TableGroup<T, Engine> tables;
+    std::vector<TableMember<T>*> members;  // by table index
+    optim::State<Optimizer, T, space> state;  // shaped like the group shard
+    LookupBuffers<T, space> outputs;
+
+   private:
+    Engine* engine_;
+    Optimizer opt_;
+    std::vector<typename TableGroup<T, Engine>::Push> pushes_;
+    Buffer<index_t, space> local_rows_;
+    Buffer<T, space> sums_;
+    std::size_t rows_ = 0;
+  };
+
+  /// A sparse variable, table `index` of its group.
+  template <class Var>
+  class TableOf final : public MemberOf<Var>, public TableMember<typename Var::value_type> {
+    using T = typename Var::value_type;
+
+   public:
+    TableOf(Var var, Engine& engine, Group<T>& group, std::size_t index)
+        : MemberOf<Var>(std::move(var), ShardedPS::name), engine_(&engine), group_(&group), index_(index) {}
+
+    GroupBase& group() noexcept { return *group_; }
+    std::size_t index() const noexcept { return index_; }
+
+    std::optional<std::string> problem() override { return gradient().find_problem(engine_->exec()); }
+    bool has_gradient() const override { return this->var_.state().sparse_grad.touched(); }
+    typename TableGroup<T, Engine>::Push push() override {
+      auto& g = gradient();
+      g.coalesce(engine_->exec());
+      return {index_, g.indices(), g.values(), g.size()};
+    }
+    void fill_initial(TableGroup<T, Engine>& tables) override {
+      const detail::InitRule rule = this->var_.rule();
+      const std::size_t cols = this->var_.cols();
+      auto& ex = engine_->exec();
+      tables.initialize(index_, [&](const index_t* rows, std::size_t k, T* out) {
+        for_each(ex, k * cols, detail::FillInit<T>{rule, out, cols, 0, rows});
+        ex.synchronize();
+      });
+    }
+    void clear() override {
+      gradient().clear();
+      this->var_.state().grad_touched = false;
+    }
+
+    std::size_t stored_rows() const override { return group_->tables.shard_rows(index_); }
+    bool in_shared_memory() const override { return group_->tables.shared(); }
+    void fetch(void* out) override {
+      auto scope = engine_->stats().scope(this->var_.name(), ShardedPS::name);
+      DenseShards<T, Engine> layout(*engine_, group_->tables.map(index_), this->var_.cols());
+      Buffer<T, space> full(this->var_.shape().elements());
+      layout.gather(group_->tables.shard_of(index_), full.data());
+      space_traits<space>::copy_to_host(out, full.data(), full.bytes());
+    }
+    int saved_partitions() const override { return group_->tables.map(index_).parts; }
+    void save(detail::AtomicFile& out) override {
+      const std::size_t offset = group_->tables.base(index_) * this->var_.cols();
+      const auto slots = slots_of(group_->state, offset);
+      save_state<T, space>(out, group_->tables.shard_of(index_), slots.data(), Optimizer::slots,
+                           stored_rows() * this->var_.cols());
+    }
+    void load(detail::CheckpointReader& in, std::size_t index) override {
+      const std::size_t offset = group_->tables.base(index_) * this->var_.cols();
+      const auto slots = slots_of(group_->state, offset);
+      load_state<T, space>(in, index, &group_->tables.map(index_), engine_->rank(), this->var_.rows(),
+                           this->var_.cols(), group_->tables.shard_of(index_), slots.data(), Optimizer::slots);
+    }
+
+   private:
+    SparseGrad<T, space>& gradient() { return this->var_.state().sparse_grad; }
+
+    Engine* engine_;
+    Group<T>* group_;
+    std::size_t index_;
+  };
+
+  /// The group that stores sparse variables of type T and `cols` columns
+  /// (a new one per table when grouping is off).
+  template <class T>
+  Group<T>& group_for(std::size_t cols) {
+    if (options_.sharded.group_tables)
+      for (std::size_t i = 0; i < groups_.size(); ++i)
+        if (group_types_[i] == &typeid(T) && group_cols_[i] == cols) return static_cast<Group<T>&>(*groups_[i]);
+    groups_.push_back(std::make_unique<Group<T>>(*engine_, opt_, cols, options_.sharded));
+    group_types_.push_back(&typeid(T));
+    group_cols_.push_back(cols);
+    return static_cast<Group<T>&>(*groups_.back());
+  }
+
+  template <class V>
+  TableOf<V>& table_of(V& var) {
+    for (auto& m : members_)
+      if (m->identity() == &var.state()) return static_cast<TableOf<V>&>(*m);
+    throw error(detail::concat("variable '", var.name(), "' is not synchronised by ShardedPS"));
+  }
+
+  // ---------------------------------------------------------------- dense
+
+  class Dense {
+   public:
+    virtual ~Dense() = default;
+    virtual bool has_gradient() const = 0;
+    virtual void reduce() = 0;
+    virtual void update(const StepInfo&) = 0;
+    virtual void clear() = 0;
+  };
+
+  /// A dense variable: owners hold the master rows and the optimizer state;
+  /// every rank keeps a replica for its forward pass.
+  template <class Var>
+  class DenseOf final : public MemberOf<Var>, public Dense {
+    using T = typename Var::value_type;
+
+   public:
+    DenseOf(Var var, Engine& engine, const Optimizer& opt, PartitionMap map)
+        : MemberOf<Var>(std::move(var), ShardedPS::name), engine_(&engine), opt_(opt),
+          shards_(engine, map, this->var_.cols()) {
+      shards_.take_shard(this->var_.state().value.data(), shards_.shard().data());
+      state_.reset(opt, shards_.shard_elements());
+      sum_.resize_discard(shards_.shard_elements());
+    }
+    bool has_gradient() const override { return this->var_.state().grad_touched; }
+    void reduce() override {
+      auto scope = engine_->stats().scope(this->var_.name(), ShardedPS::name);
+      shards_.reduce(this->var_.state().grad.data(), sum_.data());
+    }
+    void update(const StepInfo& info) override {
+      auto scope = engine_->stats().scope(this->var_.name(), ShardedPS::name);
+      auto& ex = engine_->exec();
+      optim::apply_dense(ex, opt_, info.step, shards_.shard().data(), sum_.data(), shards_.shard_elements(), state_,
+                         static_cast<T>(info.scale));
+      ex.synchronize();
+      shards_.gather(shards_.shard().data(), this->var_.state().value.data());
+    }
+    void clear() override {
+      this->var_.state().grad.zero();
+      this->var_.state().grad_touched = false;
+    }
+
+    std::size_t stored_rows() const override { return shards_.map().shard_rows(engine_->rank()); }
+    void fetch(void* out) override {
+      const auto& v = this->var_.state().value;
+      space_traits<space>::copy_to_host(out, v.data(), v.bytes());
+    }
+    int saved_partitions() const override { return shards_.map().parts; }
+    void save(detail::AtomicFile& out) override {
+      const auto slots = slots_of(state_);
+      save_state<T, space>(out, shards_.shard().data(), slots.data(), Optimizer::slots, shards_.shard_elements());
+    }
+    void load(detail::CheckpointReader& in, std::size_t index) override {
+      const int me = engine_->rank();
+      const auto slots = slots_of(state_);
+      load_state<T, space>(in, index, &shards_.map(), me, this->var_.rows(), this->var_.cols(),
+                           shards_.shard().data(), slots.data(), Optimizer::slots);
+      load_block<T, space>(in, index, 0, nullptr, me, this->var_.rows(), this->var_.cols(),
+                           this->var_.state().value.data());
+    }
+
+   private:
+    Engine* engine_;
+    Optimizer opt_;
+    DenseShards<T, Engine> shards_;
+    optim::State<Optimizer, T, space> state_;
+    Buffer<T, space> sum_;
+  };
+
+  Engine* engine_;
+  Optimizer opt_;
+  TrainerOptions options_;
+  std::vector<std::unique_ptr<GroupBase>> groups_;
+  std::vector<const std::type_info*> group_types_;
+  std::vector<std::size_t> group_cols_;
+  std::vector<std::unique_ptr<Member>> members_;  // registration order
+  std::vector<Table*> tables_;
+  std::vector<Dense*> dense_;
+  std::vector<detail::RouteLane*> lanes_;
+  detail::RouteBuffers<space> route_;  // the push's route, and batched lookups'
+};
+
+}  // namespace parallax::policy
