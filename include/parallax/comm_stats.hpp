@@ -108,15 +108,23 @@ class CommStats {
       }
       using Field = std::uint64_t Traffic::*;
       for (Field f : {&Traffic::sent_intra, &Traffic::sent_inter, &Traffic::recv_intra, &Traffic::recv_inter}) {
-        unsigned __int128 total_weight = 0;
-        for (const auto& p : parts_) total_weight += p.weight.*f;
+        // Weights are proportions: shifted down to 32 bits, so that
+        // count % total * cumulative fits 64 bits.
+        std::uint64_t total_weight = 0;
+        int shift = 0;
+        for (const auto& p : parts_) total_weight += p.weight.*f >> shift;
+        while (total_weight > 0xFFFFFFFFu) {
+          ++shift;
+          total_weight = 0;
+          for (const auto& p : parts_) total_weight += p.weight.*f >> shift;
+        }
         const bool even = total_weight == 0;  // nothing to weigh by: equal shares
         if (even) total_weight = parts_.size();
-        unsigned __int128 cumulative = 0;
-        std::uint64_t given = 0;
+        const std::uint64_t count = t.*f, whole = count / total_weight, rest = count % total_weight;
+        std::uint64_t cumulative = 0, given = 0;
         for (const auto& p : parts_) {
-          cumulative += even ? 1 : p.weight.*f;
-          const auto upto = static_cast<std::uint64_t>(static_cast<unsigned __int128>(t.*f) * cumulative / total_weight);
+          cumulative += even ? 1 : p.weight.*f >> shift;
+          const std::uint64_t upto = whole * cumulative + rest * cumulative / total_weight;
           p.entry->second.*f += upto - given;
           given = upto;
         }

@@ -57,6 +57,13 @@ constexpr int slots_or_zero() {
 }
 }  // namespace contract
 
+/// True when O meets the optimizer contract (see check()).
+template <class O>
+inline constexpr bool is_optimizer_v = contract::named<O>::value && contract::slot_count<O>::value &&
+                                       contract::slots_or_zero<O>() >= 0 && contract::slots_or_zero<O>() <= max_slots &&
+                                       contract::initial<O, float>::value && contract::initial<O, double>::value &&
+                                       contract::rule<O, float>::value && contract::rule<O, double>::value;
+
 /// The optimizer contract (above), checked member by member: each one O
 /// lacks is a compile error that names it. Returns true.
 template <class O>

@@ -63,6 +63,7 @@ class DenseReplica : public MemberOf<Var> {
       : MemberOf<Var>(std::move(var), policy), engine_(&engine), opt_(opt),
         state_(opt, this->var_.shape().elements()) {}
 
+  Engine& engine() noexcept { return *engine_; }
   Buffer<T, space>& value() noexcept { return this->var_.state().value; }
   Buffer<T, space>& grad() noexcept { return this->var_.state().grad; }
   bool has_gradient() const noexcept { return this->var_.state().grad_touched; }
@@ -117,6 +118,7 @@ class SparseReplica : public MemberOf<Var> {
     state_.reset(opt, value_.size());
   }
 
+  Engine& engine() noexcept { return *engine_; }
   Buffer<T, space>& value() noexcept { return value_; }
   SparseGrad<T, space>& gradient() noexcept { return this->var_.state().sparse_grad; }
 

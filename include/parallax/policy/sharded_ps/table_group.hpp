@@ -228,8 +228,8 @@ class TableGroup {
   /// @param shared    keep the shard in shared memory where every rank can
   ///                  read it (ShardedOptions::shared_memory)
   TableGroup(Engine& engine, std::size_t cols, bool aggregate = true, bool shared = true)
-      : engine_(&engine), cols_(cols), want_aggregate_(aggregate), want_shared_(shared), exchange_(engine),
-        aggregate_exchange_(engine), reads_(engine.stats(), engine.topology(), cols * sizeof(T)) {}
+      : engine_(&engine), cols_(cols), want_aggregate_(aggregate), want_shared_(shared),
+        reads_(engine.stats(), engine.topology(), cols * sizeof(T)), exchange_(engine), aggregate_exchange_(engine) {}
   TableGroup(const TableGroup&) = delete;
   TableGroup& operator=(const TableGroup&) = delete;
 
