@@ -551,3 +551,133 @@ TEST_CASE("the hybrid's bytes per step follow DESIGN.md and undercut AllGatherv 
   if (n >= 3) CHECK(hybrid.sent() < allgather.sent());
   if (n == 4) CHECK(double(hybrid.sent()) / double(allgather.sent()) == Approx(2.0 / 4).margin(0.02));
 }
+
+// ---------------------------------------------------------------- table groups, overrides
+
+namespace {
+
+/// Four sparse tables (three of width 4, partitioned three ways, and one of
+/// width 2) and a dense weight, trained for a few steps with every table
+/// looked up in one batch. Returns every variable's values, and the engine
+/// calls of the last batched lookup.
+template <class Arch>
+std::vector<std::vector<float>> train_tables(px::Context& ctx, bool group, std::uint64_t* lookup_calls = nullptr,
+                                             bool* shared = nullptr) {
+  const int n = ctx.size();
+  px::Variable<px::Sparse, float> e1(ctx, "e1", {40, 4}, px::init::Uniform{-1.f, 1.f, 1});
+  px::Variable<px::Sparse, float> e2(ctx, "e2", {23, 4}, px::init::Uniform{-1.f, 1.f, 2});
+  px::Variable<px::Sparse, float> e3(ctx, "e3", {7, 4}, px::init::Uniform{-1.f, 1.f, 3});
+  px::Variable<px::Sparse, float> e4(ctx, "e4", {30, 2}, px::init::Uniform{-1.f, 1.f, 4});
+  px::Variable<px::Dense, float> w(ctx, "w", {3}, px::init::Constant{0.5});
+  px::TrainerOptions o;
+  o.sharded.group_tables = group;
+  o.partitions["e2"] = 2 * n + 1;
+  o.partitions["e3"] = 1;
+  px::Trainer<Arch, px::optim::Adam> trainer(ctx, o, px::optim::Adam{0.05f}, e1, e2, e3, e4, w);
+  if (shared) *shared = trainer.in_shared_memory(e1);
+  std::vector<px::Variable<px::Sparse, float>*> tables{&e1, &e2, &e3, &e4};
+  const auto r = static_cast<std::size_t>(ctx.rank()), un = static_cast<std::size_t>(n);
+  for (std::size_t s = 0; s < 3; ++s) {
+    std::vector<std::vector<px::index_t>> ids(tables.size());
+    std::vector<px::Lookup<px::Variable<px::Sparse, float>>> batch;
+    for (std::size_t t = 0; t < tables.size(); ++t) {
+      for (std::size_t j = 0; j < 12 / un; ++j)  // the global batch is 12 examples
+        ids[t].push_back(static_cast<px::index_t>(((r * (12 / un) + j) * (3 + t) + s * 5) % tables[t]->rows()));
+      batch.emplace_back(*tables[t], ids[t]);
+    }
+    const px::Traffic before = trainer.stats().total();
+    const auto rows = trainer.lookup(batch);
+    if (lookup_calls) *lookup_calls = (trainer.stats().total() - before).calls;
+    for (std::size_t t = 0; t < tables.size(); ++t) {
+      std::vector<float> g(rows[t].size());
+      const std::size_t cols = rows[t].cols, first = r * (12 / un) * cols;  // this rank's first element of the global batch
+      // A mean over the local batch: the mean over the ranks is the global batch's.
+      for (std::size_t i = 0; i < g.size(); ++i)
+        g[i] = (0.1f * rows[t].data[i] + 0.01f * static_cast<float>((first + i) % 5)) / static_cast<float>(12 / un);
+      tables[t]->grad().add(ids[t], g);
+    }
+    w.grad()[static_cast<std::size_t>(s)] = 1.f;
+    trainer.step();
+  }
+  // Every byte is booked to a variable, or to the step's agreement.
+  for (const auto& [key, traffic] : trainer.stats().entries())
+    if (traffic.calls) {
+      INFO("booked under (\"" << key.first << "\", \"" << key.second << "\")");
+      CHECK((key.first.empty() ? key.second == "control" : key.first.size() <= 2));
+    }
+  return {trainer.fetch(e1), trainer.fetch(e2), trainer.fetch(e3), trainer.fetch(e4), trainer.fetch(w)};
+}
+
+template <class Arch>
+void check_groups() {
+  auto& ctx = test::world();
+  std::uint64_t grouped_calls = 0, alone_calls = 0;
+  bool shared = false;
+  const auto grouped = train_tables<Arch>(ctx, true, &grouped_calls, &shared);
+  const auto alone = train_tables<Arch>(ctx, false, &alone_calls);
+  // The same sums in the same order: the same model, to the bit.
+  CHECK(grouped == alone);
+  px::Context single(MPI_COMM_SELF);
+  const auto one = train_tables<Arch>(single, true);
+  for (std::size_t v = 0; v < one.size(); ++v) CHECK(max_relative_error(grouped[v], one[v]) <= 1e-5);
+  // A batch of the four tables: one route, then one reply per group (two
+  // widths: two groups) instead of one per table; shared shards need none.
+  const std::uint64_t route = test::route_calls<px::engine::Mpi>;
+  CHECK(grouped_calls == route + (shared ? 0 : 2));
+  CHECK(alone_calls == route + (shared ? 0 : 4));
+}
+
+/// emb -> w -> squared error, with the variables' policies as the types say.
+template <class Emb, class W>
+std::vector<std::vector<float>> train_overridden(px::Context& ctx, std::vector<std::string>* policies = nullptr) {
+  Emb emb(ctx, "emb", {kRows, kDim}, px::init::Uniform{-0.5f, 0.5f, 7});
+  W w(ctx, "w", {kDim, 1}, px::init::Glorot{3});
+  px::Variable<px::Dense, float> b(ctx, "b", {1}, px::init::Constant{0.1});
+  px::Trainer<px::arch::Hybrid, px::optim::Sgd> trainer(ctx, px::optim::Sgd{0.4f}, emb, w, b);
+  const std::size_t n = static_cast<std::size_t>(ctx.size()), local = kBatch / n;
+  const std::size_t first = static_cast<std::size_t>(ctx.rank()) * local;
+  for (std::size_t s = 0; s < kSteps; ++s) {
+    std::vector<px::index_t> ids(local);
+    for (std::size_t i = 0; i < local; ++i) ids[i] = example_id(s, first + i);
+    const auto rows = trainer.lookup(emb, ids);
+    std::vector<float> dh(local * kDim);
+    for (std::size_t i = 0; i < local; ++i) {
+      float y = b.value()[0];
+      for (std::size_t d = 0; d < kDim; ++d) y += rows.data[i * kDim + d] * w.value()[d];
+      const float g = (y - target(s, first + i, 0)) / static_cast<float>(local);
+      b.grad()[0] += g;
+      for (std::size_t d = 0; d < kDim; ++d) {
+        w.grad()[d] += rows.data[i * kDim + d] * g;
+        dh[i * kDim + d] = w.value()[d] * g;
+      }
+    }
+    emb.grad().add(ids, dh);
+    trainer.step();
+  }
+  if (policies) *policies = {trainer.policy_of(emb), trainer.policy_of(w), trainer.policy_of(b)};
+  return {trainer.fetch(emb), trainer.fetch(w), trainer.fetch(b)};
+}
+
+}  // namespace
+
+TEST_CASE("sparse tables of one width share a group: the same model, fewer calls", "[trainer][groups]") {
+  SECTION("hybrid") { check_groups<px::arch::Hybrid>(); }
+  SECTION("ps") { check_groups<px::arch::PS>(); }
+}
+
+TEST_CASE("a variable's own policy overrides the architecture's choice", "[trainer][override]") {
+  // A sparse variable forced to RingAllReduce (sent as dense), a dense one
+  // to ShardedPS (sharded), beside a dense one that takes the hybrid's choice.
+  using SparseAsDense = px::Variable<px::Sparse, float, px::HostSpace, px::RingAllReduce>;
+  using DenseSharded = px::Variable<px::Dense, float, px::HostSpace, px::ShardedPS>;
+  std::vector<std::string> policies;
+  const auto got = train_overridden<SparseAsDense, DenseSharded>(test::world(), &policies);
+  CHECK(policies == std::vector<std::string>{"RingAllReduce", "ShardedPS", "RingAllReduce"});
+  px::Context single(MPI_COMM_SELF);
+  const auto want = train_overridden<px::Variable<px::Sparse, float>, px::Variable<px::Dense, float>>(single, &policies);
+  CHECK(policies == std::vector<std::string>{"ShardedPS", "RingAllReduce", "RingAllReduce"});
+  // SGD: a dense update of untouched rows leaves them as the lazy one does,
+  // so every policy reaches the same model up to float reassociation.
+  for (std::size_t v = 0; v < want.size(); ++v) CHECK(max_relative_error(got[v], want[v]) <= 1e-5);
+  CHECK(max_relative_error(got[0], train_overridden<SparseAsDense, DenseSharded>(single)[0]) <= 1e-5);
+}
