@@ -45,6 +45,8 @@ class ShardedTable {
   Buffer<T, space>& shard() noexcept { return group_.shard(); }
   bool aggregates() const noexcept { return group_.aggregates(); }
   bool shared() const noexcept { return group_.shared(); }
+  /// Whether lookups read every row where it lies (shared shards, or one rank).
+  bool reads_directly() const noexcept { return group_.reads_directly(); }
   /// True when the last lookup's keys were strictly ascending, so its rows
   /// landed in place (no sort, no reordering).
   bool lookup_in_order() const noexcept { return group_.lookup_in_order(); }

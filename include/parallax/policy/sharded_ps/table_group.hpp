@@ -114,6 +114,21 @@ struct GatherAt {
   void prefetch(std::size_t j) const { prefetch_bytes(rows[j], cols * sizeof(T)); }
 };
 
+/// out[j] = where row ids[j] of a table lies in this rank's group shard (one
+/// rank: every row is here).
+template <class T>
+struct LocalRowAt {
+  PartitionMap map;
+  const index_t* base;
+  const T* shard;
+  std::size_t cols;
+  const index_t* ids;
+  const T** out;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
+    out[j] = shard + (static_cast<std::size_t>(base[0]) + map.local_row(ids[j])) * cols;
+  }
+};
+
 /// out[i] = the reply row of a request's id i: its unique key is
 /// first + inverse[i] (first + i when the request's keys were unique and
 /// in order), which was sent where[u]-th (u itself when sent in order).
@@ -189,9 +204,9 @@ class SharedReads final : public RouteLane {
 ///   request, and every unique key is asked of its owner; the rows come back
 ///   aligned to the caller's ids. Bytes per rank: 8 per remote unique id
 ///   out, cols*sizeof(T) per remote row back, plus the same for the rows this
-///   rank serves. With shared shards (every rank on one machine) the rows are
-///   read from the owners' shards instead, after a route of the headers
-///   alone: cols*sizeof(T) per remote id read (repeats too), booked as
+///   rank serves. With shared shards (every rank on one machine), or one
+///   rank, the rows are read from the owners' shards instead, after a route
+///   of the headers alone: cols*sizeof(T) per remote id read (repeats too), booked as
 ///   received from its owner and sent by it.
 /// * push: the tables' coalesced rows go to their owners; an owner sums the
 ///   contributions by row, then by rank, and gets (group shard row, sum)
@@ -304,6 +319,9 @@ class TableGroup {
   /// Whether the shard lives in shared memory, so lookups read the owners'
   /// shards directly (ShardedOptions::shared_memory).
   bool shared() const noexcept { return static_cast<bool>(window_); }
+  /// Whether lookups read every row where it lies: shared shards, or one
+  /// rank (which owns every row). Their route carries headers alone.
+  bool reads_directly() const noexcept { return shared() || engine_->size() == 1; }
 
   /// Fills table t's rows on this rank: fill(global rows (in space), k, out).
   template <class Fill>
@@ -339,8 +357,7 @@ class TableGroup {
         problem_table_ = q.table;
         break;
       }
-    if constexpr (detail::shares_host_memory<Engine>::value)
-      if (window_) return plan_shared_reads();
+    if (reads_directly()) return plan_direct_reads();
 
     // Each request's keys are made unique on their own (keys of different
     // tables never meet): keys already strictly ascending are their own
@@ -404,22 +421,21 @@ class TableGroup {
   bool lookup_in_order() const noexcept { return single_in_order_; }
 
   /// Serves the keys the route brought this rank and starts the reply (or,
-  /// with shared shards, reads every row from its owner's shard). Collective.
+  /// when reading directly, reads every row from its owner's shard). Collective.
   void start_reply() {
     auto& ex = engine_->exec();
-    if constexpr (detail::shares_host_memory<Engine>::value) {
-      if (window_) {
-        // The route's headers came from every rank after its last update
-        // of its shard: the rows are final. Read them where they lie.
-        window_.sync();
-        if (problem_ == detail::no_problem)
-          for (std::size_t r = 0; r < requests_.size(); ++r)
-            if (requests_[r].n)
-              for_each_rows(ex, requests_[r].n, cols_,
-                            detail::GatherAt<T>{reads_at_.data() + first_[r], requests_[r].out, cols_});
-        ex.synchronize();
-        return;
-      }
+    if (reads_directly()) {
+      // The route's headers came from every rank after its last update of
+      // its shard: the rows are final. Read them where they lie.
+      if constexpr (detail::shares_host_memory<Engine>::value)
+        if (window_) window_.sync();
+      if (problem_ == detail::no_problem)
+        for (std::size_t r = 0; r < requests_.size(); ++r)
+          if (requests_[r].n)
+            for_each_rows(ex, requests_[r].n, cols_,
+                          detail::GatherAt<T>{reads_at_.data() + first_[r], requests_[r].out, cols_});
+      ex.synchronize();
+      return;
     }
     const std::size_t asked = exchange_.received();
     served_.resize_discard(asked * cols_);
@@ -434,7 +450,7 @@ class TableGroup {
   /// Puts every request's rows in its caller's order (after the engine's
   /// wait_started(), where it has one).
   void finish_lookup() {
-    if (window_ || single_in_order_) return;
+    if (reads_directly() || single_in_order_) return;
     auto& ex = engine_->exec();
     const std::size_t count = requests_.size(), u = unique_first_[count];
     // One request: its unique keys were sorted, so they went out in their
@@ -530,32 +546,47 @@ class TableGroup {
     return base_.data() + t * static_cast<std::size_t>(engine_->size());
   }
 
-  /// plan_lookup() with shared shards: where each row lies, and how many
-  /// rows of each owner this rank will read (the route's headers).
-  detail::RouteLane& plan_shared_reads() {
-    // Our last writes to our shard before the headers that tell peers
-    // they may read it.
-    window_.sync();
+  /// plan_lookup() when every row can be read where it lies: where each one
+  /// lies, and how many rows of each owner this rank will read (the route's
+  /// headers).
+  detail::RouteLane& plan_direct_reads() {
     // A bad id reads nothing: the route reports it on every rank.
-    const std::size_t total = first_.back();
-    reads_at_.resize(problem_ == detail::no_problem ? total : 0);
+    const std::size_t total = problem_ == detail::no_problem ? first_.back() : 0;
+    reads_at_.resize_discard(total);
     auto& counts = reads_.counts();
     counts.assign(static_cast<std::size_t>(engine_->size()), 0);
-    const T* const* bases = window_.bases();
-    const auto un = static_cast<std::size_t>(engine_->size());
-    for (std::size_t r = 0; r < requests_.size() && !reads_at_.empty(); ++r) {
-      const Request& q = requests_[r];
-      const PartitionMap& map = tables_[q.table].map;
-      const index_t* base = host_base_.data() + q.table * un;
-      const T** at = reads_at_.data() + first_[r];
-      for (std::size_t j = 0; j < q.n; ++j) {
-        const int o = map.owner(q.ids[j]);
-        const auto uo = static_cast<std::size_t>(o);
-        at[j] = bases[o] + (static_cast<std::size_t>(base[uo]) + map.local_row(q.ids[j])) * cols_;
-        ++counts[uo];
+    single_in_order_ = false;
+    if (!window_) {
+      // One rank: every row is in its own shard.
+      auto& ex = engine_->exec();
+      for (std::size_t r = 0; r < requests_.size() && total; ++r) {
+        const Request& q = requests_[r];
+        if (q.n)
+          for_each(ex, q.n, detail::LocalRowAt<T>{tables_[q.table].map, base_of(q.table), shard_.data(), cols_, q.ids,
+                                                  reads_at_.data() + first_[r]});
+      }
+      ex.synchronize();
+      return reads_;
+    }
+    if constexpr (detail::shares_host_memory<Engine>::value) {
+      // Our last writes to our shard before the headers that tell peers
+      // they may read it.
+      window_.sync();
+      const T* const* bases = window_.bases();
+      const auto un = static_cast<std::size_t>(engine_->size());
+      for (std::size_t r = 0; r < requests_.size() && total; ++r) {
+        const Request& q = requests_[r];
+        const PartitionMap& map = tables_[q.table].map;
+        const index_t* base = host_base_.data() + q.table * un;
+        const T** at = reads_at_.data() + first_[r];
+        for (std::size_t j = 0; j < q.n; ++j) {
+          const int o = map.owner(q.ids[j]);
+          const auto uo = static_cast<std::size_t>(o);
+          at[j] = bases[o] + (static_cast<std::size_t>(base[uo]) + map.local_row(q.ids[j])) * cols_;
+          ++counts[uo];
+        }
       }
     }
-    single_in_order_ = false;
     return reads_;
   }
 
@@ -609,8 +640,8 @@ class TableGroup {
   Buffer<index_t, space> keys_, unique_, inverse_, where_;
   Buffer<T, space> served_;
   const T* by_unique_ = nullptr;    // where the last start_reply()'s rows land
-  std::vector<const T*> reads_at_;  // where each looked-up row lies, when shared
-  detail::SharedReads reads_;       // the lookup's lane, when shared
+  Buffer<const T*, space> reads_at_;  // where each looked-up row lies, when read directly
+  detail::SharedReads reads_;         // the lookup's lane, when read directly
 
   // The push.
   Buffer<index_t, space> push_keys_, hop_keys_, owned_keys_;
