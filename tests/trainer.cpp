@@ -672,8 +672,10 @@ TEST_CASE("sparse tables of one width share a group: the same model, fewer calls
 TEST_CASE("a variable's own policy overrides the architecture's choice", "[trainer][override]") {
   // A sparse variable forced to RingAllReduce (sent as dense), a dense one
   // to ShardedPS (sharded), beside a dense one that takes the hybrid's choice.
+  // example-begin policy_override
   using SparseAsDense = px::Variable<px::Sparse, float, px::HostSpace, px::RingAllReduce>;
   using DenseSharded = px::Variable<px::Dense, float, px::HostSpace, px::ShardedPS>;
+  // example-end
   std::vector<std::string> policies;
   const auto got = train_overridden<SparseAsDense, DenseSharded>(test::world(), &policies);
   CHECK(policies == std::vector<std::string>{"RingAllReduce", "ShardedPS", "RingAllReduce"});
