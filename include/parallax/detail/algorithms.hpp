@@ -24,6 +24,10 @@
 #include <optional>
 #include <type_traits>
 
+#if PARALLAX_HAS_CUDA
+#include <parallax/cuda/coalesce.cuh>  // coalesce_rows_cub, which coalesce_rows picks for device memory
+#endif
+
 namespace parallax::detail {
 
 /// Sorts `n` (id, row) pairs by id and sums the rows of equal ids, in the
