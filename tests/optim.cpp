@@ -7,15 +7,19 @@
 namespace {
 
 // Three steps of one element with gradients g_t, by the textbook formula.
+// Weight decay is decoupled: the weight shrinks by lr * decay of its value
+// before the step, apart from the gradient (SGDW, AdamW).
 double reference(const px::optim::Sgd& o, double w, const double* g, int steps) {
-  for (int t = 0; t < steps; ++t) w -= o.lr * g[t];
+  for (int t = 0; t < steps; ++t) w -= o.lr * g[t] + o.lr * o.weight_decay * w;
   return w;
 }
 double reference(const px::optim::Momentum& o, double w, const double* g, int steps) {
   double v = 0;
   for (int t = 0; t < steps; ++t) {
+    const double before = w;
     v = o.momentum * v + g[t];
     w -= o.nesterov ? o.lr * (g[t] + o.momentum * v) : o.lr * v;
+    w -= o.lr * o.weight_decay * before;
   }
   return w;
 }
@@ -34,7 +38,9 @@ double reference(const px::optim::Adam& o, double w, const double* g, int steps)
     v = o.beta2 * v + (1 - o.beta2) * g[t - 1] * g[t - 1];
     // TensorFlow's form: the bias corrections folded into the step size.
     const double lr_t = o.lr * std::sqrt(1 - std::pow(double(o.beta2), t)) / (1 - std::pow(double(o.beta1), t));
+    const double before = w;
     w -= lr_t * m / (std::sqrt(v) + o.eps);
+    w -= o.lr * o.weight_decay * before;
   }
   return w;
 }
@@ -92,6 +98,9 @@ TEMPLATE_TEST_CASE("optimizers follow their formulas, densely and lazily", "[opt
   SECTION("nesterov") { check_optimizer<Space>(px::optim::Momentum{0.1f, 0.8f, true}); }
   SECTION("adagrad") { check_optimizer<Space>(px::optim::Adagrad{0.1f, 0.1f, 1e-7f}); }
   SECTION("adam") { check_optimizer<Space>(px::optim::Adam{0.1f, 0.9f, 0.999f, 1e-8f}); }
+  SECTION("sgd with weight decay") { check_optimizer<Space>(px::optim::Sgd{0.1f, 0.25f}); }
+  SECTION("momentum with weight decay") { check_optimizer<Space>(px::optim::Momentum{0.1f, 0.8f, false, 0.25f}); }
+  SECTION("adamw") { check_optimizer<Space>(px::optim::Adam{0.1f, 0.9f, 0.999f, 1e-8f, 0.25f}); }
 }
 
 TEST_CASE("optimizer state starts at the slot's initial value", "[optim]") {
@@ -100,4 +109,27 @@ TEST_CASE("optimizer state starts at the slot's initial value", "[optim]") {
   CHECK(s.slot(1) == nullptr);
   px::optim::State<px::optim::Sgd, float, px::HostSpace> none(px::optim::Sgd{}, 3);
   CHECK(none.slot(0) == nullptr);
+}
+
+TEST_CASE("schedules give the factor of each step", "[optim][schedule]") {
+  CHECK(px::schedule::Constant{}(7) == 1.0);
+  const px::schedule::LinearWarmup warm{4};
+  CHECK(warm(1) == 0.25);
+  CHECK(warm(4) == 1.0);
+  CHECK(warm(9) == 1.0);
+  const px::schedule::StepDecay decay{3, 0.5};
+  CHECK(decay(1) == 1.0);
+  CHECK(decay(3) == 1.0);
+  CHECK(decay(4) == 0.5);
+  CHECK(decay(7) == 0.25);
+  const px::schedule::Cosine cosine{10, 0.1};
+  CHECK(cosine(0) == Approx(1.0));
+  CHECK(cosine(5) == Approx(0.55));
+  CHECK(cosine(10) == Approx(0.1));
+  CHECK(cosine(20) == Approx(0.1));
+  const px::schedule::Warmup<px::schedule::Cosine> both{2, {10, 0.0}};
+  CHECK(both(1) == 0.5);
+  CHECK(both(2) == 1.0);
+  CHECK(both(3) == Approx(px::schedule::Cosine{10, 0.0}(1)));
+  CHECK(both(12) == Approx(0.0).margin(1e-12));
 }

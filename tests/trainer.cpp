@@ -4,6 +4,7 @@
 #include "support.hpp"
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <string>
 #include <tuple>
@@ -686,4 +687,138 @@ TEST_CASE("a variable's own policy overrides the architecture's choice", "[train
   // so every policy reaches the same model up to float reassociation.
   for (std::size_t v = 0; v < want.size(); ++v) CHECK(max_relative_error(got[v], want[v]) <= 1e-5);
   CHECK(max_relative_error(got[0], train_overridden<SparseAsDense, DenseSharded>(single)[0]) <= 1e-5);
+}
+
+// ---------------------------------------------------------------- optimizer control
+
+namespace {
+
+/// One process, no parallax: the toy model of train() on the whole global
+/// batch, with lazy AdamW on the embedding's touched rows, AdamW on the
+/// dense weights, the learning rate lr * schedule(step), and the gradient
+/// clipped by its global norm. Returns the model and each step's norm.
+struct Reference {
+  std::vector<float> emb, w, b;
+  std::vector<double> norms;
+};
+Reference reference_adamw(const std::vector<float>& emb0, const std::vector<float>& w0, const std::vector<float>& b0,
+                          const px::optim::Adam& o, const std::function<double(std::uint64_t)>& schedule,
+                          double clip, std::size_t steps) {
+  Reference r{emb0, w0, b0, {}};
+  std::vector<float> m_e(emb0.size()), v_e(emb0.size()), m_w(w0.size()), v_w(w0.size()), m_b(b0.size()), v_b(b0.size());
+  for (std::size_t s = 0; s < steps; ++s) {
+    std::vector<float> dW(w0.size(), 0.f), dB(b0.size(), 0.f), dE(emb0.size(), 0.f);
+    std::vector<bool> touched(kRows, false);
+    for (std::size_t e = 0; e < kBatch; ++e) {
+      const auto id = static_cast<std::size_t>(example_id(s, e));
+      touched[id] = true;
+      const float* h = r.emb.data() + id * kDim;
+      for (std::size_t c = 0; c < kClasses; ++c) {
+        float out = r.b[c];
+        for (std::size_t d = 0; d < kDim; ++d) out += h[d] * r.w[d * kClasses + c];
+        const float g = (out - target(s, e, c)) / static_cast<float>(kBatch);
+        dB[c] += g;
+        for (std::size_t d = 0; d < kDim; ++d) {
+          dW[d * kClasses + c] += h[d] * g;
+          dE[id * kDim + d] += r.w[d * kClasses + c] * g;
+        }
+      }
+    }
+    double sq = 0;
+    for (float x : dW) sq += double(x) * x;
+    for (float x : dB) sq += double(x) * x;
+    for (float x : dE) sq += double(x) * x;  // untouched rows are zero
+    const double norm = std::sqrt(sq);
+    r.norms.push_back(norm);
+    const double factor = norm > clip ? clip / norm : 1.0;
+    const std::uint64_t t = s + 1;
+    const double lr = o.lr * schedule(t);
+    const double step_size = lr * std::sqrt(1 - std::pow(double(o.beta2), double(t))) / (1 - std::pow(double(o.beta1), double(t)));
+    auto adamw = [&](float& w, float g, float& m, float& v) {
+      g = static_cast<float>(g * factor);
+      const float w_before = w;
+      m = o.beta1 * m + (1 - o.beta1) * g;
+      v = o.beta2 * v + (1 - o.beta2) * g * g;
+      w -= static_cast<float>(step_size * m / (std::sqrt(double(v)) + o.eps));
+      w -= static_cast<float>(lr * o.weight_decay * w_before);
+    };
+    for (std::size_t i = 0; i < dW.size(); ++i) adamw(r.w[i], dW[i], m_w[i], v_w[i]);
+    for (std::size_t i = 0; i < dB.size(); ++i) adamw(r.b[i], dB[i], m_b[i], v_b[i]);
+    for (std::size_t row = 0; row < kRows; ++row)
+      if (touched[row])
+        for (std::size_t d = 0; d < kDim; ++d)
+          adamw(r.emb[row * kDim + d], dE[row * kDim + d], m_e[row * kDim + d], v_e[row * kDim + d]);
+  }
+  return r;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("AdamW, warm-up then cosine decay and global-norm clipping match a one-process reference",
+                   "[trainer][optim]", px::arch::Hybrid, px::arch::AllReduce, px::arch::PS) {
+  using Arch = TestType;
+  auto& ctx = test::world();
+  const std::size_t steps = 6;
+  const px::optim::Adam opt{0.1f, 0.9f, 0.999f, 1e-8f, 0.05f};
+  px::TrainerOptions o;
+  o.schedule = px::schedule::Warmup<px::schedule::Cosine>{2, {4, 0.1}};
+  o.clip_norm = 0.05;  // below the first steps' norms: clipping acts
+  const Model initial = train<Arch>(ctx, opt, {}, 0);
+
+  // train(), with the options, recording each step's norm and learning rate.
+  px::Variable<px::Sparse, float> emb(ctx, "emb", {kRows, kDim}, px::init::Uniform{-0.5f, 0.5f, 7});
+  px::Variable<px::Dense, float> w(ctx, "w", {kDim, kClasses}, px::init::Glorot{3});
+  px::Variable<px::Dense, float> b(ctx, "b", {kClasses}, px::init::Constant{0.1});
+  px::Trainer<Arch, px::optim::Adam> trainer(ctx, o, opt, emb, w, b);
+  const std::size_t n = static_cast<std::size_t>(ctx.size()), local = kBatch / n, first = static_cast<std::size_t>(ctx.rank()) * local;
+  std::vector<double> norms, rates;
+  for (std::size_t s = 0; s < steps; ++s) {
+    rates.push_back(trainer.learning_rate());
+    std::vector<px::index_t> ids(local);
+    for (std::size_t i = 0; i < local; ++i) ids[i] = example_id(s, first + i);
+    const auto rows = trainer.lookup(emb, ids);
+    std::vector<float> dh(local * kDim, 0.f);
+    for (std::size_t i = 0; i < local; ++i)
+      for (std::size_t c = 0; c < kClasses; ++c) {
+        float out = b.value()[c];
+        for (std::size_t d = 0; d < kDim; ++d) out += rows.data[i * kDim + d] * w.value()[d * kClasses + c];
+        const float g = (out - target(s, first + i, c)) / static_cast<float>(local);
+        b.grad()[c] += g;
+        for (std::size_t d = 0; d < kDim; ++d) {
+          w.grad()[d * kClasses + c] += rows.data[i * kDim + d] * g;
+          dh[i * kDim + d] += w.value()[d * kClasses + c] * g;
+        }
+      }
+    emb.grad().add(ids, dh);
+    trainer.step();
+    norms.push_back(trainer.gradient_norm());
+  }
+  const Reference ref = reference_adamw(initial.emb, initial.w, initial.b, opt, o.schedule, o.clip_norm, steps);
+  INFO("architecture " << Arch::name);
+  CHECK(max_relative_error(trainer.fetch(emb), ref.emb) <= 1e-5);
+  CHECK(max_relative_error(trainer.fetch(w), ref.w) <= 1e-5);
+  CHECK(max_relative_error(trainer.fetch(b), ref.b) <= 1e-5);
+  bool clipped = false;
+  for (std::size_t s = 0; s < steps; ++s) {
+    CHECK(norms[s] == Approx(ref.norms[s]).epsilon(1e-5));
+    CHECK(rates[s] == Approx(double(opt.lr) * o.schedule(s + 1)).epsilon(1e-12));
+    clipped = clipped || ref.norms[s] > o.clip_norm;
+  }
+  CHECK(clipped);
+  // The schedule rose over the warm-up and decayed after it.
+  CHECK(rates[0] < rates[1]);
+  CHECK(rates[5] < rates[2]);
+}
+
+TEST_CASE("the learning rate can be read and set between steps", "[trainer][optim]") {
+  auto& ctx = test::world();
+  px::Variable<px::Dense, float> w(ctx, "w", {2}, px::init::Constant{1.0});
+  px::Trainer<px::arch::Hybrid, px::optim::Sgd> trainer(ctx, px::optim::Sgd{0.5f}, w);
+  CHECK(trainer.learning_rate() == 0.5);
+  trainer.set_learning_rate(0.25);
+  CHECK(trainer.learning_rate() == 0.25);
+  w.grad()[0] = 1.f;
+  trainer.step();
+  CHECK(w.value()[0] == 0.75f);  // 1 - 0.25 * 1
+  CHECK_THAT(test::error_of([&] { trainer.set_learning_rate(-1); }), Catch::Contains("not a finite rate"));
 }

@@ -1,10 +1,12 @@
 #pragma once
 /// @file
-/// Every optimizer: Sgd, Momentum, Adagrad, Adam. Each updates dense
-/// variables in full and sparse variables lazily (touched rows only).
+/// Every optimizer: Sgd, Momentum, Adagrad, Adam (AdamW with a weight
+/// decay), and the learning-rate schedules. Each updates dense variables in
+/// full and sparse variables lazily (touched rows only).
 
 #include <parallax/optim/adagrad.hpp>
 #include <parallax/optim/adam.hpp>
 #include <parallax/optim/momentum.hpp>
 #include <parallax/optim/optimizer.hpp>
+#include <parallax/optim/schedule.hpp>
 #include <parallax/optim/sgd.hpp>

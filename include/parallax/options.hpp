@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -94,6 +95,16 @@ struct TrainerOptions {
   std::map<std::string, int> partitions;
   engine::Options engine;  ///< deadline of every collective
   CheckpointOptions checkpoint;  ///< automatic saves during step()
+  /// The learning rate of step s is the base rate (the optimizer's `lr`, or
+  /// Trainer::set_learning_rate) times schedule(s), s counting from 1: see
+  /// optim/schedule.hpp. Empty: the base rate throughout.
+  std::function<double(std::uint64_t)> schedule;
+  /// When positive, each step scales every gradient by min(1, clip_norm /
+  /// norm), where norm is the global L2 norm of the step's gradient as
+  /// applied (every variable, dense and sparse, summed over the ranks):
+  /// PyTorch's clip_grad_norm_. One small all-reduce a step.
+  /// Trainer::gradient_norm() reports the norm.
+  double clip_norm = 0;
 };
 
 }  // namespace parallax

@@ -18,6 +18,7 @@
 #include <parallax/space.hpp>
 #include <parallax/variable.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -73,6 +74,8 @@ class Trainer {
     static_assert((std::is_same_v<typename Vars::space, space> && ...),
                   "every variable must live in the engine's memory space (HostSpace for engine::Mpi)");
     static_assert((policy::check<policy_for_t<Arch, Vars>, Vars, Engine, Optimizer>() && ...));
+    if constexpr (optim::has_learning_rate_v<Optimizer>) base_lr_ = static_cast<double>(opt_.lr);
+    else PARALLAX_EXPECTS(!options_.schedule, "TrainerOptions::schedule needs an optimizer with a learning rate `lr`");
 
     std::vector<detail::VarRecord> records;
     (records.push_back(detail::VarRecord::make(vars.name(), vars.shape(), data_type_of_v<typename Vars::value_type>,
@@ -171,9 +174,19 @@ class Trainer {
       clear();  // the step is abandoned on every rank alike
       throw;
     }
-    const policy::StepInfo info{steps_ + 1, options_.reduction == Reduction::mean ? 1.0 / engine_->size() : 1.0};
+    policy::StepInfo info{steps_ + 1, options_.reduction == Reduction::mean ? 1.0 / engine_->size() : 1.0};
     for (auto& [key, s] : synchronizers_) s->start_exchange(info);
     for (auto& [key, s] : synchronizers_) s->finish_exchange(info);
+    if (options_.clip_norm > 0) {
+      try {
+        info.scale *= clip_factor(info.scale);
+      } catch (...) {
+        clear();  // the step is abandoned on every rank alike
+        throw;
+      }
+    }
+    if constexpr (optim::has_learning_rate_v<Optimizer>)
+      opt_.lr = static_cast<decltype(opt_.lr)>(base_lr_ * schedule_factor(info.step));
     for (auto& [key, s] : synchronizers_) s->update(info);
     clear();
     ++steps_;
@@ -222,6 +235,24 @@ class Trainer {
 
   /// Steps completed.
   std::uint64_t steps() const noexcept { return steps_; }
+
+  /// The learning rate the next step applies: the base rate times the
+  /// schedule's factor for that step (TrainerOptions::schedule).
+  double learning_rate() const {
+    static_assert(optim::has_learning_rate_v<Optimizer>, "this optimizer has no learning rate `lr`");
+    return base_lr_ * schedule_factor(steps_ + 1);
+  }
+  /// Sets the base learning rate, which the schedule scales (the
+  /// optimizer's `lr` until then). Every rank must set the same.
+  void set_learning_rate(double lr) {
+    static_assert(optim::has_learning_rate_v<Optimizer>, "this optimizer has no learning rate `lr`");
+    PARALLAX_EXPECTS(std::isfinite(lr) && lr >= 0, "set_learning_rate: ", lr, " is not a finite rate >= 0");
+    base_lr_ = lr;
+  }
+  /// The global L2 norm of the last step's gradient as applied, before
+  /// clipping; measured only when TrainerOptions::clip_norm is positive (0
+  /// otherwise).
+  double gradient_norm() const noexcept { return gradient_norm_; }
 
   /// The whole variable, row-major, on the host of every rank (collective for
   /// sharded variables). For tests, evaluation and export.
@@ -281,6 +312,7 @@ class Trainer {
     if (it == synchronizers_.end()) {
       synchronizers_.emplace_back(key, std::make_unique<policy::synchronizer_t<Policy, Engine, Optimizer>>(
                                            *engine_, opt_, options_));
+      policy_names_.push_back(Policy::name);
       it = synchronizers_.end() - 1;
     }
     auto& s = static_cast<policy::synchronizer_t<Policy, Engine, Optimizer>&>(*it->second);
@@ -309,6 +341,24 @@ class Trainer {
   void clear() {
     for (auto& [key, s] : synchronizers_) s->clear();
   }
+  double schedule_factor(std::uint64_t step) const { return options_.schedule ? options_.schedule(step) : 1.0; }
+  /// The factor that brings the step's gradient (each synchronizer's sums
+  /// times `scale`) within clip_norm: one all-reduce of the square sums.
+  double clip_factor(double scale) {
+    double sum = 0;
+    for (std::size_t i = 0; i < synchronizers_.size(); ++i) {
+      const auto part = synchronizers_[i].second->gradient_square_sum();
+      if (!part) throw error(detail::concat("clipping by the global norm: policy ", policy_names_[i],
+                                            " cannot report its gradients' norm"));
+      sum += *part;
+    }
+    {
+      auto scope = engine_->stats().scope("", "control");
+      engine_->allreduce(&sum, &sum, 1, DataType::f64, ReduceOp::sum);
+    }
+    gradient_norm_ = std::sqrt(sum) * scale;
+    return gradient_norm_ > options_.clip_norm ? options_.clip_norm / gradient_norm_ : 1.0;
+  }
   void ensure_usable() const {
     if (!unusable_.empty()) throw error(detail::concat("this Trainer cannot be used: ", unusable_));
   }
@@ -318,11 +368,14 @@ class Trainer {
   Optimizer opt_;
   std::unique_ptr<Engine> engine_;
   Synchronizers synchronizers_;         // one per policy, in the order the variables first name them
+  std::vector<const char*> policy_names_;  // of each synchronizer
   std::vector<policy::Member*> members_;  // every variable, in registration order
   std::vector<const void**> registered_;  // each variable's link to this trainer
   std::unique_ptr<Checkpoints<Engine>> checkpoints_;
   Buffer<index_t, space> staged_ids_;
   std::uint64_t steps_ = 0;
+  double base_lr_ = 0;        // the learning rate the schedule scales
+  double gradient_norm_ = 0;  // of the last step, when clipping
   std::string unusable_;  // why the trainer refuses work, if it does
 };
 

@@ -16,6 +16,7 @@
 #include <thrust/mismatch.h>
 #include <thrust/sequence.h>
 #include <thrust/sort.h>
+#include <thrust/transform_reduce.h>
 #include <thrust/unique.h>
 
 #include <algorithm>
@@ -147,6 +148,20 @@ std::optional<std::size_t> find_out_of_range(const Exec<Space>& ex, const index_
   });
   if (hit == ids + n) return std::nullopt;
   return static_cast<std::size_t>(hit - ids);
+}
+
+template <class T>
+struct SquareInDouble {
+  PARALLAX_HOST_DEVICE double operator()(T x) const { return static_cast<double>(x) * static_cast<double>(x); }
+};
+
+/// The sum of x[i]^2 over n elements (in Space), in double precision.
+template <class T, class Space>
+double sum_of_squares(const Exec<Space>& ex, const T* x, std::size_t n) {
+  if (n == 0) return 0.0;
+  return with_thrust(ex, n, [&](auto policy) {
+    return thrust::transform_reduce(policy, x, x + n, SquareInDouble<T>{}, 0.0, thrust::plus<double>());
+  });
 }
 
 /// Reads one element of a buffer in any space.

@@ -1,8 +1,10 @@
 #pragma once
 /// @file
-/// Adam (Kingma & Ba). For sparse variables the update is lazy, as
-/// TensorFlow's LazyAdam: only touched rows move, and their moments decay
-/// only when touched; the bias correction uses the global step.
+/// Adam (Kingma & Ba), and AdamW (Loshchilov & Hutter) with a weight decay.
+/// For sparse variables the update is lazy, as TensorFlow's LazyAdam: only
+/// touched rows move, and their moments (and, with weight decay, their
+/// weights) decay only when touched; the bias correction uses the global
+/// step.
 
 #include <parallax/optim/optimizer.hpp>
 
@@ -11,12 +13,15 @@
 namespace parallax::optim {
 
 /// m <- b1 m + (1-b1) g;  v <- b2 v + (1-b2) g^2;
-/// w <- w - lr * sqrt(1-b2^t)/(1-b1^t) * m / (sqrt(v) + eps)
+/// w <- w - lr * sqrt(1-b2^t)/(1-b1^t) * m / (sqrt(v) + eps) - lr * weight_decay * w_before
 struct Adam {
   float lr = 1e-3f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float eps = 1e-8f;
+  /// Decoupled weight decay: with it, this is AdamW (PyTorch's AdamW scales
+  /// the decay by the learning rate the same way).
+  float weight_decay = 0.f;
 
   static constexpr const char* name = "adam";
   static constexpr int slots = 2;
@@ -26,18 +31,21 @@ struct Adam {
   }
   template <class T>
   struct Rule {
-    T step_size, b1, b2, eps;
+    T step_size, b1, b2, eps, decay;
     PARALLAX_HOST_DEVICE void operator()(T& w, T g, T& m, T& v) const {
+      const T w0 = w;
       m = b1 * m + (T(1) - b1) * g;
       v = b2 * v + (T(1) - b2) * g * g;
       w -= step_size * m / (std::sqrt(v) + eps);
+      if (decay != T(0)) w -= decay * w0;
     }
   };
   template <class T>
   Rule<T> rule(std::uint64_t step) const {
     const double t = static_cast<double>(step);
     const double correction = std::sqrt(1.0 - std::pow(double(beta2), t)) / (1.0 - std::pow(double(beta1), t));
-    return {static_cast<T>(lr * correction), static_cast<T>(beta1), static_cast<T>(beta2), static_cast<T>(eps)};
+    return {static_cast<T>(lr * correction), static_cast<T>(beta1), static_cast<T>(beta2), static_cast<T>(eps),
+            static_cast<T>(lr) * static_cast<T>(weight_decay)};
   }
 };
 

@@ -1,16 +1,21 @@
 #pragma once
 /// @file
-/// SGD with momentum (the TensorFlow / PyTorch formulation).
+/// SGD with momentum (the TensorFlow / PyTorch formulation), with optional
+/// decoupled weight decay.
 
 #include <parallax/optim/optimizer.hpp>
 
 namespace parallax::optim {
 
-/// v <- mu * v + g;  w <- w - lr * v   (Nesterov: w <- w - lr * (g + mu * v))
+/// v <- mu * v + g;  w <- w - lr * v   (Nesterov: w <- w - lr * (g + mu * v)),
+/// then w <- w - lr * weight_decay * w_before
 struct Momentum {
   float lr = 0.01f;
   float momentum = 0.9f;
   bool nesterov = false;
+  /// Decoupled weight decay (SGDW): applied to the weight, not through the
+  /// velocity. Sparse variables decay lazily: only the rows a step touches.
+  float weight_decay = 0.f;
 
   static constexpr const char* name = "momentum";
   static constexpr int slots = 1;
@@ -20,16 +25,18 @@ struct Momentum {
   }
   template <class T>
   struct Rule {
-    T lr, mu;
+    T lr, mu, decay;
     bool nesterov;
     PARALLAX_HOST_DEVICE void operator()(T& w, T g, T& v, T&) const {
+      const T w0 = w;
       v = mu * v + g;
       w -= nesterov ? lr * (g + mu * v) : lr * v;
+      if (decay != T(0)) w -= decay * w0;
     }
   };
   template <class T>
   Rule<T> rule(std::uint64_t) const {
-    return {static_cast<T>(lr), static_cast<T>(momentum), nesterov};
+    return {static_cast<T>(lr), static_cast<T>(momentum), static_cast<T>(lr) * static_cast<T>(weight_decay), nesterov};
   }
 };
 

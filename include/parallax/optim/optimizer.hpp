@@ -50,12 +50,21 @@ template <class O, class T>
 struct rule<O, T,
             std::void_t<decltype(std::declval<const O&>().template rule<T>(std::uint64_t{1})(
                 std::declval<T&>(), std::declval<T>(), std::declval<T&>(), std::declval<T&>()))>> : std::true_type {};
+template <class O, class = void>
+struct learning_rate : std::false_type {};
+template <class O>
+struct learning_rate<O, std::enable_if_t<std::is_floating_point_v<decltype(std::declval<O&>().lr)>>> : std::true_type {};
 template <class O>
 constexpr int slots_or_zero() {
   if constexpr (slot_count<O>::value) return O::slots;
   else return 0;
 }
 }  // namespace contract
+
+/// True when O has a learning rate `lr` a trainer can schedule and set
+/// (every built-in optimizer has; the contract does not require one).
+template <class O>
+inline constexpr bool has_learning_rate_v = contract::learning_rate<O>::value;
 
 /// True when O meets the optimizer contract (see check()).
 template <class O>

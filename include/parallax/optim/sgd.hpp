@@ -1,14 +1,18 @@
 #pragma once
 /// @file
-/// Plain stochastic gradient descent.
+/// Stochastic gradient descent, with optional decoupled weight decay.
 
 #include <parallax/optim/optimizer.hpp>
 
 namespace parallax::optim {
 
-/// w <- w - lr * g
+/// w <- w - lr * g - lr * weight_decay * w
 struct Sgd {
   float lr = 0.01f;
+  /// Decoupled weight decay (Loshchilov & Hutter's SGDW): the weight shrinks
+  /// by lr * weight_decay of itself each update, apart from the gradient.
+  /// Sparse variables decay lazily: only the rows a step touches.
+  float weight_decay = 0.f;
 
   static constexpr const char* name = "sgd";
   static constexpr int slots = 0;
@@ -18,12 +22,16 @@ struct Sgd {
   }
   template <class T>
   struct Rule {
-    T lr;
-    PARALLAX_HOST_DEVICE void operator()(T& w, T g, T&, T&) const { w -= lr * g; }
+    T lr, decay;
+    PARALLAX_HOST_DEVICE void operator()(T& w, T g, T&, T&) const {
+      const T w0 = w;
+      w -= lr * g;
+      if (decay != T(0)) w -= decay * w0;
+    }
   };
   template <class T>
   Rule<T> rule(std::uint64_t) const {
-    return {static_cast<T>(lr)};
+    return {static_cast<T>(lr), static_cast<T>(lr) * static_cast<T>(weight_decay)};
   }
 };
 

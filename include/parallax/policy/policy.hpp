@@ -15,7 +15,9 @@
 /// it every such variable, in registration order. The synchronizer derives
 /// from policy::Synchronizer<Engine> (the phases of a step, below) and has
 ///
-///     MySynchronizer(Engine&, const Optimizer&, const TrainerOptions&);
+///     MySynchronizer(Engine&, const Optimizer&, const TrainerOptions&);  // keep a reference to
+///                                                                        // the optimizer: its
+///                                                                        // learning rate changes
 ///     template <class Var> policy::Member& add(Var var);   // the variable, placed
 ///
 /// and, if it takes sparse variables,
@@ -27,6 +29,7 @@
 /// A step runs phase by phase over every synchronizer, in the order their
 /// policies first appear among the variables: problem() and has_gradient()
 /// (then one agreement among the ranks), start_exchange(), finish_exchange(),
+/// gradient_square_sum() when the trainer clips by the global norm,
 /// update(), clear(). Every rank makes the same calls in the same order, so
 /// collectives inside the phases match.
 
@@ -128,6 +131,13 @@ class Synchronizer {
   /// Completes the exchange: every gradient is summed where it is applied.
   /// Collective.
   virtual void finish_exchange(const StepInfo&) = 0;
+  /// After finish_exchange(): the sum of the squares of the summed gradients
+  /// this rank will apply, counting every element of every variable once
+  /// over all ranks (a replica's on rank 0 only, a shard's on its owner),
+  /// before the step's scale. The trainer adds them over the ranks for
+  /// clipping by the global norm. Local. Nothing: the policy cannot say (and
+  /// its variables cannot be clipped).
+  virtual std::optional<double> gradient_square_sum() { return std::nullopt; }
   /// Applies the optimizer to what this rank stores; afterwards every value
   /// a lookup or value() reads is current. May communicate (collective).
   virtual void update(const StepInfo&) = 0;

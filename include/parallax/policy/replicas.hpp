@@ -60,7 +60,7 @@ class DenseReplica : public MemberOf<Var> {
   using space = engine::space_of_t<Engine>;
 
   DenseReplica(Var var, Engine& engine, const Optimizer& opt, const char* policy)
-      : MemberOf<Var>(std::move(var), policy), engine_(&engine), opt_(opt),
+      : MemberOf<Var>(std::move(var), policy), engine_(&engine), opt_(&opt),
         state_(opt, this->var_.shape().elements()) {}
 
   Engine& engine() noexcept { return *engine_; }
@@ -69,7 +69,7 @@ class DenseReplica : public MemberOf<Var> {
   bool has_gradient() const noexcept { return this->var_.state().grad_touched; }
   /// value <- rule(value, scale * grad), every element.
   void apply(const StepInfo& info) {
-    optim::apply_dense(engine_->exec(), opt_, info.step, value().data(), grad().data(), value().size(), state_,
+    optim::apply_dense(engine_->exec(), *opt_, info.step, value().data(), grad().data(), value().size(), state_,
                        static_cast<T>(info.scale));
   }
   void clear() {
@@ -95,7 +95,7 @@ class DenseReplica : public MemberOf<Var> {
 
  private:
   Engine* engine_;
-  Optimizer opt_;
+  const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
   optim::State<Optimizer, T, space> state_;
 };
 
@@ -112,7 +112,7 @@ class SparseReplica : public MemberOf<Var> {
   using space = engine::space_of_t<Engine>;
 
   SparseReplica(Var var, Engine& engine, const Optimizer& opt, const char* policy)
-      : MemberOf<Var>(std::move(var), policy), engine_(&engine), opt_(opt), value_(this->var_.shape().elements()) {
+      : MemberOf<Var>(std::move(var), policy), engine_(&engine), opt_(&opt), value_(this->var_.shape().elements()) {
     this->var_.fill_initial(ex(), value_.data(), 0, this->var_.rows());
     ex().synchronize();
     state_.reset(opt, value_.size());
@@ -147,13 +147,13 @@ class SparseReplica : public MemberOf<Var> {
   bool has_gradient() const { return this->var_.state().sparse_grad.touched(); }
   /// The optimizer over rows `rows` (k unique rows, sums in `g`).
   void apply_rows(const StepInfo& info, const index_t* rows, const T* g, std::size_t k) {
-    optim::apply_rows(ex(), opt_, info.step, value_.data(), rows, g, k, this->var_.cols(), state_,
+    optim::apply_rows(ex(), *opt_, info.step, value_.data(), rows, g, k, this->var_.cols(), state_,
                       static_cast<T>(info.scale));
     ex().synchronize();
   }
   /// The optimizer over every element (a dense gradient `g`).
   void apply_dense(const StepInfo& info, const T* g) {
-    optim::apply_dense(ex(), opt_, info.step, value_.data(), g, value_.size(), state_, static_cast<T>(info.scale));
+    optim::apply_dense(ex(), *opt_, info.step, value_.data(), g, value_.size(), state_, static_cast<T>(info.scale));
     ex().synchronize();
   }
   void clear() {
@@ -181,7 +181,7 @@ class SparseReplica : public MemberOf<Var> {
   Exec<space>& ex() { return engine_->exec(); }
 
   Engine* engine_;
-  Optimizer opt_;
+  const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
   Buffer<T, space> value_;
   optim::State<Optimizer, T, space> state_;
   Buffer<index_t, space> safe_ids_;

@@ -25,14 +25,14 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
  public:
   using space = engine::space_of_t<Engine>;
 
-  GatherSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions&) : engine_(&engine), opt_(opt) {}
+  GatherSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions&) : engine_(&engine), opt_(&opt) {}
 
   template <class Var>
   Member& add(Var var) {
     static_assert(Var::is_sparse(),
                   "parallax: AllGatherv synchronises sparse gradients (rows); a dense variable has none to gather. "
                   "Use RingAllReduce or ShardedPS for dense variables.");
-    auto m = std::make_unique<Of<Var>>(std::move(var), *engine_, opt_);
+    auto m = std::make_unique<Of<Var>>(std::move(var), *engine_, *opt_);
     Of<Var>& ref = *m;
     members_.push_back(std::move(m));
     return ref;
@@ -50,6 +50,13 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
   }
   void finish_exchange(const StepInfo&) override {
     for (auto& m : members_) m->gather();
+  }
+  /// Every rank holds the same gathered sums: rank 0 counts them.
+  std::optional<double> gradient_square_sum() override {
+    double sum = 0;
+    if (engine_->rank() == 0)
+      for (auto& m : members_) sum += m->square_sum();
+    return sum;
   }
   void update(const StepInfo& info) override {
     for (auto& m : members_) m->apply(info);
@@ -75,6 +82,7 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
     virtual std::optional<std::string> problem() = 0;
     virtual bool has_gradient() const = 0;
     virtual void gather() = 0;
+    virtual double square_sum() = 0;
     virtual void apply(const StepInfo&) = 0;
     virtual void clear() = 0;
   };
@@ -96,6 +104,7 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
       g.coalesce(this->ex());
       rows_ = gatherer_.gather(g.indices(), g.values(), g.size(), ids_, sums_);
     }
+    double square_sum() override { return detail::sum_of_squares(this->ex(), sums_.data(), rows_ * this->var_.cols()); }
     void apply(const StepInfo& info) override { Base::apply_rows(info, ids_.data(), sums_.data(), rows_); }
     void clear() override { Base::clear(); }
 
@@ -107,7 +116,7 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
   };
 
   Engine* engine_;
-  Optimizer opt_;
+  const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
   std::vector<std::unique_ptr<Entry>> members_;
 };
 

@@ -29,7 +29,7 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   using space = engine::space_of_t<Engine>;
 
   RingSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions& options)
-      : engine_(&engine), opt_(opt), reducer_(engine, options.ring) {}
+      : engine_(&engine), opt_(&opt), reducer_(engine, options.ring) {}
   RingSynchronizer(const RingSynchronizer&) = delete;
   RingSynchronizer& operator=(const RingSynchronizer&) = delete;
   /// Gives every dense variable its own gradient back, out of the arena.
@@ -40,11 +40,11 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   template <class Var>
   Member& add(Var var) {
     if constexpr (Var::is_sparse()) {
-      auto m = std::make_unique<SparseOf<Var>>(std::move(var), *engine_, opt_);
+      auto m = std::make_unique<SparseOf<Var>>(std::move(var), *engine_, *opt_);
       sparse_.push_back(m.get());
       members_.push_back(std::move(m));
     } else {
-      auto m = std::make_unique<DenseOf<Var>>(std::move(var), *engine_, opt_);
+      auto m = std::make_unique<DenseOf<Var>>(std::move(var), *engine_, *opt_);
       dense_.push_back(m.get());
       members_.push_back(std::move(m));
     }
@@ -92,6 +92,14 @@ class RingSynchronizer final : public Synchronizer<Engine> {
     fusion_->run();
     for (Sparse* s : sparse_) s->sum(reducer_);
   }
+  /// Every rank holds the same sums: rank 0 counts them.
+  std::optional<double> gradient_square_sum() override {
+    double sum = 0;
+    if (engine_->rank() != 0) return sum;
+    for (Dense* d : dense_) sum += d->square_sum();
+    for (Sparse* s : sparse_) sum += s->square_sum();
+    return sum;
+  }
   void update(const StepInfo& info) override {
     for (Dense* d : dense_) d->apply(info);
     for (Sparse* s : sparse_) s->apply(info);
@@ -123,6 +131,7 @@ class RingSynchronizer final : public Synchronizer<Engine> {
     virtual void move_gradient(void* at) = 0;
     virtual void give_back() noexcept = 0;
     virtual bool has_gradient() const = 0;
+    virtual double square_sum() = 0;
     virtual void apply(const StepInfo&) = 0;
     virtual void clear() = 0;
   };
@@ -155,6 +164,9 @@ class RingSynchronizer final : public Synchronizer<Engine> {
       }
     }
     bool has_gradient() const override { return Base::has_gradient(); }
+    double square_sum() override {
+      return detail::sum_of_squares(this->engine().exec(), this->grad().data(), this->grad().size());
+    }
     void apply(const StepInfo& info) override { Base::apply(info); }
     void clear() override { Base::clear(); }
   };
@@ -167,6 +179,7 @@ class RingSynchronizer final : public Synchronizer<Engine> {
     virtual std::optional<std::string> problem() = 0;
     virtual bool has_gradient() const = 0;
     virtual void sum(RingAllReducer<Engine>& reducer) = 0;
+    virtual double square_sum() = 0;
     virtual void apply(const StepInfo&) = 0;
     virtual void clear() = 0;
   };
@@ -195,6 +208,7 @@ class RingSynchronizer final : public Synchronizer<Engine> {
       ex.synchronize();
       reducer.allreduce(dense_grad_.data(), dense_grad_.size());
     }
+    double square_sum() override { return detail::sum_of_squares(this->ex(), dense_grad_.data(), dense_grad_.size()); }
     void apply(const StepInfo& info) override { Base::apply_dense(info, dense_grad_.data()); }
     void clear() override { Base::clear(); }
 
@@ -203,7 +217,7 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   };
 
   Engine* engine_;
-  Optimizer opt_;
+  const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
   RingAllReducer<Engine> reducer_;
   Buffer<std::byte, space> arena_;  // the dense gradients; outlives the members that borrow it
   std::vector<std::unique_ptr<Member>> members_;

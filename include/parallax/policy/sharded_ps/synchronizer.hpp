@@ -49,7 +49,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   using space = engine::space_of_t<Engine>;
 
   ShardedSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions& options)
-      : engine_(&engine), opt_(opt), options_(options) {}
+      : engine_(&engine), opt_(&opt), options_(options) {}
   ShardedSynchronizer(const ShardedSynchronizer&) = delete;
   ShardedSynchronizer& operator=(const ShardedSynchronizer&) = delete;
 
@@ -66,7 +66,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
       tables_.push_back(m.get());
       members_.push_back(std::move(m));
     } else {
-      auto m = std::make_unique<DenseOf<Var>>(std::move(var), *engine_, opt_, map);
+      auto m = std::make_unique<DenseOf<Var>>(std::move(var), *engine_, *opt_, map);
       dense_.push_back(m.get());
       members_.push_back(std::move(m));
     }
@@ -103,6 +103,13 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   void finish_exchange(const StepInfo&) override {
     for (auto& g : groups_) g->finish_push();
     for (Dense* d : dense_) d->reduce();
+  }
+  /// Each owner counts the sums of the rows it owns.
+  std::optional<double> gradient_square_sum() override {
+    double sum = 0;
+    for (auto& g : groups_) sum += g->square_sum();
+    for (Dense* d : dense_) sum += d->square_sum();
+    return sum;
   }
   void update(const StepInfo& info) override {
     for (auto& g : groups_) g->update(info);
@@ -190,6 +197,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
     virtual void build() = 0;
     virtual detail::RouteLane& plan_push(CommStats::Shared& route) = 0;
     virtual void finish_push() = 0;
+    virtual double square_sum() = 0;
     virtual void update(const StepInfo&) = 0;
     virtual void clear() = 0;
   };
@@ -215,12 +223,12 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   class Group final : public GroupBase {
    public:
     Group(Engine& engine, const Optimizer& opt, std::size_t cols, const ShardedOptions& o)
-        : tables(engine, cols, o.local_aggregation, o.shared_memory), engine_(&engine), opt_(opt) {}
+        : tables(engine, cols, o.local_aggregation, o.shared_memory), engine_(&engine), opt_(&opt) {}
 
     void build() override {
       tables.build();
       for (TableMember<T>* m : members) m->fill_initial(tables);
-      state.reset(opt_, tables.shard().size());
+      state.reset(*opt_, tables.shard().size());
     }
     detail::RouteLane& plan_push(CommStats::Shared& route) override {
       pushes_.clear();
@@ -239,9 +247,10 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
     /// What k rows of this group put on the wire: the share a table's bytes take.
     std::uint64_t weight(std::size_t k) const { return k * (sizeof(index_t) + tables.cols() * sizeof(T)); }
     void finish_push() override { rows_ = tables.finish_push(local_rows_, sums_); }
+    double square_sum() override { return detail::sum_of_squares(engine_->exec(), sums_.data(), rows_ * tables.cols()); }
     void update(const StepInfo& info) override {
       auto& ex = engine_->exec();
-      optim::apply_rows(ex, opt_, info.step, tables.shard().data(), local_rows_.data(), sums_.data(), rows_,
+      optim::apply_rows(ex, *opt_, info.step, tables.shard().data(), local_rows_.data(), sums_.data(), rows_,
                         tables.cols(), state, static_cast<T>(info.scale));
       ex.synchronize();
     }
@@ -257,7 +266,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
 
    private:
     Engine* engine_;
-    Optimizer opt_;
+    const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
     std::vector<typename TableGroup<T, Engine>::Push> pushes_;
     Buffer<index_t, space> local_rows_;
     Buffer<T, space> sums_;
@@ -335,7 +344,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
     if (options_.sharded.group_tables)
       for (std::size_t i = 0; i < groups_.size(); ++i)
         if (group_types_[i] == &typeid(T) && group_cols_[i] == cols) return static_cast<Group<T>&>(*groups_[i]);
-    groups_.push_back(std::make_unique<Group<T>>(*engine_, opt_, cols, options_.sharded));
+    groups_.push_back(std::make_unique<Group<T>>(*engine_, *opt_, cols, options_.sharded));
     group_types_.push_back(&typeid(T));
     group_cols_.push_back(cols);
     return static_cast<Group<T>&>(*groups_.back());
@@ -355,6 +364,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
     virtual ~Dense() = default;
     virtual bool has_gradient() const = 0;
     virtual void reduce() = 0;
+    virtual double square_sum() = 0;
     virtual void update(const StepInfo&) = 0;
     virtual void clear() = 0;
   };
@@ -367,7 +377,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
 
    public:
     DenseOf(Var var, Engine& engine, const Optimizer& opt, PartitionMap map)
-        : MemberOf<Var>(std::move(var), ShardedPS::name), engine_(&engine), opt_(opt),
+        : MemberOf<Var>(std::move(var), ShardedPS::name), engine_(&engine), opt_(&opt),
           shards_(engine, map, this->var_.cols()) {
       shards_.take_shard(this->var_.state().value.data(), shards_.shard().data());
       state_.reset(opt, shards_.shard_elements());
@@ -378,10 +388,11 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
       auto scope = engine_->stats().scope(this->var_.name(), ShardedPS::name);
       shards_.reduce(this->var_.state().grad.data(), sum_.data());
     }
+    double square_sum() override { return detail::sum_of_squares(engine_->exec(), sum_.data(), shards_.shard_elements()); }
     void update(const StepInfo& info) override {
       auto scope = engine_->stats().scope(this->var_.name(), ShardedPS::name);
       auto& ex = engine_->exec();
-      optim::apply_dense(ex, opt_, info.step, shards_.shard().data(), sum_.data(), shards_.shard_elements(), state_,
+      optim::apply_dense(ex, *opt_, info.step, shards_.shard().data(), sum_.data(), shards_.shard_elements(), state_,
                          static_cast<T>(info.scale));
       ex.synchronize();
       shards_.gather(shards_.shard().data(), this->var_.state().value.data());
@@ -412,14 +423,14 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
 
    private:
     Engine* engine_;
-    Optimizer opt_;
+    const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
     DenseShards<T, Engine> shards_;
     optim::State<Optimizer, T, space> state_;
     Buffer<T, space> sum_;
   };
 
   Engine* engine_;
-  Optimizer opt_;
+  const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
   TrainerOptions options_;
   std::vector<std::unique_ptr<GroupBase>> groups_;
   std::vector<const std::type_info*> group_types_;
