@@ -41,3 +41,18 @@ TEST_CASE("Context rejects a negative ranks_per_host on every rank", "[context]"
   const std::string msg = test::error_of([] { px::Context bad(MPI_COMM_WORLD, px::ContextOptions{-2}); });
   CHECK_THAT(msg, Catch::Contains("ranks_per_host") && Catch::Contains("-2"));
 }
+
+TEST_CASE("Context reduces metrics over the ranks", "[context][metrics]") {
+  auto& ctx = test::world();
+  const int n = ctx.size(), r = ctx.rank();
+  CHECK(ctx.sum(r + 1) == n * (n + 1) / 2);
+  CHECK(ctx.sum(std::int64_t{1} << 40) == (std::int64_t{1} << 40) * n);
+  CHECK(ctx.sum(0.5f) == 0.5f * static_cast<float>(n));
+  CHECK(ctx.mean(static_cast<double>(r)) == (n - 1) / 2.0);
+  CHECK(ctx.mean(r) == (n - 1) / 2.0);
+  CHECK(ctx.max(r) == n - 1);
+  CHECK(ctx.min(10.0 - r) == 10.0 - (n - 1));
+  const std::vector<double> mine{1.0 * r, 2.0, -1.0 * r};
+  const std::vector<double> sums = ctx.sum(mine);
+  CHECK(sums == std::vector<double>{n * (n - 1) / 2.0, 2.0 * n, -n * (n - 1) / 2.0});
+}

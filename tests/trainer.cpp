@@ -822,3 +822,56 @@ TEST_CASE("the learning rate can be read and set between steps", "[trainer][opti
   CHECK(w.value()[0] == 0.75f);  // 1 - 0.25 * 1
   CHECK_THAT(test::error_of([&] { trainer.set_learning_rate(-1); }), Catch::Contains("not a finite rate"));
 }
+
+TEST_CASE("a collection of variables trains as the same variables listed one by one", "[trainer][collections]") {
+  auto& ctx = test::world();
+  auto train_tables = [&](bool collection) {
+    px::Variables<px::Variable<px::Sparse, float>> tables;
+    for (int t = 0; t < 12; ++t)
+      tables.emplace_back(ctx, "t" + std::to_string(t), px::Shape{static_cast<std::size_t>(9 + t), 2},
+                          px::init::Uniform{-1.f, 1.f, static_cast<std::uint64_t>(t)});
+    px::Variable<px::Dense, float> w(ctx, "w", {2});
+    auto run = [&](auto& trainer) {
+      std::vector<std::vector<px::index_t>> ids(tables.size());
+      std::vector<px::Lookup<px::Variable<px::Sparse, float>>> batch;
+      for (std::size_t t = 0; t < tables.size(); ++t) {
+        ids[t] = {static_cast<px::index_t>(ctx.rank() % 9), static_cast<px::index_t>((t + 3) % 9)};
+        batch.emplace_back(tables[t], ids[t]);
+      }
+      const auto rows = trainer.lookup(batch);
+      REQUIRE(rows.size() == tables.size());
+      for (std::size_t t = 0; t < tables.size(); ++t) {
+        CHECK(rows[t].rows == 2);
+        tables[t].grad().add(ids[t], std::vector<float>(4, 0.25f * static_cast<float>(t + 1)));
+      }
+      w.grad()[1] = 1.f;
+      trainer.step();
+      std::vector<float> out;
+      for (auto& t : tables)
+        for (float v : trainer.fetch(t)) out.push_back(v);
+      return out;
+    };
+    if (collection) {
+      px::Trainer<px::arch::Hybrid, px::optim::Adagrad> trainer(ctx, px::optim::Adagrad{0.1f}, tables, w);
+      CHECK(trainer.policy_of(tables[11]) == "ShardedPS");
+      return run(trainer);
+    }
+    px::Trainer<px::arch::Hybrid, px::optim::Adagrad> trainer(
+        ctx, px::optim::Adagrad{0.1f}, tables[0], tables[1], tables[2], tables[3], tables[4], tables[5], tables[6],
+        tables[7], tables[8], tables[9], tables[10], tables[11], w);
+    return run(trainer);
+  };
+  CHECK(train_tables(true) == train_tables(false));
+}
+
+TEST_CASE("reading a gradient through a const handle gives no gradient", "[trainer][handles]") {
+  auto& ctx = test::world();
+  px::Variable<px::Dense, float> w(ctx, "w", {2});
+  px::Trainer<px::arch::Hybrid, px::optim::Sgd> trainer(ctx, px::optim::Sgd{0.1f}, w);
+  CHECK(std::as_const(w).grad()[0] == 0.f);  // read, not given
+  CHECK_THAT(test::error_of([&] { trainer.step(); }), Catch::Contains("no variable was given a gradient"));
+  w.grad()[0] = 1.f;
+  CHECK_NOTHROW(trainer.step());
+  const auto rows = px::Rows<const float>{w.value().data(), 1, 2};
+  CHECK(rows.row(0) == w.value().data());
+}

@@ -17,6 +17,7 @@
 #include <exception>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace parallax {
@@ -146,7 +147,47 @@ class Context {
   MPI_Comm host_comm() const noexcept { return host_comm_; }
   int threads() const noexcept { return threads_; }
 
+  // Reductions for metrics and bookkeeping (a loss, an accuracy, a count)
+  // over every rank of the job: each rank passes its value and gets the
+  // result. Collective. Gradients are the trainer's business, not these.
+
+  /// The sum over the ranks of x (int, std::int64_t, float or double).
+  template <class T>
+  T sum(T x) const {
+    reduce(&x, 1, ReduceOp::sum);
+    return x;
+  }
+  /// The sums over the ranks, element by element (every rank passes as many).
+  template <class T>
+  std::vector<T> sum(std::vector<T> x) const {
+    reduce(x.data(), x.size(), ReduceOp::sum);
+    return x;
+  }
+  /// The mean over the ranks of x, in double precision.
+  template <class T>
+  double mean(T x) const {
+    return static_cast<double>(sum(static_cast<double>(x))) / size();
+  }
+  template <class T>
+  T max(T x) const {
+    reduce(&x, 1, ReduceOp::max);
+    return x;
+  }
+  template <class T>
+  T min(T x) const {
+    reduce(&x, 1, ReduceOp::min);
+    return x;
+  }
+
  private:
+  template <class T>
+  void reduce(T* x, std::size_t n, ReduceOp op) const {
+    static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>,
+                  "Context reductions take int, std::int64_t, float or double values");
+    PARALLAX_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, x, detail::to_mpi_count(n), detail::mpi_datatype(data_type_of_v<T>),
+                                     detail::mpi_op(op), comm_));
+  }
+
   void setup(MPI_Comm comm, const ContextOptions& options) {
     PARALLAX_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
     PARALLAX_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));

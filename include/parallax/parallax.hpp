@@ -12,6 +12,7 @@
 #include <parallax/config.hpp>
 
 #include <parallax/arch.hpp>
+#include <parallax/batch.hpp>
 #include <parallax/checkpoint.hpp>
 #include <parallax/comm_stats.hpp>
 #include <parallax/context.hpp>

@@ -426,6 +426,8 @@ struct Rows {
   std::size_t rows = 0;
   std::size_t cols = 0;
   std::size_t size() const noexcept { return rows * cols; }
+  /// Row r: `cols` elements (in Space).
+  T* row(std::size_t r) const noexcept { return data + r * cols; }
 };
 
 }  // namespace parallax

@@ -18,6 +18,7 @@
 #include <parallax/space.hpp>
 #include <parallax/variable.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -60,35 +61,44 @@ class Trainer {
   using optimizer = Optimizer;
   using engine_type = Engine;
 
-  /// Registers the variables and places them (replicas, shards). Collective;
-  /// every rank must pass the same variables in the same order, or every
-  /// rank throws parallax::error naming the first difference.
-  template <class... Vars>
-  Trainer(const Context& ctx, Optimizer opt, Vars&... vars) : Trainer(ctx, TrainerOptions{}, opt, vars...) {}
+  /// Registers the variables and places them (replicas, shards). Each
+  /// argument is a variable or a collection of variables of one kind
+  /// (px::Variables<V>, a std::vector). Collective; every rank must pass the
+  /// same variables in the same order, or every rank throws parallax::error
+  /// naming the first difference.
+  template <class... Args>
+  Trainer(const Context& ctx, Optimizer opt, Args&... vars) : Trainer(ctx, TrainerOptions{}, opt, vars...) {}
 
-  template <class... Vars>
-  Trainer(const Context& ctx, TrainerOptions options, Optimizer opt, Vars&... vars)
+  template <class... Args>
+  Trainer(const Context& ctx, TrainerOptions options, Optimizer opt, Args&... vars)
       : ctx_(&ctx), options_(std::move(options)), opt_(opt), engine_(std::make_unique<Engine>(ctx, options_.engine)) {
-    static_assert(sizeof...(Vars) > 0, "a Trainer needs at least one variable");
-    static_assert((is_variable_v<Vars> && ...), "Trainer takes parallax::Variable arguments");
-    static_assert((std::is_same_v<typename Vars::space, space> && ...),
+    static_assert(sizeof...(Args) > 0, "a Trainer needs at least one variable");
+    static_assert((is_variable_v<detail::variable_of_t<Args>> && ...),
+                  "Trainer takes parallax::Variable arguments, or std::vectors of them (px::Variables<V>)");
+    static_assert((std::is_same_v<typename detail::variable_of_t<Args>::space, space> && ...),
                   "every variable must live in the engine's memory space (HostSpace for engine::Mpi)");
-    static_assert((policy::check<policy_for_t<Arch, Vars>, Vars, Engine, Optimizer>() && ...));
+    static_assert((policy::check<policy_for_t<Arch, detail::variable_of_t<Args>>, detail::variable_of_t<Args>, Engine,
+                                 Optimizer>() &&
+                   ...));
     if constexpr (optim::has_learning_rate_v<Optimizer>) base_lr_ = static_cast<double>(opt_.lr);
     else PARALLAX_EXPECTS(!options_.schedule, "TrainerOptions::schedule needs an optimizer with a learning rate `lr`");
 
     std::vector<detail::VarRecord> records;
-    (records.push_back(detail::VarRecord::make(vars.name(), vars.shape(), data_type_of_v<typename Vars::value_type>,
-                                               Vars::is_sparse(), policy_for_t<Arch, Vars>::name)),
-     ...);
-    for (std::size_t i = 0; i < records.size(); ++i)
-      for (std::size_t j = 0; j < i; ++j)
-        PARALLAX_EXPECTS(std::string(records[i].name) != records[j].name, "two variables are named '",
-                         records[i].name, "'; names must be unique");
-    (check_unregistered(vars), ...);
+    auto record = [&](auto& v) {
+      using V = std::remove_reference_t<decltype(v)>;
+      records.push_back(detail::VarRecord::make(v.name(), v.shape(), data_type_of_v<typename V::value_type>,
+                                                V::is_sparse(), policy_for_t<Arch, V>::name));
+    };
+    (detail::for_each_variable(vars, record), ...);
+    std::vector<std::string> names;
+    for (const auto& r : records) names.emplace_back(r.name);
+    std::sort(names.begin(), names.end());
+    for (std::size_t i = 1; i < names.size(); ++i)
+      PARALLAX_EXPECTS(names[i] != names[i - 1], "two variables are named '", names[i], "'; names must be unique");
+    (detail::for_each_variable(vars, [&](auto& v) { check_unregistered(v); }), ...);
     detail::agree_on_variables(*engine_, records);
 
-    (add(vars), ...);
+    (detail::for_each_variable(vars, [&](auto& v) { add(v); }), ...);
     for (auto& s : synchronizers_) s.second->prepare();
     checkpoints_ = std::make_unique<Checkpoints<Engine>>(*engine_, options_.checkpoint, Optimizer::name,
                                                          Optimizer::slots, members_);

@@ -14,6 +14,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace parallax {
 
@@ -103,12 +104,20 @@ class Variable {
     return state_->value;
   }
   /// The gradient to fill this step: a dense buffer (zeroed after every step)
-  /// for dense variables, a SparseGrad for sparse ones. A Trainer moves the
+  /// for dense variables, a SparseGrad for sparse ones. Calling it on a
+  /// non-const handle marks the gradient as given this step (a step in which
+  /// no variable's was is an error); read one through a const handle
+  /// (`std::as_const(v).grad()`), which marks nothing. A Trainer moves the
   /// dense gradients it all-reduces into one arena when it is constructed
-  /// (so they are fused without copies), and back when it is destroyed:
-  /// take `grad().data()` after constructing the Trainer, not before.
+  /// (so they are fused without copies), and back when it is destroyed: the
+  /// buffer grad() returns stays the same object, but its data() changes
+  /// then, so take `grad().data()` after constructing the Trainer.
   grad_type& grad() {
     state_->grad_touched = true;
+    if constexpr (is_sparse()) return state_->sparse_grad;
+    else return state_->grad;
+  }
+  const grad_type& grad() const noexcept {
     if constexpr (is_sparse()) return state_->sparse_grad;
     else return state_->grad;
   }
@@ -134,5 +143,38 @@ template <class S, class T, class Space, class P>
 struct is_variable<Variable<S, T, Space, P>> : std::true_type {};
 template <class V>
 inline constexpr bool is_variable_v = is_variable<V>::value;
+
+/// A runtime collection of variables of one kind (a model's 500 embedding
+/// tables, say): a Trainer takes it as it takes one variable, and a batched
+/// lookup's requests are a std::vector too. The variables are handles, so
+/// the collection and the trainer hold the same variables.
+template <class V>
+using Variables = std::vector<V>;
+
+namespace detail {
+/// The variable type of a Trainer argument: a variable, or a collection.
+template <class A>
+struct variable_of {
+  using type = A;
+  static constexpr bool collection = false;
+};
+template <class V, class Alloc>
+struct variable_of<std::vector<V, Alloc>> {
+  using type = V;
+  static constexpr bool collection = true;
+};
+template <class A>
+using variable_of_t = typename variable_of<A>::type;
+
+/// Calls f on the argument's variable, or on each variable of a collection.
+template <class A, class F>
+void for_each_variable(A& a, F&& f) {
+  if constexpr (variable_of<A>::collection) {
+    for (auto& v : a) f(v);
+  } else {
+    f(a);
+  }
+}
+}  // namespace detail
 
 }  // namespace parallax
