@@ -105,6 +105,12 @@ struct TrainerOptions {
   /// PyTorch's clip_grad_norm_. One small all-reduce a step.
   /// Trainer::gradient_norm() reports the norm.
   double clip_norm = 0;
+  /// When set, every phase of every step (and the user's time between the
+  /// trainer's calls) is recorded and written, when the trainer is
+  /// destroyed, as a Chrome trace to this path by rank 0 (chrome://tracing,
+  /// Perfetto: a track per rank). PARALLAX_TIMELINE=<path> sets it for a
+  /// job. Off (empty), a phase costs one test of a flag.
+  std::string timeline;
 };
 
 }  // namespace parallax

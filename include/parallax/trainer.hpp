@@ -9,6 +9,8 @@
 #include <parallax/comm_stats.hpp>
 #include <parallax/context.hpp>
 #include <parallax/detail/agreement.hpp>
+#include <parallax/detail/fault.hpp>
+#include <parallax/detail/timeline.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/engine/mpi.hpp>
 #include <parallax/error.hpp>
@@ -21,6 +23,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -102,13 +106,28 @@ class Trainer {
     for (auto& s : synchronizers_) s.second->prepare();
     checkpoints_ = std::make_unique<Checkpoints<Engine>>(*engine_, options_.checkpoint, Optimizer::name,
                                                          Optimizer::slots, members_);
+    if (options_.timeline.empty())
+      if (const char* env = std::getenv("PARALLAX_TIMELINE")) options_.timeline = env;
+    if (!options_.timeline.empty() && !detail::Timeline::get().on()) {
+      detail::Timeline::get().start(ctx.comm(), options_.timeline);
+      records_timeline_ = true;
+    }
   }
 
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
-  /// The variables may join another trainer once this one is gone.
+  /// The variables may join another trainer once this one is gone. A
+  /// trainer that records the timeline writes it (collective, unless the
+  /// job failed).
   ~Trainer() {
     for (const void** t : registered_) *t = nullptr;
+    if (records_timeline_ && !detail::job_failed()) {
+      try {
+        detail::Timeline::get().finish();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "parallax: %s\n", e.what());
+      }
+    }
   }
 
   /// The rows of a sparse variable for `n` ids (in the engine's space),
@@ -144,6 +163,7 @@ class Trainer {
   std::vector<Rows<typename V::value_type, space>> lookup(const Lookup<V>* batch, std::size_t count) {
     static_assert(V::is_sparse(), "lookup() is for sparse variables; read a dense variable's value() directly");
     ensure_usable();
+    const Call call(*this, "lookup");
     engine_->set_step(static_cast<std::int64_t>(steps_ + 1));
     for (std::size_t i = 0; i < count; ++i) {
       member_of(*batch[i].var);  // throws for a variable this trainer does not hold
@@ -168,6 +188,7 @@ class Trainer {
   /// gave any gradient.
   void step() {
     ensure_usable();
+    const Call call(*this, "step");
     engine_->set_step(static_cast<std::int64_t>(steps_ + 1));
     std::optional<std::string> problem;
     bool has_gradient = false;
@@ -177,6 +198,7 @@ class Trainer {
     }
     bool save_requested = false;
     try {
+      const detail::Span span("agreement");
       save_requested = detail::agree(*engine_, problem, has_gradient,
                                      "step(): no variable was given a gradient on any rank since the last step",
                                      checkpoints_->time_to_save());
@@ -185,9 +207,16 @@ class Trainer {
       throw;
     }
     policy::StepInfo info{steps_ + 1, options_.reduction == Reduction::mean ? 1.0 / engine_->size() : 1.0};
-    for (auto& [key, s] : synchronizers_) s->start_exchange(info);
-    for (auto& [key, s] : synchronizers_) s->finish_exchange(info);
+    for (std::size_t i = 0; i < synchronizers_.size(); ++i) {
+      const auto span = detail::Span::named("parallax", "start exchange: ", policy_names_[i]);
+      synchronizers_[i].second->start_exchange(info);
+    }
+    for (std::size_t i = 0; i < synchronizers_.size(); ++i) {
+      const auto span = detail::Span::named("parallax", "finish exchange: ", policy_names_[i]);
+      synchronizers_[i].second->finish_exchange(info);
+    }
     if (options_.clip_norm > 0) {
+      const detail::Span span("clip by the global norm");
       try {
         info.scale *= clip_factor(info.scale);
       } catch (...) {
@@ -197,7 +226,10 @@ class Trainer {
     }
     if constexpr (optim::has_learning_rate_v<Optimizer>)
       opt_.lr = static_cast<decltype(opt_.lr)>(base_lr_ * schedule_factor(info.step));
-    for (auto& [key, s] : synchronizers_) s->update(info);
+    for (std::size_t i = 0; i < synchronizers_.size(); ++i) {
+      const auto span = detail::Span::named("parallax", "update: ", policy_names_[i]);
+      synchronizers_[i].second->update(info);
+    }
     clear();
     ++steps_;
     if (checkpoints_->due(steps_, save_requested)) save(options_.checkpoint.dir);
@@ -311,6 +343,27 @@ class Trainer {
   }
 
  private:
+  /// A call into the trainer on the timeline: the user's time since the
+  /// previous call, then the call's own span.
+  class Call {
+   public:
+    Call(Trainer& t, const char* name) : trainer_(&t) {
+      detail::Timeline& timeline = detail::Timeline::get();
+      if (timeline.on() && t.last_call_end_ >= 0)
+        timeline.record("user", "user", t.last_call_end_, timeline.now_us());
+      span_.emplace(name);
+    }
+    ~Call() {
+      span_.reset();
+      detail::Timeline& timeline = detail::Timeline::get();
+      if (timeline.on()) trainer_->last_call_end_ = timeline.now_us();
+    }
+
+   private:
+    Trainer* trainer_;
+    std::optional<detail::Span> span_;
+  };
+
   using Synchronizers = std::vector<std::pair<const void*, std::unique_ptr<policy::Synchronizer<Engine>>>>;
 
   template <class V>
@@ -386,6 +439,8 @@ class Trainer {
   std::uint64_t steps_ = 0;
   double base_lr_ = 0;        // the learning rate the schedule scales
   double gradient_norm_ = 0;  // of the last step, when clipping
+  bool records_timeline_ = false;
+  double last_call_end_ = -1;  // on the timeline, microseconds
   std::string unusable_;  // why the trainer refuses work, if it does
 };
 

@@ -4,6 +4,7 @@
 /// each bucket run by the ring over the tensors where they lie.
 
 #include <parallax/comm_stats.hpp>
+#include <parallax/detail/timeline.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/policy/ring_allreduce.hpp>
 #include <parallax/policy/ring_allreduce/reducer.hpp>
@@ -69,7 +70,11 @@ class FusedAllReducer {
   /// Sums every tensor over the ranks, in place.
   void run() {
     if (reducer_->engine().size() == 1) return;  // a sum over one rank
-    for (const Bucket& b : buckets_) run(b);
+    for (std::size_t i = 0; i < buckets_.size(); ++i) {
+      const auto span = detail::Span::named("parallax", "all-reduce bucket ", i, " (", buckets_[i].elements *
+                                                                                       size_of(buckets_[i].type), " B)");
+      run(buckets_[i]);
+    }
     reducer_->engine().exec().synchronize();
   }
 

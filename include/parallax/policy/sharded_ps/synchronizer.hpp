@@ -10,6 +10,7 @@
 /// reads.
 
 #include <parallax/comm_stats.hpp>
+#include <parallax/detail/timeline.hpp>
 #include <parallax/error.hpp>
 #include <parallax/init.hpp>
 #include <parallax/options.hpp>
@@ -97,11 +98,19 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   void start_exchange(const StepInfo&) override {
     lanes_.clear();
     auto shared = engine_->stats().shared(ShardedPS::name);
-    for (auto& g : groups_) lanes_.push_back(&g->plan_push(shared));
+    {
+      const detail::Span span("push: plan");
+      for (auto& g : groups_) lanes_.push_back(&g->plan_push(shared));
+    }
+    const detail::Span span("push: route");
     if (!lanes_.empty()) detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_);
   }
   void finish_exchange(const StepInfo&) override {
-    for (auto& g : groups_) g->finish_push();
+    {
+      const detail::Span span("push: owners sum");
+      for (auto& g : groups_) g->finish_push();
+    }
+    const detail::Span span("dense shards: reduce");
     for (Dense* d : dense_) d->reduce();
   }
   /// Each owner counts the sums of the rows it owns.
@@ -161,6 +170,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
     lanes_.clear();
     index_t bad = detail::no_problem;
     std::size_t bad_lane = 0, bad_table = 0;
+    detail::Span plan("lookup: plan");
     for (std::size_t gi = 0; gi < groups.size(); ++gi) {
       auto& tg = groups[gi]->tables;
       lanes_.push_back(&tg.plan_lookup(requests[gi].data(), requests[gi].size()));
@@ -170,12 +180,20 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
         bad_table = tg.problem_table();
       }
     }
+    plan.end();
     // The push's buffers serve too: a lookup's ids are copied out as they
     // arrive, and pushes route only inside a step.
-    if (auto problem = detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_, bad, bad_lane, bad_table))
-      groups[problem->lane]->tables.fail(*problem, "lookup id");
-    for (auto* g : groups) g->tables.start_reply();
-    if constexpr (engine::supports_v<Engine, engine::op_start_alltoallv>) engine_->wait_started();
+    {
+      const detail::Span span("lookup: route");
+      if (auto problem = detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_, bad, bad_lane, bad_table))
+        groups[problem->lane]->tables.fail(*problem, "lookup id");
+    }
+    {
+      const detail::Span span("lookup: serve and reply");
+      for (auto* g : groups) g->tables.start_reply();
+      if constexpr (engine::supports_v<Engine, engine::op_start_alltoallv>) engine_->wait_started();
+    }
+    const detail::Span span("lookup: rows in order");
     for (auto* g : groups) g->tables.finish_lookup();
 
     std::vector<Rows<T, space>> rows;

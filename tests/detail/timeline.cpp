@@ -1,0 +1,79 @@
+// detail/timeline.hpp and TrainerOptions::timeline: a trainer given a path
+// records every phase of its steps and the user's time between its calls,
+// and rank 0 writes one Chrome trace with a track per rank.
+#include "support.hpp"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <unistd.h>
+
+namespace {
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("a trainer's timeline holds every rank's phases in one Chrome trace", "[timeline]") {
+  auto& ctx = test::world();
+  const int n = ctx.size();
+  char name[] = "/tmp/parallax-timeline-XXXXXX";
+  std::string path;
+  if (ctx.rank() == 0) {
+    const int fd = mkstemp(name);
+    REQUIRE(fd >= 0);
+    close(fd);
+    path = name;
+  }
+  int length = static_cast<int>(path.size());
+  MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  path.resize(static_cast<std::size_t>(length));
+  MPI_Bcast(path.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD);
+  {
+    px::Variable<px::Sparse, float> emb(ctx, "emb", {20, 4});
+    px::Variable<px::Dense, float> w(ctx, "w", {4});
+    px::TrainerOptions o;
+    o.timeline = path;
+    px::Trainer<px::arch::Hybrid, px::optim::Sgd> trainer(ctx, o, px::optim::Sgd{0.1f}, emb, w);
+    for (int s = 0; s < 3; ++s) {
+      const std::vector<px::index_t> ids{1, 2};
+      trainer.lookup(emb, ids);
+      emb.grad().add(ids, std::vector<float>(8, 1.f));
+      w.grad()[0] = 1.f;
+      trainer.step();
+    }
+  }  // written here
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (ctx.rank() == 0) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string trace = text.str();
+    std::filesystem::remove(path);
+    CHECK(trace.rfind("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[", 0) == 0);
+    CHECK(trace.substr(trace.size() - 4) == "\n]}\n");
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r);
+      const std::string pid = "\"pid\":" + std::to_string(r) + ",";
+      CHECK(count(trace, "\"name\":\"rank " + std::to_string(r) + "\"") == 1);  // the track's name
+      CHECK(count(trace, pid + "\"tid\":0") >= 3 * 4);  // every rank's spans
+    }
+    // Each rank's three steps and lookups, the user's time between them,
+    // and the phases inside.
+    CHECK(count(trace, "\"name\":\"step\"") == static_cast<std::size_t>(3 * n));
+    CHECK(count(trace, "\"name\":\"lookup\"") == static_cast<std::size_t>(3 * n));
+    CHECK(count(trace, "\"cat\":\"user\"") == static_cast<std::size_t>(5 * n));
+    CHECK(count(trace, "\"name\":\"agreement\"") == static_cast<std::size_t>(3 * n));
+    CHECK(count(trace, "\"name\":\"push: route\"") == static_cast<std::size_t>(3 * n));
+    CHECK(count(trace, "\"name\":\"update: ShardedPS\"") == static_cast<std::size_t>(3 * n));
+    if (n > 1) CHECK(count(trace, "\"name\":\"all-reduce bucket 0 (16 B)\"") == static_cast<std::size_t>(3 * n));
+  }
+  CHECK_FALSE(px::detail::Timeline::get().on());
+}
