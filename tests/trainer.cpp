@@ -875,3 +875,76 @@ TEST_CASE("reading a gradient through a const handle gives no gradient", "[train
   const auto rows = px::Rows<const float>{w.value().data(), 1, 2};
   CHECK(rows.row(0) == w.value().data());
 }
+
+// ---------------------------------------------------------------- overlap
+
+namespace {
+
+/// Three dense layers (small buckets: one or two layers each) and two
+/// sparse tables of different widths (two groups), trained with every
+/// gradient marked ready as it is finished (last layer first) or not.
+template <class Arch>
+std::vector<std::vector<float>> train_ready(px::Context& ctx, bool mark, bool overlap) {
+  px::Variable<px::Sparse, float> e(ctx, "e", {30, 4}, px::init::Uniform{-1.f, 1.f, 1});
+  px::Variable<px::Sparse, float> f(ctx, "f", {17, 2}, px::init::Uniform{-1.f, 1.f, 2});
+  std::vector<px::Variable<px::Dense, float>> layers;
+  for (int l = 0; l < 3; ++l)
+    layers.emplace_back(ctx, "l" + std::to_string(l), px::Shape{40, 10}, px::init::Glorot{static_cast<std::uint64_t>(l)});
+  px::TrainerOptions o;
+  o.ring.bucket_bytes = 2000;  // every 400-float layer is a bucket of its own...
+  o.ring.algorithm = px::engine::Algorithm::ring;
+  o.overlap = overlap;
+  px::Trainer<Arch, px::optim::Adam> trainer(ctx, o, px::optim::Adam{0.05f}, e, layers, f);
+  const auto r = static_cast<std::size_t>(ctx.rank());
+  for (std::size_t s = 0; s < 3; ++s) {
+    const std::vector<px::index_t> ids_e{static_cast<px::index_t>((r + s) % 30), 7};
+    const std::vector<px::index_t> ids_f{static_cast<px::index_t>((2 * r + s) % 17)};
+    const auto rows = trainer.lookup({px::Lookup{e, ids_e}});
+    // Backward, last layer first: each gradient final, then marked.
+    for (int l = 2; l >= 0; --l) {
+      auto& g = layers[static_cast<std::size_t>(l)].grad();
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = std::sin(0.01f * static_cast<float>(i + 7 * l + 3 * s + r));
+      if (mark) trainer.ready(layers[static_cast<std::size_t>(l)]);
+    }
+    f.grad().add(ids_f, std::vector<float>{0.5f, -0.25f});
+    if (mark) trainer.ready(f);
+    e.grad().add(ids_e, std::vector<float>(8, 0.1f * rows[0].data[0]));
+    if (mark) trainer.ready(e);
+    trainer.step();
+  }
+  std::vector<std::vector<float>> out{trainer.fetch(e), trainer.fetch(f)};
+  for (auto& l : layers) out.push_back(trainer.fetch(l));
+  return out;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("gradients marked ready move early and give the same model, bit for bit", "[trainer][overlap]",
+                   px::arch::Hybrid, px::arch::AllReduce, px::arch::PS) {
+  using Arch = TestType;
+  auto& ctx = test::world();
+  const auto plain = train_ready<Arch>(ctx, false, true);
+  CHECK(train_ready<Arch>(ctx, true, true) == plain);    // on the communication thread
+  CHECK(train_ready<Arch>(ctx, true, false) == plain);   // at once, in the caller
+}
+
+TEST_CASE("a bad gradient marked ready fails the step on every rank, and the next step works", "[trainer][overlap]") {
+  auto& ctx = test::world();
+  const int last = ctx.size() - 1;
+  px::Variable<px::Sparse, float> emb(ctx, "emb", {10, 2});
+  px::Variable<px::Dense, float> w(ctx, "w", {2});
+  px::Trainer<px::arch::Hybrid, px::optim::Sgd> trainer(ctx, px::optim::Sgd{0.1f}, emb, w);
+  emb.grad().add(std::vector<px::index_t>{ctx.rank() == last ? 12 : 1}, std::vector<float>{1.f, 1.f});
+  trainer.ready(emb);
+  w.grad()[0] = 1.f;
+  trainer.ready(w);
+  const std::string msg = test::error_of([&] { trainer.step(); });
+  CHECK_THAT(msg, Catch::Contains("rank " + std::to_string(last)) && Catch::Contains("row index 12") &&
+                      Catch::Contains("'emb'"));
+  CHECK(trainer.steps() == 0);
+  emb.grad().add(std::vector<px::index_t>{1}, std::vector<float>{1.f, 1.f});
+  trainer.ready(emb);
+  w.grad()[0] = 1.f;
+  CHECK_NOTHROW(trainer.step());
+  CHECK(trainer.steps() == 1);
+}

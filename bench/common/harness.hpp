@@ -182,7 +182,7 @@ class Session {
     MPI_Initialized(&initialized);
     if (!initialized) {
       int provided = 0;
-      MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+      MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
       owns_mpi_ = true;
     }
   }

@@ -92,14 +92,15 @@ class Topology {
 /// MPI_ERRORS_RETURN, so MPI failures surface as parallax::mpi_error.
 class Context {
  public:
-  /// Initialises MPI (MPI_THREAD_FUNNELED) if nobody has yet, and finalises
-  /// it on destruction if it did.
+  /// Initialises MPI (MPI_THREAD_SERIALIZED: a trainer's communication
+  /// thread makes calls, never beside another thread's) if nobody has yet,
+  /// and finalises it on destruction if it did.
   Context(int& argc, char**& argv, ContextOptions options = {}) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
       int provided = 0;
-      PARALLAX_MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided));
+      PARALLAX_MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided));
       owns_mpi_ = true;
     }
     setup(MPI_COMM_WORLD, options);
@@ -146,6 +147,14 @@ class Context {
   /// The ranks of this rank's host (real or emulated), ordered by rank.
   MPI_Comm host_comm() const noexcept { return host_comm_; }
   int threads() const noexcept { return threads_; }
+  /// Whether MPI lets a thread other than the one that initialised it make
+  /// calls, one thread at a time (MPI_THREAD_SERIALIZED or more): what a
+  /// trainer's communication thread needs.
+  bool serialized_threads() const {
+    int level = MPI_THREAD_SINGLE;
+    PARALLAX_MPI_CHECK(MPI_Query_thread(&level));
+    return level >= MPI_THREAD_SERIALIZED;
+  }
 
   // Reductions for metrics and bookkeeping (a loss, an accuracy, a count)
   // over every rank of the job: each rank passes its value and gets the

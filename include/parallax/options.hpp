@@ -111,6 +111,12 @@ struct TrainerOptions {
   /// Perfetto: a track per rank). PARALLAX_TIMELINE=<path> sets it for a
   /// job. Off (empty), a phase costs one test of a flag.
   std::string timeline;
+  /// Where Trainer::ready() starts moving gradients while the user
+  /// computes: on a communication thread of the trainer's (needs MPI at
+  /// MPI_THREAD_SERIALIZED, which Context(argc, argv) asks for). Off, or
+  /// without that level, ready() moves them at once, in the caller: the
+  /// same results, nothing overlapped.
+  bool overlap = true;
 };
 
 }  // namespace parallax

@@ -11,6 +11,7 @@
 #include <parallax/detail/agreement.hpp>
 #include <parallax/detail/fault.hpp>
 #include <parallax/detail/timeline.hpp>
+#include <parallax/detail/worker.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/engine/mpi.hpp>
 #include <parallax/error.hpp>
@@ -75,7 +76,8 @@ class Trainer {
 
   template <class... Args>
   Trainer(const Context& ctx, TrainerOptions options, Optimizer opt, Args&... vars)
-      : ctx_(&ctx), options_(std::move(options)), opt_(opt), engine_(std::make_unique<Engine>(ctx, options_.engine)) {
+      : ctx_(&ctx), options_(std::move(options)), opt_(opt), engine_(std::make_unique<Engine>(ctx, options_.engine)),
+        worker_(options_.overlap && ctx.serialized_threads()) {
     static_assert(sizeof...(Args) > 0, "a Trainer needs at least one variable");
     static_assert((is_variable_v<detail::variable_of_t<Args>> && ...),
                   "Trainer takes parallax::Variable arguments, or std::vectors of them (px::Variables<V>)");
@@ -120,6 +122,11 @@ class Trainer {
   /// trainer that records the timeline writes it (collective, unless the
   /// job failed).
   ~Trainer() {
+    try {
+      worker_.drain();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "parallax: rank %d: %s\n", engine_->rank(), e.what());
+    }
     for (const void** t : registered_) *t = nullptr;
     if (records_timeline_ && !detail::job_failed()) {
       try {
@@ -164,6 +171,7 @@ class Trainer {
     static_assert(V::is_sparse(), "lookup() is for sparse variables; read a dense variable's value() directly");
     ensure_usable();
     const Call call(*this, "lookup");
+    finish_background();
     engine_->set_step(static_cast<std::int64_t>(steps_ + 1));
     for (std::size_t i = 0; i < count; ++i) {
       member_of(*batch[i].var);  // throws for a variable this trainer does not hold
@@ -182,6 +190,28 @@ class Trainer {
     return lookup(batch.begin(), batch.size());
   }
 
+  /// Says the gradients of `vars` (variables or collections) are final for
+  /// this step, so their policies may start moving them while the caller
+  /// computes the others: a backward pass marks each layer's as it finishes
+  /// it, from the last layer to the first. RingAllReduce starts a fusion
+  /// bucket once all its gradients are ready (buckets are cut from the last
+  /// variable backwards, and start in that order); ShardedPS starts a table
+  /// group's push once all its tables are. The work runs on the trainer's
+  /// communication thread (TrainerOptions::overlap) and step() finishes it;
+  /// the sums are the ones step() alone would make, bit for bit. Optional:
+  /// without it, step() moves every gradient. Every rank marks the same
+  /// variables in the same order; a gradient must not change once ready.
+  template <class... Args>
+  void ready(Args&... vars) {
+    ensure_usable();
+    const detail::Span span("ready");
+    auto mark = [&](auto& v) {
+      policy::Member& m = member_of(v);
+      synchronizers_[synchronizer_index_of(m)].second->ready(m, background_);
+    };
+    (detail::for_each_variable(vars, mark), ...);
+  }
+
   /// Synchronises every variable's gradient with its policy and applies the
   /// optimizer, then clears the gradients. Collective. Throws on every rank
   /// if any rank gave bad data (ids out of range, wrong shapes) or if no rank
@@ -189,6 +219,7 @@ class Trainer {
   void step() {
     ensure_usable();
     const Call call(*this, "step");
+    finish_background();
     engine_->set_step(static_cast<std::int64_t>(steps_ + 1));
     std::optional<std::string> problem;
     bool has_gradient = false;
@@ -240,6 +271,7 @@ class Trainer {
   /// checkpoint's path.
   std::string save(const std::string& dir) {
     ensure_usable();
+    finish_background();
     return checkpoints_->save(dir, steps_);
   }
   /// save() into checkpoint.dir.
@@ -254,6 +286,7 @@ class Trainer {
   /// every file's size and CRC-32C) and a problem found by any rank is thrown
   /// on every rank before anything is loaded. Collective.
   void restore(const std::string& path) {
+    finish_background();
     std::uint64_t step = 0;
     try {
       step = checkpoints_->restore(path);
@@ -300,6 +333,7 @@ class Trainer {
   /// sharded variables). For tests, evaluation and export.
   template <class V>
   std::vector<typename V::value_type> fetch(const V& var) {
+    finish_background();
     std::vector<typename V::value_type> out(var.shape().elements());
     member_of(var).fetch(out.data());
     return out;
@@ -322,8 +356,12 @@ class Trainer {
     return member_of(var).policy();
   }
 
-  /// Bytes and calls of every engine call so far, by variable and policy.
-  CommStats& stats() noexcept { return engine_->stats(); }
+  /// Bytes and calls of every engine call so far, by variable and policy
+  /// (after the work ready() started has finished).
+  CommStats& stats() {
+    finish_background();
+    return engine_->stats();
+  }
   Engine& engine() noexcept { return *engine_; }
   const Context& context() const noexcept { return *ctx_; }
   const TrainerOptions& options() const noexcept { return options_; }
@@ -380,6 +418,7 @@ class Trainer {
     }
     auto& s = static_cast<policy::synchronizer_t<Policy, Engine, Optimizer>&>(*it->second);
     members_.push_back(&s.add(var));
+    member_synchronizer_.push_back(static_cast<std::size_t>(it - synchronizers_.begin()));
     var.state().trainer = this;
     registered_.push_back(&var.state().trainer);
   }
@@ -404,6 +443,31 @@ class Trainer {
   void clear() {
     for (auto& [key, s] : synchronizers_) s->clear();
   }
+  std::size_t synchronizer_index_of(const policy::Member& m) const {
+    for (std::size_t i = 0; i < members_.size(); ++i)
+      if (members_[i] == &m) return member_synchronizer_[i];
+    return 0;
+  }
+  /// Waits for the work ready() started; if it failed, the step is
+  /// abandoned on every rank alike (the failure is an engine's, which names
+  /// itself on every rank).
+  void finish_background() {
+    try {
+      worker_.drain();
+    } catch (...) {
+      clear();
+      throw;
+    }
+  }
+  /// The trainer's Background: its worker.
+  class Posting final : public policy::Background {
+   public:
+    explicit Posting(detail::Worker& w) : worker_(&w) {}
+    void post(std::function<void()> work) override { worker_->post(std::move(work)); }
+
+   private:
+    detail::Worker* worker_;
+  };
   double schedule_factor(std::uint64_t step) const { return options_.schedule ? options_.schedule(step) : 1.0; }
   /// The factor that brings the step's gradient (each synchronizer's sums
   /// times `scale`) within clip_norm: one all-reduce of the square sums.
@@ -433,8 +497,11 @@ class Trainer {
   Synchronizers synchronizers_;         // one per policy, in the order the variables first name them
   std::vector<const char*> policy_names_;  // of each synchronizer
   std::vector<policy::Member*> members_;  // every variable, in registration order
+  std::vector<std::size_t> member_synchronizer_;  // each member's synchronizer
   std::vector<const void**> registered_;  // each variable's link to this trainer
   std::unique_ptr<Checkpoints<Engine>> checkpoints_;
+  detail::Worker worker_;  // the communication thread (after the synchronizers: its work uses them)
+  Posting background_{worker_};
   Buffer<index_t, space> staged_ids_;
   std::uint64_t steps_ = 0;
   double base_lr_ = 0;        // the learning rate the schedule scales

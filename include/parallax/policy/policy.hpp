@@ -26,8 +26,11 @@
 ///     std::vector<Rows<typename V::value_type, space>> lookup(const Lookup<V>* batch, std::size_t n);
 ///
 /// policy::check<Policy, Var, Engine, Optimizer>() names what a policy lacks.
-/// A step runs phase by phase over every synchronizer, in the order their
-/// policies first appear among the variables: problem() and has_gradient()
+/// Before a step, the user may say a variable's gradient is final
+/// (Trainer::ready): its synchronizer's ready() may start moving it, on the
+/// trainer's communication thread. A step runs phase by phase over every
+/// synchronizer, in the order their policies first appear among the
+/// variables: problem() and has_gradient()
 /// (then one agreement among the ranks), start_exchange(), finish_exchange(),
 /// gradient_square_sum() when the trainer clips by the global norm,
 /// update(), clear(). Every rank makes the same calls in the same order, so
@@ -45,6 +48,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -107,6 +111,19 @@ class Member {
   virtual void load(detail::CheckpointReader& in, std::size_t index) = 0;
 };
 
+/// Where a synchronizer's ready() posts the work it starts early: it runs
+/// in the order posted, on the trainer's communication thread (or at once,
+/// where there is none), while the user's kernels run; the trainer waits
+/// for it before its next call that communicates. Posted work may make
+/// engine calls: nothing else does while it can run.
+class Background {
+ public:
+  virtual void post(std::function<void()> work) = 0;
+
+ protected:
+  ~Background() = default;
+};
+
 /// A policy's part of a trainer: the variables it synchronises and the
 /// phases of their step. See the file comment for the order of the calls.
 template <class Engine>
@@ -119,6 +136,16 @@ class Synchronizer {
   /// step: lay out what spans variables (fusion buckets, table groups,
   /// shared windows). Collective.
   virtual void prepare() {}
+
+  /// `variable` (one of this synchronizer's members) has its final gradient
+  /// for this step. Every rank marks the same variables in the same order,
+  /// so work posted to `background` (collective calls too) matches across
+  /// ranks. A problem with the gradient must not be thrown here: the step's
+  /// agreement reports it. Default: nothing (the step moves every gradient).
+  virtual void ready(const Member& variable, Background& background) {
+    (void)variable;
+    (void)background;
+  }
 
   /// This rank's first problem with this step's data, as a sentence that
   /// names the variable; local (the trainer agrees on it across ranks).

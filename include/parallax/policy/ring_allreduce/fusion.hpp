@@ -39,24 +39,35 @@ class FusedAllReducer {
     bool in_place = false;  // one tensor, reduced where it lies
   };
 
-  FusedAllReducer(RingAllReducer<Engine>& reducer, std::vector<TensorRef> tensors)
-      : reducer_(&reducer), tensors_(std::move(tensors)) {
-    const std::size_t limit = reducer.options().bucket_bytes;
+  /// Which end the buckets are cut from. From the back, bucket 0 holds the
+  /// last tensors: the order a backward pass finishes gradients in (PyTorch
+  /// DDP's reverse registration order), so the first bucket can start first.
+  enum class Order { front, back };
+
+  FusedAllReducer(RingAllReducer<Engine>& reducer, std::vector<TensorRef> tensors, Order order = Order::front)
+      : reducer_(&reducer), tensors_(std::move(tensors)), bucket_of_(tensors_.size()) {
+    const std::size_t limit = reducer.options().bucket_bytes, n = tensors_.size();
+    const bool back = order == Order::back;
     std::size_t largest = 0;
-    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t i = back ? n - 1 - k : k;
       const TensorRef& t = tensors_[i];
       const std::size_t bytes = t.count * size_of(t.type);
       if (bytes >= limit || bytes == 0) {
+        bucket_of_[i] = buckets_.size();
         buckets_.push_back(Bucket{i, i + 1, t.count, t.type, true});
         continue;
       }
       if (buckets_.empty() || buckets_.back().in_place || buckets_.back().type != t.type ||
           (buckets_.back().elements + t.count) * size_of(t.type) > limit) {
         buckets_.push_back(Bucket{i, i, 0, t.type, false});
+        if (back) buckets_.back().last = i + 1;
       }
       Bucket& b = buckets_.back();
-      b.last = i + 1;
+      if (back) b.first = i;
+      else b.last = i + 1;
       b.elements += t.count;
+      bucket_of_[i] = buckets_.size() - 1;
       largest = std::max(largest, b.elements * size_of(b.type));
     }
     staging_.resize_discard(largest);
@@ -67,14 +78,19 @@ class FusedAllReducer {
   /// go to the engine's all-reduce.
   std::size_t staging_bytes() const noexcept { return staging_.size(); }
 
-  /// Sums every tensor over the ranks, in place.
+  /// The bucket that holds tensor i.
+  std::size_t bucket_of(std::size_t i) const noexcept { return bucket_of_[i]; }
+
+  /// Sums every tensor over the ranks, in place, bucket by bucket.
   void run() {
+    for (std::size_t i = 0; i < buckets_.size(); ++i) run(i);
+  }
+  /// Sums bucket i's tensors over the ranks, in place.
+  void run(std::size_t i) {
     if (reducer_->engine().size() == 1) return;  // a sum over one rank
-    for (std::size_t i = 0; i < buckets_.size(); ++i) {
-      const auto span = detail::Span::named("parallax", "all-reduce bucket ", i, " (", buckets_[i].elements *
-                                                                                       size_of(buckets_[i].type), " B)");
-      run(buckets_[i]);
-    }
+    const auto span = detail::Span::named("parallax", "all-reduce bucket ", i, " (",
+                                          buckets_[i].elements * size_of(buckets_[i].type), " B)");
+    run(buckets_[i]);
     reducer_->engine().exec().synchronize();
   }
 
@@ -113,6 +129,7 @@ class FusedAllReducer {
   RingAllReducer<Engine>* reducer_;
   std::vector<TensorRef> tensors_;
   std::vector<Bucket> buckets_;
+  std::vector<std::size_t> bucket_of_;  // per tensor
   Buffer<std::byte, space> staging_;
 };
 

@@ -15,6 +15,7 @@
 #include <parallax/policy/ring_allreduce/reducer.hpp>
 #include <parallax/space.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <optional>
@@ -73,7 +74,28 @@ class RingSynchronizer final : public Synchronizer<Engine> {
       tensors[k].data = arena_.data() + offsets[k];
       dense_[k]->move_gradient(tensors[k].data);
     }
-    fusion_ = std::make_unique<FusedAllReducer<Engine>>(reducer_, std::move(tensors));
+    fusion_ = std::make_unique<FusedAllReducer<Engine>>(reducer_, std::move(tensors),
+                                                        FusedAllReducer<Engine>::Order::back);
+    ready_.assign(dense_.size(), false);
+    waiting_.resize(fusion_->buckets().size());
+    clear_ready();
+  }
+
+  /// A bucket starts, on the communication thread, once all its gradients
+  /// are ready and every bucket before it has started (the buckets are cut
+  /// from the last variable backwards, the order a backward pass finishes
+  /// them in), so every rank starts the same buckets in the same order.
+  void ready(const Member& variable, Background& background) override {
+    for (std::size_t k = 0; k < dense_.size(); ++k) {
+      if (dense_[k]->identity() != variable.identity() || ready_[k]) continue;
+      ready_[k] = true;
+      --waiting_[fusion_->bucket_of(k)];
+      while (started_ < waiting_.size() && waiting_[started_] == 0) {
+        const std::size_t b = started_++;
+        background.post([this, b] { fusion_->run(b); });
+      }
+      return;
+    }
   }
 
   std::optional<std::string> problem() override {
@@ -88,8 +110,11 @@ class RingSynchronizer final : public Synchronizer<Engine> {
       if (s->has_gradient()) return true;
     return false;
   }
+  /// The buckets ready() did not start.
+  void start_exchange(const StepInfo&) override {
+    while (started_ < waiting_.size()) fusion_->run(started_++);
+  }
   void finish_exchange(const StepInfo&) override {
-    fusion_->run();
     for (Sparse* s : sparse_) s->sum(reducer_);
   }
   /// Every rank holds the same sums: rank 0 counts them.
@@ -108,6 +133,7 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   void clear() override {
     for (Dense* d : dense_) d->clear();
     for (Sparse* s : sparse_) s->clear();
+    clear_ready();
   }
 
   template <class V>
@@ -123,10 +149,18 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   const FusedAllReducer<Engine>& fusion() const noexcept { return *fusion_; }
 
  private:
+  void clear_ready() {
+    std::fill(ready_.begin(), ready_.end(), false);
+    std::fill(waiting_.begin(), waiting_.end(), std::size_t{0});
+    for (std::size_t k = 0; k < dense_.size(); ++k) ++waiting_[fusion_->bucket_of(k)];
+    started_ = 0;
+  }
+
   /// What the synchronizer does with a dense member, whatever its type.
   class Dense {
    public:
     virtual ~Dense() = default;
+    virtual const void* identity() const = 0;
     virtual TensorRef gradient() = 0;
     virtual void move_gradient(void* at) = 0;
     virtual void give_back() noexcept = 0;
@@ -142,6 +176,7 @@ class RingSynchronizer final : public Synchronizer<Engine> {
 
    public:
     DenseOf(Var var, Engine& engine, const Optimizer& opt) : Base(std::move(var), engine, opt, RingAllReduce::name) {}
+    const void* identity() const override { return Base::identity(); }
     TensorRef gradient() override {
       auto& g = this->grad();
       return TensorRef{g.data(), g.size(), data_type_of_v<T>, this->var_.name().c_str()};
@@ -224,6 +259,9 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   std::vector<Dense*> dense_;
   std::vector<Sparse*> sparse_;
   std::unique_ptr<FusedAllReducer<Engine>> fusion_;
+  std::vector<bool> ready_;            // per dense member: ready() this step
+  std::vector<std::size_t> waiting_;   // per bucket: gradients not ready yet
+  std::size_t started_ = 0;            // buckets started this step (in order)
 };
 
 }  // namespace parallax::policy

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,6 +66,9 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
       auto m = std::make_unique<TableOf<Var>>(std::move(var), *engine_, g, index);
       g.members.push_back(m.get());
       tables_.push_back(m.get());
+      members_of_tables_.push_back(m.get());
+      table_group_.push_back(g);
+      table_index_.push_back(index);
       members_.push_back(std::move(m));
     } else {
       auto m = std::make_unique<DenseOf<Var>>(std::move(var), *engine_, *opt_, map);
@@ -78,6 +82,26 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   /// tables' initial values and optimizer state.
   void prepare() override {
     for (auto& g : groups_) g->build();
+  }
+
+  /// A group's push starts, on the communication thread, once all its
+  /// tables are ready: its own route, so its rows travel while the user
+  /// computes the other gradients. A table whose gradient has a problem
+  /// sends no rows; the step's agreement reports the problem.
+  void ready(const Member& variable, Background& background) override {
+    for (std::size_t i = 0; i < tables_.size(); ++i) {
+      if (members_of_tables_[i]->identity() != variable.identity()) continue;
+      GroupBase& g = table_group_[i];
+      if (g.pushed || !g.mark_ready(table_index_[i])) return;
+      g.pushed = true;
+      background.post([this, &g] {
+        auto shared = engine_->stats().shared(ShardedPS::name);
+        detail::RouteLane* lane = &g.plan_push(shared, true);
+        const detail::Span span("push: route (early)");
+        detail::route_lanes(*engine_, &lane, 1, g.early_route);
+      });
+      return;
+    }
   }
 
   std::optional<std::string> problem() override {
@@ -100,7 +124,8 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
     auto shared = engine_->stats().shared(ShardedPS::name);
     {
       const detail::Span span("push: plan");
-      for (auto& g : groups_) lanes_.push_back(&g->plan_push(shared));
+      for (auto& g : groups_)
+        if (!g->pushed) lanes_.push_back(&g->plan_push(shared, false));
     }
     const detail::Span span("push: route");
     if (!lanes_.empty()) detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_);
@@ -213,11 +238,37 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
    public:
     virtual ~GroupBase() = default;
     virtual void build() = 0;
-    virtual detail::RouteLane& plan_push(CommStats::Shared& route) = 0;
+    /// Plans this step's push of every table. `validate`: a table whose
+    /// gradient has a problem sends no rows (its problem waits for the
+    /// step's agreement).
+    virtual detail::RouteLane& plan_push(CommStats::Shared& route, bool validate) = 0;
+    /// Marks table t ready; true when every table of the group is.
+    bool mark_ready(std::size_t t) {
+      if (ready_.size() <= t) ready_.resize(t + 1, false);
+      if (!ready_[t]) {
+        ready_[t] = true;
+        ++ready_count_;
+      }
+      return ready_count_ == tables_count();
+    }
+    void reset_ready() {
+      ready_.assign(ready_.size(), false);
+      ready_count_ = 0;
+      pushed = false;
+    }
+    virtual std::size_t tables_count() const = 0;
     virtual void finish_push() = 0;
     virtual double square_sum() = 0;
     virtual void update(const StepInfo&) = 0;
     virtual void clear() = 0;
+    bool pushed = false;  // this step's push has started (ready())
+    /// The buffers of a push ready() started: the group's own, since the
+    /// rows it brings are summed where they landed, after other routes.
+    detail::RouteBuffers<space> early_route;
+
+   private:
+    std::vector<bool> ready_;
+    std::size_t ready_count_ = 0;
   };
 
   /// What the synchronizer asks of a sharded table, whatever its type.
@@ -248,10 +299,12 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
       for (TableMember<T>* m : members) m->fill_initial(tables);
       state.reset(*opt_, tables.shard().size());
     }
-    detail::RouteLane& plan_push(CommStats::Shared& route) override {
+    std::size_t tables_count() const override { return members.size(); }
+    detail::RouteLane& plan_push(CommStats::Shared& route, bool validate) override {
       pushes_.clear();
       for (std::size_t t = 0; t < members.size(); ++t) {
-        pushes_.push_back(members[t]->push());
+        if (validate && members[t]->problem()) pushes_.push_back({t, nullptr, nullptr, 0});
+        else pushes_.push_back(members[t]->push());
         route.part(tables.name(t), weight(pushes_.back().k));
       }
       // Local aggregation's first hop carries this group's tables alone.
@@ -275,6 +328,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
     void clear() override {
       for (TableMember<T>* m : members) m->clear();
       outputs.release();
+      this->reset_ready();
     }
 
     TableGroup<T, Engine> tables;
@@ -455,6 +509,9 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   std::vector<std::size_t> group_cols_;
   std::vector<std::unique_ptr<Member>> members_;  // registration order
   std::vector<Table*> tables_;
+  std::vector<const Member*> members_of_tables_;                  // per table: its member
+  std::vector<std::reference_wrapper<GroupBase>> table_group_;  // per table: its group
+  std::vector<std::size_t> table_index_;                        // per table: its index in the group
   std::vector<Dense*> dense_;
   std::vector<detail::RouteLane*> lanes_;
   detail::RouteBuffers<space> route_;  // the push's route, and batched lookups'

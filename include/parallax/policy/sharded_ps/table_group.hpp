@@ -244,7 +244,8 @@ class TableGroup {
   ///                  read it (ShardedOptions::shared_memory)
   TableGroup(Engine& engine, std::size_t cols, bool aggregate = true, bool shared = true)
       : engine_(&engine), cols_(cols), want_aggregate_(aggregate), want_shared_(shared),
-        reads_(engine.stats(), engine.topology(), cols * sizeof(T)), exchange_(engine), aggregate_exchange_(engine) {}
+        reads_(engine.stats(), engine.topology(), cols * sizeof(T)), lookup_exchange_(engine), exchange_(engine),
+        aggregate_exchange_(engine) {}
   TableGroup(const TableGroup&) = delete;
   TableGroup& operator=(const TableGroup&) = delete;
 
@@ -408,8 +409,8 @@ class TableGroup {
     dest_.resize_discard(u);
     if (u) for_each(ex, u, detail::OwnerOfKey{span_, unique, dest_.data()});
     ex.synchronize();
-    exchange_.plan(unique, nullptr, dest_.data(), u, 0);
-    return exchange_;
+    lookup_exchange_.plan(unique, nullptr, dest_.data(), u, 0);
+    return lookup_exchange_;
   }
 
   /// The id outside its table's [0, rows) that the last plan_lookup() found
@@ -437,14 +438,14 @@ class TableGroup {
       ex.synchronize();
       return;
     }
-    const std::size_t asked = exchange_.received();
+    const std::size_t asked = lookup_exchange_.received();
     served_.resize_discard(asked * cols_);
     const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * span_);
     if (asked)
       for_each_rows(ex, asked, cols_,
-                    detail::GatherKeyedRows<T>{shard_.data(), exchange_.received_ids(), base, served_.data(), cols_});
+                    detail::GatherKeyedRows<T>{shard_.data(), lookup_exchange_.received_ids(), base, served_.data(), cols_});
     ex.synchronize();
-    by_unique_ = exchange_.start_reply(served_.data(), cols_, single_in_order_ ? requests_[0].out : nullptr);
+    by_unique_ = lookup_exchange_.start_reply(served_.data(), cols_, single_in_order_ ? requests_[0].out : nullptr);
   }
 
   /// Puts every request's rows in its caller's order (after the engine's
@@ -458,7 +459,7 @@ class TableGroup {
     const index_t* where = nullptr;
     if (count > 1 && u) {
       where_.resize_discard(u);
-      for_each(ex, u, detail::InvertOrder{exchange_.sent_order(), where_.data()});
+      for_each(ex, u, detail::InvertOrder{lookup_exchange_.sent_order(), where_.data()});
       where = where_.data();
     }
     for (std::size_t r = 0; r < count; ++r) {
@@ -642,12 +643,14 @@ class TableGroup {
   const T* by_unique_ = nullptr;    // where the last start_reply()'s rows land
   Buffer<const T*, space> reads_at_;  // where each looked-up row lies, when read directly
   detail::SharedReads reads_;         // the lookup's lane, when read directly
+  detail::RowExchange<T, Engine> lookup_exchange_;  // the lookup's lane otherwise (apart from the push's,
+                                                    // which a lookup may come between)
 
   // The push.
   Buffer<index_t, space> push_keys_, hop_keys_, owned_keys_;
   Buffer<const T*, space> at_;
   Buffer<T, space> hop_values_;
-  detail::RowExchange<T, Engine> exchange_, aggregate_exchange_;
+  detail::RowExchange<T, Engine> exchange_, aggregate_exchange_;  // the push's
   detail::CoalesceScratch<space> scratch_;
 };
 
