@@ -11,9 +11,10 @@
 /// Each table is its own sparse variable, sized per feature; ids are
 /// power-law. A step looks all 26 tables up in one batched lookup, and the
 /// trainer pushes their gradient rows in one route. Templated on the memory
-/// space.
+/// space; the MLPs' products are gemm() calls (common/layers.hpp).
 
 #include "../common/layers.hpp"
+#include "../common/profile.hpp"
 #include "../common/readers.hpp"
 #include "../common/synthetic.hpp"
 
@@ -169,7 +170,7 @@ class Model {
       ids_[f].assign_from_host(batch.ids[f].data(), rows);
       lookups_.emplace_back(tables[f], ids_[f]);
     }
-    const auto looked_up = trainer.lookup(lookups_);
+    const auto looked_up = timed(ex, Part::parallax, [&] { return trainer.lookup(lookups_); });
     for (std::size_t f = 0; f < features; ++f)
       if (rows)
         px::for_each(ex, rows * dim, CopyColumns<T>{looked_up[f].data, concat_.data(), dim, width, (f + 1) * dim});
@@ -201,8 +202,10 @@ class Model {
         px::for_each(ex, rows * dim,
                      SliceColumns<T>{grad_concat_.data(), grad_rows_.data() + f * rows * dim, dim, width, (f + 1) * dim});
     ex.synchronize();
-    for (std::size_t f = 0; f < features; ++f) tables[f].grad().add(ids_[f].data(), grad_rows_.data() + f * rows * dim, rows);
-    trainer.step();
+    timed(ex, Part::parallax, [&] {
+      for (std::size_t f = 0; f < features; ++f) tables[f].grad().add(ids_[f].data(), grad_rows_.data() + f * rows * dim, rows);
+      trainer.step();
+    });
     return rows ? sum_to_host(loss_, rows) / static_cast<double>(rows) : 0.0;
   }
 
