@@ -133,6 +133,9 @@ void gemm_as_called(benchmark::State& state, const Product& p) {
     benchmark::ClobberMemory();
   }
   set_flops(state, p.flops());
+  state.counters["m"] = static_cast<double>(p.m);
+  state.counters["n"] = static_cast<double>(p.n);
+  state.counters["k"] = static_cast<double>(p.k);
 }
 
 void sgemm_packed(benchmark::State& state, std::size_t m, std::size_t n, std::size_t k) {

@@ -28,24 +28,25 @@ def load(path):
         if agg is None and name in runs:
             continue
         scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[b.get("time_unit", "ns")]
-        runs[name] = (b["real_time"] * scale, b.get("flops", 0.0))
+        runs[name] = (b["real_time"] * scale, b.get("flops", 0.0), b.get("family_index", 0),
+                      "x".join(str(int(b[d])) for d in "mnk" if d in b))
     return runs, data.get("context", {})
 
 
 def main():
     runs, context = load(sys.argv[1])
-    peak = runs.get("sgemm/square/1024", (0, 0))[1]
-    products = [n[len("gemm/"):] for n in runs if n.startswith("gemm/")]
+    peak = runs["sgemm/square/1024"][1] if "sgemm/square/1024" in runs else float("nan")
+    products = sorted((n[len("gemm/"):] for n in runs if n.startswith("gemm/")), key=lambda p: runs["gemm/" + p][2])
     print(f"BLAS: {context.get('gemm', '?')}; one thread. The machine's SGEMM at 1024^3: {peak / 1e9:.1f} GFLOP/s.")
     print()
-    print("| product | gemm GFLOP/s | SGEMM, same m n k | gemm / SGEMM | functor GFLOP/s | gemm / functor (time) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| product | m x n x k | gemm GFLOP/s | SGEMM, same m n k | gemm / SGEMM | functor GFLOP/s | gemm / functor (time) |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     totals = {}
     for p in products:
         model = p.split("/")[0]
-        g_t, g_f = runs["gemm/" + p]
-        s_t, s_f = runs["sgemm/" + p]
-        f = runs.get("functor/" + p)
+        g_t, g_f, _, shape = runs["gemm/" + p]
+        s_t, s_f = runs["sgemm/" + p][:2]
+        f = runs["functor/" + p][:2] if "functor/" + p in runs else None
         t = totals.setdefault(model, {"gemm": 0.0, "sgemm": 0.0, "functor": 0.0, "flops": 0.0})
         flops = g_f * g_t
         t["gemm"] += g_t
@@ -53,7 +54,7 @@ def main():
         t["flops"] += flops
         t["functor"] += f[0] if f else float("nan")
         functor = f"{f[1] / 1e9:.1f} | {f[0] / g_t:.1f}x" if f else "| "
-        print(f"| {p} | {g_f / 1e9:.1f} | {s_f / 1e9:.1f} | {g_f / s_f:.2f} | {functor} |")
+        print(f"| {p} | {shape} | {g_f / 1e9:.1f} | {s_f / 1e9:.1f} | {g_f / s_f:.2f} | {functor} |")
     print()
     print("Each model's products together (a step's worth, one of each): GFLOP/s as total FLOPs over total time.")
     print()
