@@ -16,6 +16,8 @@
 //   AdagradRows/prefetch     the same kernel given a prefetch(r) of its table and
 //                            accumulator rows (RowUpdate has none: this is why)
 //   AdagradRows/math_errno   the same kernel compiled with -fmath-errno
+//   AdagradRows/contiguous   the same kernel on as many contiguous rows: the
+//                            update without the scatter, beside Memcpy/rows
 //   AdamRows/library         optim::apply_rows(Adam) (two state rows)
 //   GatherRows/library       detail::GatherRows (a lookup's gather)
 //   GatherRows/no_prefetch   the same kernel with its prefetch(r) hidden
@@ -139,6 +141,17 @@ void GatherAt_library(benchmark::State& state) {
   run_rows(state, gather_at, 2 * kRowBytes);
 }
 
+/// The library's Adagrad update on set s's count of contiguous rows: the
+/// kernel without the scatter, beside the memcpy of the same rows.
+void adagrad_contiguous(pb::RowWorkload& w, std::size_t s) {
+  px::optim::apply_rows(host, px::optim::Adagrad{0.5f}, 1, w.table.data(), w.contiguous_ids(s), w.grad.data(),
+                        pb::RowWorkload::touched, pb::RowWorkload::cols, w.state, 1.0f);
+}
+void AdagradRows_contiguous(benchmark::State& state) {
+  pb::RowWorkload::of(state.range(0)).contiguous_ids(0);  // made before the timed loop
+  run_rows(state, adagrad_contiguous, kAdagradBytes);
+}
+
 void adam_rows(pb::RowWorkload& w, std::size_t s) {
   px::optim::apply_rows(host, px::optim::Adam{1e-3f}, 1, w.table.data(), w.ids[s].data(), w.grad.data(),
                         pb::RowWorkload::touched, pb::RowWorkload::cols, w.adam(), 1.0f);
@@ -237,6 +250,7 @@ BENCHMARK(AdagradRows_prefetch)->Name("AdagradRows/prefetch")->Arg(0)->Arg(1)->U
 BENCHMARK(AdagradRows_math_errno)->Name("AdagradRows/math_errno")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(GatherRows_library)->Name("GatherRows/library")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(GatherRows_no_prefetch)->Name("GatherRows/no_prefetch")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(AdagradRows_contiguous)->Name("AdagradRows/contiguous")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(GatherAt_library)->Name("GatherAt/library")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(AdamRows_library)->Name("AdamRows/library")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(Memcpy_rows)->Name("Memcpy/rows")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);

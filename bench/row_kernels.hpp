@@ -64,6 +64,17 @@ struct RowWorkload {
     }
     return pointers[s].data();
   }
+  /// Set s's count of rows, contiguous (rows s x touched on): the rows the
+  /// memcpy baseline copies, for a kernel's speed without the scatter.
+  const index_t* contiguous_ids(std::size_t s) {
+    if (contiguous.empty()) {
+      for (std::size_t k = 0; k < sets; ++k) {
+        contiguous.emplace_back(touched);
+        std::iota(contiguous.back().begin(), contiguous.back().end(), static_cast<index_t>(k * touched));
+      }
+    }
+    return contiguous[s].data();
+  }
   /// Adam's two moments, made at first use.
   optim::State<optim::Adam, float, HostSpace>& adam() {
     if (!adam_state) adam_state = std::make_unique<optim::State<optim::Adam, float, HostSpace>>(optim::Adam{}, rows * cols);
@@ -72,6 +83,7 @@ struct RowWorkload {
 
  private:
   std::vector<std::vector<const float*>> pointers;
+  std::vector<std::vector<index_t>> contiguous;
   std::unique_ptr<optim::State<optim::Adam, float, HostSpace>> adam_state;
 };
 
