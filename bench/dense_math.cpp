@@ -17,7 +17,8 @@
 //   layer/word_lm/blas|functor the sampled softmax's forward and backward, whole:
 //                              SampledSoftmax against the functors
 //   sgemm/square/1024          1024^3
-// Counter `flops`: 2 m n k per second, m n k as each variant computes them
+// Counter `flops`: 2 m n k per second of the thread's CPU time (on a shared
+// machine, not the time it waited for a core), m n k as each variant computes them
 // (the functor picks the true and sampled words' logits, 1 + sampled per
 // row, where the product computes every candidate's).
 // Shapes: word_lm at the demo's (vocabulary 800,000, width 128, 8,192

@@ -16,7 +16,9 @@ import sys
 
 
 def load(path):
-    """{name: (seconds per iteration, flops per second)}, the median where repeated."""
+    """{name: (CPU seconds per iteration, flops per second, registration order, "mxnxk")}, the
+    median where repeated. CPU time, as Google Benchmark's rate counters use: the bench runs one
+    thread, so on a shared machine it leaves out the time the thread waited for a core."""
     with open(path) as f:
         data = json.load(f)
     runs = {}
@@ -28,7 +30,7 @@ def load(path):
         if agg is None and name in runs:
             continue
         scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[b.get("time_unit", "ns")]
-        runs[name] = (b["real_time"] * scale, b.get("flops", 0.0), b.get("family_index", 0),
+        runs[name] = (b["cpu_time"] * scale, b.get("flops", 0.0), b.get("family_index", 0),
                       "x".join(str(int(b[d])) for d in "mnk" if d in b))
     return runs, data.get("context", {})
 
