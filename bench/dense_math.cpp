@@ -29,6 +29,7 @@
 #include "../examples/02_ctr/model.hpp"
 #include "../examples/03_dense_mlp/model.hpp"
 #include "../examples/common/gemm.hpp"
+#include "../examples/common/synthetic.hpp"
 #include "../examples/common/tests/reference_layers.hpp"
 
 #include <parallax/parallax.hpp>
@@ -39,7 +40,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -50,14 +50,6 @@ using examples::Op;
 namespace {
 
 const px::Exec<px::HostSpace> host;
-
-std::vector<float> random_values(std::size_t n, std::uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(gen);
-  return v;
-}
 
 void set_flops(benchmark::State& state, double flops_per_iteration) {
   state.counters["flops"] = benchmark::Counter(flops_per_iteration, benchmark::Counter::kIsIterationInvariantRate);
@@ -127,7 +119,7 @@ std::vector<Product> products() {
 }
 
 void gemm_as_called(benchmark::State& state, const Product& p) {
-  const auto a = random_values(p.a_rows() * p.lda, 1), bm = random_values(p.b_rows() * p.ldb, 2);
+  const auto a = examples::uniform_floats(p.a_rows() * p.lda, 1), bm = examples::uniform_floats(p.b_rows() * p.ldb, 2);
   std::vector<float> c(p.m * p.ldc);
   for (auto _ : state) {
     examples::gemm(host, p.op_a, p.op_b, p.m, p.n, p.k, 1.0f, a.data(), p.lda, bm.data(), p.ldb, 0.0f, c.data(), p.ldc);
@@ -140,7 +132,7 @@ void gemm_as_called(benchmark::State& state, const Product& p) {
 }
 
 void sgemm_packed(benchmark::State& state, std::size_t m, std::size_t n, std::size_t k) {
-  const auto a = random_values(m * k, 1), b = random_values(k * n, 2);
+  const auto a = examples::uniform_floats(m * k, 1), b = examples::uniform_floats(k * n, 2);
   std::vector<float> c(m * n);
   const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
   for (auto _ : state) {
@@ -167,9 +159,9 @@ struct SoftmaxInputs {
     n = s.cand.ids.size();
     cand = &s.cand;
     batch = &s.batch;
-    h = random_values(rows * dim, 3);
-    w = random_values(n * (dim + 1), 4);
-    dz = random_values(rows * (1 + sampled), 5);
+    h = examples::uniform_floats(rows * dim, 3);
+    w = examples::uniform_floats(n * (dim + 1), 4);
+    dz = examples::uniform_floats(rows * (1 + sampled), 5);
     log_q = s.cand.log_q;
   }
   lm::SampledSoftmax<px::HostSpace>::Inputs inputs() const {
@@ -271,7 +263,7 @@ void functor_dense(benchmark::State& state, const Product& p, int which) {
   // which: 0 forward (m rows, k in, n out), 1 weight grad (k rows, m in, n out), 2 input grad (m rows, n in, k out)
   const std::size_t rows = which == 1 ? p.k : p.m, in = which == 0 ? p.k : which == 1 ? p.m : p.n,
                     out = which == 0 ? p.n : which == 1 ? p.n : p.k;
-  const auto x = random_values(rows * in, 1), w = random_values(in * out, 2), dy = random_values(rows * out, 3);
+  const auto x = examples::uniform_floats(rows * in, 1), w = examples::uniform_floats(in * out, 2), dy = examples::uniform_floats(rows * out, 3);
   std::vector<float> y(rows * out), dw(in * out), db(out), dx(rows * in), b(out);
   for (auto _ : state) {
     if (which == 0)

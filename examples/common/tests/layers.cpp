@@ -11,13 +11,13 @@
 
 #include "common/gemm.hpp"
 #include "common/layers.hpp"
+#include "common/synthetic.hpp"
 #include "common/tests/reference_layers.hpp"
 
 #include <omp.h>
 
 #include <cstddef>
 #include <cstring>
-#include <random>
 #include <vector>
 
 namespace px = parallax;
@@ -26,14 +26,6 @@ using examples::Op;
 namespace {
 
 const px::Exec<px::HostSpace> host;
-
-std::vector<float> random_values(std::size_t n, std::uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(gen);
-  return v;
-}
 
 // A gemm problem with operands stored row-major with padded leading
 // dimensions (cols + pad).
@@ -80,8 +72,8 @@ TEST_CASE("gemm: C = alpha op(A) op(B) + beta C, row-major, as a triple loop giv
   INFO("op_a " << int(op_a) << ", op_b " << int(op_b) << ", m n k " << p.m << " " << p.n << " " << p.k << ", pad " << pad
                << ", alpha " << p.alpha << ", beta " << p.beta);
   const std::size_t a_rows = op_a == Op::none ? p.m : p.k, b_rows = op_b == Op::none ? p.k : p.n;
-  const std::vector<float> a = random_values(a_rows * p.lda(), 1), b = random_values(b_rows * p.ldb(), 2);
-  const std::vector<float> c0 = random_values(p.m * p.ldc(), 3);
+  const std::vector<float> a = examples::uniform_floats(a_rows * p.lda(), 1), b = examples::uniform_floats(b_rows * p.ldb(), 2);
+  const std::vector<float> c0 = examples::uniform_floats(p.m * p.ldc(), 3);
   const std::vector<float> c = run(p, a, b, c0);
   for (std::size_t i = 0; i < p.m; ++i) {
     for (std::size_t j = 0; j < p.ldc(); ++j) {
@@ -102,7 +94,7 @@ TEST_CASE("gemm: another thread count rounds the sums differently, within float 
   // The promise is the same bits for the same thread count (gemm.hpp); a long
   // inner dimension is where OpenBLAS's split changes with the threads.
   const Problem p{Op::none, Op::none, 256, 128, 8700, 0, 1.0f, 0.0f};
-  const std::vector<float> a = random_values(p.m * p.k, 4), b = random_values(p.k * p.n, 5), c0(p.m * p.n);
+  const std::vector<float> a = examples::uniform_floats(p.m * p.k, 4), b = examples::uniform_floats(p.k * p.n, 5), c0(p.m * p.n);
   const int threads = omp_get_max_threads();
   omp_set_num_threads(1);
   const std::vector<float> one = run(p, a, b, c0);
@@ -121,9 +113,9 @@ TEST_CASE("DenseLayer: forward and backward through gemm match the hand-written 
   const auto out = GENERATE(std::size_t{1}, std::size_t{7}, std::size_t{17}, std::size_t{40});
   INFO("activation " << int(act) << ", rows " << rows << ", in " << in << ", out " << out);
   examples::DenseLayer<px::HostSpace> layer(context(), "dense", in, out, act, 9);
-  const std::vector<float> b = random_values(out, 10);
+  const std::vector<float> b = examples::uniform_floats(out, 10);
   std::copy(b.begin(), b.end(), layer.b.state().value.data());  // a bias that is not zero
-  const std::vector<float> x = random_values(rows * in, 11), dy = random_values(rows * out, 12);
+  const std::vector<float> x = examples::uniform_floats(rows * in, 11), dy = examples::uniform_floats(rows * out, 12);
 
   const float* y = layer.forward(host, x.data(), rows);
   std::vector<float> ref_y(rows * out);
@@ -150,7 +142,7 @@ TEST_CASE("DenseLayer: forward and backward through gemm match the hand-written 
 TEST_CASE("ColumnSums: every tile adds the same terms in the same order", "[examples][layers]") {
   const std::size_t rows = 37;
   const auto cols = GENERATE(std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{41});
-  const std::vector<float> m = random_values(rows * cols, 13);
+  const std::vector<float> m = examples::uniform_floats(rows * cols, 13);
   auto sums = [&](auto functor) {
     std::vector<float> s(cols, -7.0f);
     functor.m = m.data();
