@@ -8,7 +8,7 @@
 //
 //   build/host/bench/bench_dense_math --benchmark_repetitions=5
 //       --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true
-//   bench/dense_math_report.py out.json     # the tables of docs/benchmarks.md, "Dense math"
+//   bench/dense_math_report.py out.json     # docs/benchmarks.md's tables ("Dense math")
 //
 // One process, one thread (OpenMP and the BLAS), no MPI. Benchmarks:
 //   gemm/<model>/<product>     examples::gemm, as the model calls it

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Turns bench_dense_math's JSON into the tables of docs/benchmarks.md,
-"Dense math": every product of the examples' steps as examples::gemm runs
+"Realistic workloads", "Dense math": every product of the examples' steps as examples::gemm runs
 it, against cblas_sgemm at the same m, n, k (packed, no transposes) and
 against the functor it replaced, then each model's products together.
 

@@ -8,8 +8,9 @@
 # scripts/setup.sh installs): its threads are the OpenMP team that runs
 # parallax's host kernels, so --threads sizes both and neither team spins on
 # a core the other needs. The pthreads build, which libopenblas-dev brings
-# by default, keeps a pool of its own beside OpenMP's; on a machine with no
-# spare core the two fight (docs/benchmarks.md, "Dense math"). Debian
+# by default, keeps a pool of its own beside OpenMP's: two sets of threads
+# that wait by spinning, on the same cores (docs/benchmarks.md, "Realistic
+# workloads", "Threads"). Debian
 # installs the builds side by side and the alternatives system points the
 # plain library name at the pthreads one, so the OpenMP build is looked for
 # in its own folder, and the build tree's RUNPATH keeps it at run time. Any
