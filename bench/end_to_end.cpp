@@ -8,20 +8,30 @@
 // Per benchmark `<model>/<arch>`: time per step (the slowest rank's, through
 // the shared harness), samples_per_s, and the bytes one rank sends per step
 // from the trainer's CommStats (exact): bytes_per_step (mean over the ranks)
-// and bytes_per_step_max (the busiest rank). Input batches are made outside
-// the timed region (data loading is not what is measured). After the timed
-// loop every rank checks that its loss is finite, reported as `wrong`.
+// and bytes_per_step_max (the busiest rank); and where the timed steps' time
+// went (examples/common/profile.hpp, mean over the ranks): gemm_share (the
+// model's matrix products) and parallax_share (lookups, adding gradients,
+// trainer.step(), waiting for peers included); the rest is the model's other
+// kernels. Input batches are made outside the timed region (data loading is
+// not what is measured). After the timed loop every rank checks that its
+// loss is finite, reported as `wrong`.
 //
-// Shapes (global batch, split over the ranks; divisible by 1, 2, 3 and 4):
+// Shapes, small (a global batch split over the ranks; divisible by 1, 2, 3
+// and 4) and realistic (a batch per rank, as data-parallel jobs train):
 //  * word_lm: LM1B-like sparse tables scaled down: vocabulary 200,000, width
-//    256, 8192 sampled classes per step (LM1B's count), context 2, batch 24,
-//    Adagrad. The softmax rows of a step (8192 + labels) dwarf the batch.
+//    256, 8192 sampled classes per step (LM1B's count), context 2, global
+//    batch 24, Adagrad. The softmax rows of a step (8192 + labels) dwarf the
+//    batch.
+//  * word_lm_1024: the demo's model (vocabulary 800,000, width 128, 8192
+//    sampled, context 2) at 1,024 words per rank (LM1B trains on 2,560 a GPU).
 //  * ctr: 26 tables (Criteo's cardinalities capped at 100,000 rows), width 16,
-//    batch 240, Adagrad.
-//  * dense_mlp: MLP 32-512-512-10 (0.29M parameters), batch 240, Momentum.
+//    global batch 240, Adagrad; ctr_2048: 2,048 samples per rank.
+//  * dense_mlp: MLP 32-512-512-10 (0.29M parameters), global batch 240,
+//    Momentum; dense_mlp_1024: 1,024 samples per rank.
 #include "common/harness.hpp"
 
 #include "../examples/01_word_lm/model.hpp"
+#include "../examples/common/profile.hpp"
 #include "../examples/02_ctr/model.hpp"
 #include "../examples/03_dense_mlp/model.hpp"
 
@@ -49,30 +59,42 @@ using Space = px::HostSpace;
 
 constexpr std::uint64_t kSeed = 1;
 
-lm::Config word_lm_config() {
+/// A model's batch: `global` split over the ranks (the small shapes), or
+/// `per_rank` on every rank.
+struct BatchShape {
+  std::size_t global = 0, per_rank = 0;
+  std::size_t local(const pb::Session& s) const { return per_rank ? per_rank : global / static_cast<std::size_t>(s.size()); }
+  std::size_t total(const pb::Session& s) const { return local(s) * static_cast<std::size_t>(s.size()); }
+};
+
+lm::Config word_lm_config(bool demo) {
   lm::Config c;
-  c.vocab = 200000;
-  c.dim = 256;
+  c.vocab = demo ? 800000 : 200000;
+  c.dim = demo ? 128 : 256;
   c.context = 2;
   c.sampled = 8192;
   c.seed = kSeed;
   return c;
 }
-// Global batches divisible by 1, 2, 3 and 4 ranks.
-constexpr std::size_t kWordLmBatch = 24;
-constexpr std::size_t kCtrBatch = 240;
-constexpr std::size_t kMlpBatch = 240;
+// Small global batches, divisible by 1, 2, 3 and 4 ranks; realistic ones per rank.
+constexpr std::size_t kWordLmBatch = 24, kCtrBatch = 240, kMlpBatch = 240;
 
 /// Counters every end-to-end benchmark reports. `sent` is what this rank
-/// sent over `steps` steps; `loss` its last local loss.
+/// sent over `steps` steps; `loss` its last local loss; `profile` the timed
+/// steps' parts, `seconds` their time on this rank.
 void report(benchmark::State& st, pb::Session& s, std::size_t global_batch, std::uint64_t sent, std::uint64_t steps,
-            double loss) {
+            double loss, const examples::StepProfile& profile, double seconds) {
   using C = benchmark::Counter;
   MPI_Comm comm = s.context().comm();
   double per_step[2] = {static_cast<double>(sent) / static_cast<double>(steps), 0};
   per_step[1] = per_step[0];
   MPI_Allreduce(MPI_IN_PLACE, &per_step[0], 1, MPI_DOUBLE, MPI_SUM, comm);
   MPI_Allreduce(MPI_IN_PLACE, &per_step[1], 1, MPI_DOUBLE, MPI_MAX, comm);
+  double shares[2] = {profile.seconds(examples::Part::gemm) / seconds / s.size(),
+                      profile.seconds(examples::Part::parallax) / seconds / s.size()};
+  MPI_Allreduce(MPI_IN_PLACE, shares, 2, MPI_DOUBLE, MPI_SUM, comm);
+  st.counters["gemm_share"] = C(shares[0]);
+  st.counters["parallax_share"] = C(shares[1]);
   st.counters["samples_per_s"] = C(static_cast<double>(global_batch), C::kIsIterationInvariantRate);
   st.counters["steps_per_s"] = C(1.0, C::kIsIterationInvariantRate);
   st.counters["bytes_per_step"] = C(per_step[0] / s.size(), C::kDefaults, C::OneK::kIs1024);
@@ -83,33 +105,44 @@ void report(benchmark::State& st, pb::Session& s, std::size_t global_batch, std:
 }
 
 /// Runs `warmup` + timed steps of `step(batch)`, with `make(step, batch)`
-/// untimed before each, and reports.
+/// untimed before each, and reports; the timed steps are profiled.
 template <class Trainer, class Batch, class Make, class Step>
 void run_steps(benchmark::State& st, pb::Session& s, Trainer& trainer, std::size_t global_batch, Make make, Step step) {
+  constexpr std::uint64_t warmup = 2;
   Batch batch;
   std::uint64_t n = 0;
-  double loss = 0;
+  double loss = 0, seconds = 0;
+  examples::StepProfile profile;
   const std::uint64_t sent0 = trainer.stats().total().sent();
   pb::timed_loop(
-      st, s.context().comm(), 2, [&] { make(n, batch); },
+      st, s.context().comm(), static_cast<int>(warmup), [&] { make(n, batch); },
       [&] {
+        if (n++ < warmup) {
+          loss = step(batch);
+          return;
+        }
+        const examples::StepProfile::Scope scope(profile);
+        const double t0 = MPI_Wtime();
         loss = step(batch);
-        ++n;
+        seconds += MPI_Wtime() - t0;
       });
-  report(st, s, global_batch, trainer.stats().total().sent() - sent0, n, loss);
+  report(st, s, global_batch, trainer.stats().total().sent() - sent0, n, loss, profile, seconds);
 }
 
 // ---------------------------------------------------------------- word_lm
 
+template <std::size_t Global, std::size_t PerRank = 0>
 struct WordLm {
+static constexpr BatchShape shape{Global, PerRank};
 template <class Arch>
 static void run(benchmark::State& st, pb::Session& s) {
   px::Context& ctx = s.context();
-  const lm::Config cfg = word_lm_config();
+  constexpr bool demo = PerRank > 0;  // the realistic shape trains the demo's model
+  const lm::Config cfg = word_lm_config(demo);
   static const std::vector<std::int32_t> tokens = examples::SyntheticCorpus{cfg.vocab, 2000000, 1.0, 0.5, kSeed}.make();
   const lm::Windows windows(tokens, cfg.context, kSeed);
   const examples::LogUniformSampler sampler(cfg.vocab);
-  const std::size_t local = kWordLmBatch / static_cast<std::size_t>(s.size());
+  const std::size_t local = shape.local(s), global = shape.total(s);
   const std::size_t first = local * static_cast<std::size_t>(s.rank());
 
   lm::Model<Space> model(ctx, cfg);
@@ -123,9 +156,9 @@ static void run(benchmark::State& st, pb::Session& s) {
     lm::Candidates cand;
   };
   run_steps<decltype(trainer), Input>(
-      st, s, trainer, kWordLmBatch,
+      st, s, trainer, global,
       [&](std::uint64_t step, Input& in) {
-        in.batch = windows.training(step, kWordLmBatch, first, local);
+        in.batch = windows.training(step, global, first, local);
         in.cand = lm::make_candidates(sampler, cfg.sampled, kSeed, step, in.batch);
       },
       [&](const Input& in) { return model.train_step(trainer, in.batch, in.cand); });
@@ -134,7 +167,9 @@ static void run(benchmark::State& st, pb::Session& s) {
 
 // ---------------------------------------------------------------- ctr
 
+template <std::size_t Global, std::size_t PerRank = 0>
 struct ClickModel {
+static constexpr BatchShape shape{Global, PerRank};
 template <class Arch>
 static void run(benchmark::State& st, pb::Session& s) {
   px::Context& ctx = s.context();
@@ -142,7 +177,7 @@ static void run(benchmark::State& st, pb::Session& s) {
   cfg.table_rows = ctr::criteo_table_rows(100000);
   cfg.seed = kSeed;
   const examples::SyntheticClicks clicks(cfg.table_rows, ctr::dense_features, kSeed);
-  const std::size_t local = kCtrBatch / static_cast<std::size_t>(s.size());
+  const std::size_t local = shape.local(s), global = shape.total(s);
   const std::size_t first = local * static_cast<std::size_t>(s.rank());
 
   ctr::Model<Space> model(ctx, cfg);
@@ -150,12 +185,12 @@ static void run(benchmark::State& st, pb::Session& s) {
       [&](auto&... vars) { return px::Trainer<Arch, px::optim::Adagrad>(ctx, px::optim::Adagrad{0.2f}, vars...); },
       model.variables());
   run_steps<decltype(trainer), ctr::Batch>(
-      st, s, trainer, kCtrBatch,
+      st, s, trainer, global,
       [&](std::uint64_t step, ctr::Batch& b) {
         b.clear(local);
         examples::ClickExample e;
         for (std::size_t i = first; i < first + local; ++i) {
-          clicks.make(step * kCtrBatch + i, e);
+          clicks.make(step * global + i, e);
           b.add(e);
         }
       },
@@ -165,7 +200,9 @@ static void run(benchmark::State& st, pb::Session& s) {
 
 // ---------------------------------------------------------------- dense_mlp
 
+template <std::size_t Global, std::size_t PerRank = 0>
 struct DenseMlp {
+static constexpr BatchShape shape{Global, PerRank};
 template <class Arch>
 static void run(benchmark::State& st, pb::Session& s) {
   px::Context& ctx = s.context();
@@ -173,7 +210,7 @@ static void run(benchmark::State& st, pb::Session& s) {
   cfg.hidden = 512;
   cfg.seed = kSeed;
   const examples::TeacherData data(cfg.inputs, cfg.classes, kSeed);
-  const std::size_t local = kMlpBatch / static_cast<std::size_t>(s.size());
+  const std::size_t local = shape.local(s), global = shape.total(s);
   const std::size_t first = local * static_cast<std::size_t>(s.rank());
 
   mlp::Model<Space> model(ctx, cfg);
@@ -183,13 +220,13 @@ static void run(benchmark::State& st, pb::Session& s) {
       },
       model.variables());
   run_steps<decltype(trainer), mlp::Batch>(
-      st, s, trainer, kMlpBatch,
+      st, s, trainer, global,
       [&](std::uint64_t step, mlp::Batch& b) {
         b.rows = local;
         b.x.resize(local * cfg.inputs);
         b.labels.resize(local);
         for (std::size_t i = 0; i < local; ++i)
-          b.labels[i] = data.make(step * kMlpBatch + first + i, b.x.data() + i * cfg.inputs);
+          b.labels[i] = data.make(step * global + first + i, b.x.data() + i * cfg.inputs);
       },
       [&](const mlp::Batch& b) { return model.train_step(trainer, b); });
 }
@@ -227,8 +264,11 @@ int main(int argc, char** argv) {
     }
   }
   const bool slow = s.oversubscribed();  // collectives cost scheduler slices: fewer steps
-  add<WordLm>(s, "word_lm", slow ? 10 : 20);
-  add<ClickModel>(s, "ctr", slow ? 10 : 30);
-  add<DenseMlp>(s, "dense_mlp", slow ? 20 : 50);
+  add<WordLm<kWordLmBatch>>(s, "word_lm", slow ? 10 : 20);
+  add<ClickModel<kCtrBatch>>(s, "ctr", slow ? 10 : 30);
+  add<DenseMlp<kMlpBatch>>(s, "dense_mlp", slow ? 20 : 50);
+  add<WordLm<0, 1024>>(s, "word_lm_1024", slow ? 6 : 10);
+  add<ClickModel<0, 2048>>(s, "ctr_2048", slow ? 10 : 20);
+  add<DenseMlp<0, 1024>>(s, "dense_mlp_1024", slow ? 10 : 20);
   return s.run();
 }

@@ -19,10 +19,10 @@ import sys
 
 SECTION = "## End to end (issue 5)"
 ARCHS = ["hybrid", "allreduce", "ps"]
-MODELS = ["word_lm", "ctr", "dense_mlp"]
+MODELS = ["word_lm", "word_lm_1024", "ctr", "ctr_2048", "dense_mlp", "dense_mlp_1024"]
 
 
-FIGURES = ("samples_per_s", "real_time", "bytes_per_step", "bytes_per_step_max")
+FIGURES = ("samples_per_s", "real_time", "bytes_per_step", "bytes_per_step_max", "gemm_share", "parallax_share")
 
 
 def load(paths):
@@ -53,7 +53,7 @@ def load(paths):
     for key, entries in pooled.items():
         b = dict(entries[0])
         for field in FIGURES:
-            b[field] = statistics.median(e[field] for e in entries)
+            b[field] = statistics.median(e.get(field, float("nan")) for e in entries)
         b["rounds"] = len(entries)
         out[key] = b
     return out, context
@@ -64,6 +64,10 @@ def fmt_bytes(b):
         if b < 1024 or unit == "GiB":
             return f"{b:.0f} {unit}" if unit == "B" else f"{b:.2f} {unit}"
         b /= 1024
+
+
+def pct(share):
+    return "" if share is None or share != share else f"{100 * share:.0f}%"
 
 
 def produced_by(command):
@@ -78,8 +82,12 @@ def section(runs, context, command, title=SECTION, plot="end_to_end.png"):
                  "examples run) under each architecture: `bench/end_to_end.cpp`, Google Benchmark through "
                  "`bench/common/harness.hpp` (fixed step counts, the slowest rank's time per step). "
                  "Bytes are what one rank sends per step, from the trainer's `CommStats` (exact): the mean "
-                 "over the ranks, and the busiest rank in parentheses. Shapes are in the benchmark's header "
-                 "comment.")
+                 "over the ranks, and the busiest rank in parentheses. The shares are of the timed steps' "
+                 "time, mean over the ranks (`examples/common/profile.hpp`): the model's matrix products "
+                 "(GEMMs) and parallax's calls (lookups, adding gradients, `trainer.step()`, waiting for "
+                 "peers included); the rest is the model's other kernels. Shapes are in the benchmark's "
+                 "header comment: `<model>` a small global batch split over the ranks, `<model>_<n>` n "
+                 "samples per rank.")
     lines.append("")
     lines += produced_by(command)
     host = context.get("host_name", "?")
@@ -107,8 +115,8 @@ def section(runs, context, command, title=SECTION, plot="end_to_end.png"):
             continue
         lines.append(f"### {model}")
         lines.append("")
-        lines.append("| ranks | architecture | samples/s | ms/step | bytes sent/step/rank |")
-        lines.append("|---:|---|---:|---:|---|")
+        lines.append("| ranks | architecture | samples/s | ms/step | bytes sent/step/rank | GEMMs | parallax |")
+        lines.append("|---:|---|---:|---:|---|---:|---:|")
         for n in ranks:
             for arch in ARCHS:
                 b = runs.get((model, arch, n))
@@ -116,7 +124,8 @@ def section(runs, context, command, title=SECTION, plot="end_to_end.png"):
                     continue
                 ms = b["real_time"] if b.get("time_unit") == "ms" else b["real_time"] / 1000.0
                 lines.append(f"| {n} | {arch} | {b['samples_per_s']:.1f} | {ms:.1f} | "
-                             f"{fmt_bytes(b['bytes_per_step'])} ({fmt_bytes(b['bytes_per_step_max'])}) |")
+                             f"{fmt_bytes(b['bytes_per_step'])} ({fmt_bytes(b['bytes_per_step_max'])}) | "
+                             f"{pct(b.get('gemm_share'))} | {pct(b.get('parallax_share'))} |")
         lines.append("")
     lines.append("### Hybrid against all-reduce")
     lines.append("")

@@ -1,24 +1,48 @@
-// Host row kernels on scattered rows: the sparse optimizer update and the
-// row gather that a sharded PS runs on its shard every step.
+// Host row kernels: the local work parallax does every step besides its
+// messages (the lookup's gather, coalescing sparse gradients, the lazy
+// optimizer update, the ring's reduction), each against a memcpy of the
+// same bytes at the same memory level, and the hooks and flags that made
+// them faster against their baselines.
 //
 //   build/host/bench/bench_row_kernels --benchmark_repetitions=5
 //       --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true
 //
-// One process, no MPI. The workloads (row_kernels.hpp): 8,192 distinct rows
-// of 128 floats a step, a new set of rows each iteration, from a rank's
-// shard of word_lm's softmax table at the demo's shape (argument 0: 100 MB,
-// L3-resident here) or from a 1 GB table (argument 1: DRAM), on the
-// process's OpenMP team. Benchmarks:
+// One process, no MPI, on the process's OpenMP team (OMP_NUM_THREADS). The
+// workloads (row_kernels.hpp): 8,192 distinct rows of 128 floats a step, a
+// new set of rows each iteration, from a rank's shard of word_lm's softmax
+// table at the demo's shape (argument 0: 100 MB) or from a 1 GB table
+// (argument 1: DRAM everywhere). Benchmarks:
 //   AdagradRows/library      optim::apply_rows(Adagrad), as the trainer runs it
 //   AdagradRows/prefetch     the same kernel given a prefetch(r) of its table and
 //                            accumulator rows (RowUpdate has none: this is why)
 //   AdagradRows/math_errno   the same kernel compiled with -fmath-errno
+//   AdagradRows/contiguous   the same kernel on as many contiguous rows: the
+//                            update without the scatter, beside Memcpy/rows
+//   AdamRows/library         optim::apply_rows(Adam) (two state rows)
 //   GatherRows/library       detail::GatherRows (a lookup's gather)
 //   GatherRows/no_prefetch   the same kernel with its prefetch(r) hidden
-// Counter `bytes_per_second`: the rows' bytes read and written.
+//   GatherAt/library         detail::GatherAt (the gather from shared shards)
+//   Memcpy/rows              the baseline of the row kernels: as many rows of the
+//                            same table, contiguous, copied by the same team
+//   Coalesce/library         detail::coalesce_rows (SparseGrad::coalesce of rows not
+//                            yet sorted): 16,384 rows of 128 floats with repeated
+//                            ids, word_lm's embedding gradient at 8,192 words
+//   Memcpy/coalesce          its baseline: the 16,384 rows copied
+//   AddInto/ring             RingAllReducer's reduction (ContiguousView::add): a
+//                            received 128 KiB segment added into each segment of
+//                            a 64 MiB gradient in turn
+//   Memcpy/ring              its baseline: the segment copied into each in turn
+// Counter `bytes_per_second`: the bytes read and written (a memcpy of n
+// bytes: 2n), so every kernel is quoted as a fraction of memcpy's rate.
 #include "row_kernels.hpp"
 
 #include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
 
 namespace px = parallax;
 namespace pb = parallax::bench;
@@ -85,6 +109,138 @@ void gather_rows(pb::RowWorkload& w, std::size_t s) {
 void GatherRows_library(benchmark::State& state) { run_rows(state, gather_rows<true>, 2 * kRowBytes); }
 void GatherRows_no_prefetch(benchmark::State& state) { run_rows(state, gather_rows<false>, 2 * kRowBytes); }
 
+// ---------------------------------------------------------------- against memcpy
+
+/// Copies `bytes` from src to dst on the OpenMP team, a block a thread, from
+/// the size at which for_each takes the team for floats: the baseline each
+/// kernel is quoted against.
+void team_memcpy(void* dst, const void* src, std::size_t bytes) {
+  const int threads = omp_get_max_threads();
+  [[maybe_unused]] const bool team = bytes / sizeof(float) >= px::detail::host_parallel_threshold;
+#pragma omp parallel for schedule(static) if (team)
+  for (int t = 0; t < threads; ++t) {
+    const std::size_t b0 = bytes * static_cast<std::size_t>(t) / static_cast<std::size_t>(threads);
+    const std::size_t b1 = bytes * static_cast<std::size_t>(t + 1) / static_cast<std::size_t>(threads);
+    std::memcpy(static_cast<char*>(dst) + b0, static_cast<const char*>(src) + b0, b1 - b0);
+  }
+}
+
+/// Set s's baseline: as many rows as a set, contiguous, from the same table.
+void memcpy_rows(pb::RowWorkload& w, std::size_t s) {
+  team_memcpy(w.out.data(), w.table.data() + s * pb::RowWorkload::touched * pb::RowWorkload::cols,
+              pb::RowWorkload::touched * kRowBytes);
+}
+void Memcpy_rows(benchmark::State& state) { run_rows(state, memcpy_rows, 2 * kRowBytes); }
+
+void gather_at(pb::RowWorkload& w, std::size_t s) {
+  px::for_each_rows(host, pb::RowWorkload::touched, pb::RowWorkload::cols,
+                    px::detail::GatherAt<float>{w.row_pointers(s), w.out.data(), pb::RowWorkload::cols});
+}
+void GatherAt_library(benchmark::State& state) {
+  pb::RowWorkload::of(state.range(0)).row_pointers(0);  // made before the timed loop
+  run_rows(state, gather_at, 2 * kRowBytes);
+}
+
+/// The library's Adagrad update on set s's count of contiguous rows: the
+/// kernel without the scatter, beside the memcpy of the same rows.
+void adagrad_contiguous(pb::RowWorkload& w, std::size_t s) {
+  px::optim::apply_rows(host, px::optim::Adagrad{0.5f}, 1, w.table.data(), w.contiguous_ids(s), w.grad.data(),
+                        pb::RowWorkload::touched, pb::RowWorkload::cols, w.state, 1.0f);
+}
+void AdagradRows_contiguous(benchmark::State& state) {
+  pb::RowWorkload::of(state.range(0)).contiguous_ids(0);  // made before the timed loop
+  run_rows(state, adagrad_contiguous, kAdagradBytes);
+}
+
+void adam_rows(pb::RowWorkload& w, std::size_t s) {
+  px::optim::apply_rows(host, px::optim::Adam{1e-3f}, 1, w.table.data(), w.ids[s].data(), w.grad.data(),
+                        pb::RowWorkload::touched, pb::RowWorkload::cols, w.adam(), 1.0f);
+}
+// Adam reads and writes a row of the table and of both moments, and reads a gradient row.
+void AdamRows_library(benchmark::State& state) {
+  pb::RowWorkload::of(state.range(0)).adam();  // made before the timed loop
+  run_rows(state, adam_rows, 7 * kRowBytes);
+}
+
+/// Rows of a sparse gradient before it is coalesced: 16,384 rows (word_lm's
+/// context words at 8,192 words a step) with ids drawn log-uniformly from
+/// 200,000, as word frequencies fall, so the frequent ones repeat; 8 sets.
+struct UncoalescedRows {
+  static constexpr std::size_t n = 16384, cols = 128, sets = 8;
+  std::vector<std::vector<px::index_t>> ids;
+  std::vector<float> values = std::vector<float>(n * cols, 1e-3f);
+  px::Buffer<px::index_t> out_ids;
+  px::Buffer<float> out_values;
+  px::detail::CoalesceScratch<px::HostSpace> scratch;
+  UncoalescedRows() {
+    std::mt19937_64 rng(11);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    for (std::size_t k = 0; k < sets; ++k) {
+      ids.emplace_back(n);
+      for (auto& id : ids.back()) id = static_cast<px::index_t>(std::exp(u(rng) * std::log(200000.0))) - 1;
+    }
+  }
+  static UncoalescedRows& get() {
+    static UncoalescedRows r;
+    return r;
+  }
+};
+
+void Coalesce_library(benchmark::State& state) {
+  auto& r = UncoalescedRows::get();
+  std::size_t s = 0, bytes = 0;
+  for (auto _ : state) {
+    const std::size_t m = px::detail::coalesce_rows(host, r.ids[s].data(), r.values.data(), r.n, r.cols, r.out_ids,
+                                                    r.out_values, r.scratch);
+    bytes += (r.n + m) * (r.cols * sizeof(float) + sizeof(px::index_t));  // rows and ids read, sums and ids written
+    s = (s + 1) % r.sets;
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(bytes));
+}
+void Memcpy_coalesce(benchmark::State& state) {
+  auto& r = UncoalescedRows::get();
+  r.out_values.resize_discard(r.n * r.cols);
+  for (auto _ : state) {
+    team_memcpy(r.out_values.data(), r.values.data(), r.n * r.cols * sizeof(float));
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 2 * r.n * r.cols * sizeof(float)));
+}
+
+/// A 64 MiB gradient the ring reduces in 128 KiB segments (RingOptions'
+/// default), one received segment added into each in turn.
+struct RingSegments {
+  static constexpr std::size_t segment = (std::size_t{128} << 10) / sizeof(float), count = 512;
+  std::vector<float> grad = std::vector<float>(segment * count, 1.0f);
+  std::vector<float> received = std::vector<float>(segment, 1e-3f);
+  static RingSegments& get() {
+    static RingSegments r;
+    return r;
+  }
+};
+
+template <class Step>
+void run_segments(benchmark::State& state, Step step, std::size_t bytes_per_element) {
+  auto& r = RingSegments::get();
+  std::size_t g = 0;
+  for (auto _ : state) {
+    step(r.grad.data() + g * r.segment, r.received.data(), r.segment);
+    g = (g + 1) % r.count;
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * r.segment * bytes_per_element));
+}
+// The ring's add reads the gradient and the segment and writes the gradient.
+void AddInto_ring(benchmark::State& state) {
+  run_segments(state, [](float* dst, const float* src, std::size_t n) { px::detail::ContiguousView<float>(dst).add(host, 0, src, n); },
+               3 * sizeof(float));
+}
+void Memcpy_ring(benchmark::State& state) {
+  run_segments(state, [](float* dst, const float* src, std::size_t n) { team_memcpy(dst, src, n * sizeof(float)); },
+               2 * sizeof(float));
+}
+
 }  // namespace
 
 // Run with --benchmark_enable_random_interleaving=true (docs/benchmarks.md), so
@@ -94,5 +250,13 @@ BENCHMARK(AdagradRows_prefetch)->Name("AdagradRows/prefetch")->Arg(0)->Arg(1)->U
 BENCHMARK(AdagradRows_math_errno)->Name("AdagradRows/math_errno")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(GatherRows_library)->Name("GatherRows/library")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(GatherRows_no_prefetch)->Name("GatherRows/no_prefetch")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(AdagradRows_contiguous)->Name("AdagradRows/contiguous")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(GatherAt_library)->Name("GatherAt/library")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(AdamRows_library)->Name("AdamRows/library")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(Memcpy_rows)->Name("Memcpy/rows")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(Coalesce_library)->Name("Coalesce/library")->Unit(benchmark::kMicrosecond);
+BENCHMARK(Memcpy_coalesce)->Name("Memcpy/coalesce")->Unit(benchmark::kMicrosecond);
+BENCHMARK(AddInto_ring)->Name("AddInto/ring")->Unit(benchmark::kMicrosecond);
+BENCHMARK(Memcpy_ring)->Name("Memcpy/ring")->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstddef>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -18,8 +19,8 @@ namespace parallax::bench {
 /// sharded PS applies them); an iteration takes the next set. Two sizes:
 /// * shard(): a rank's shard of word_lm's softmax table at the demo's shape
 ///   (800,000 words over 4 ranks: 200,000 rows, 100 MB), 16 sets (128 MB
-///   touched): after the first pass the rows sit in this machine's shared
-///   480 MiB L3, as they may when one process has the machine;
+///   touched): in cache where the last-level cache holds it, as it may when
+///   one process has the machine;
 /// * table(): 2,000,000 rows (1 GB, and 1 GB of accumulator), 64 sets (512 MB
 ///   touched, more than the L3): the rows come from DRAM, as they do when
 ///   several ranks' tables and other jobs share the cache.
@@ -51,6 +52,39 @@ struct RowWorkload {
     return w;
   }
   static RowWorkload& of(std::int64_t size) { return size == 0 ? shard() : table_in_dram(); }
+
+  /// Set s's rows as pointers into the table (what a lookup from shared
+  /// shards gathers from), made at first use.
+  const float* const* row_pointers(std::size_t s) {
+    if (pointers.empty()) {
+      for (const auto& set : ids) {
+        pointers.emplace_back();
+        for (index_t id : set) pointers.back().push_back(table.data() + static_cast<std::size_t>(id) * cols);
+      }
+    }
+    return pointers[s].data();
+  }
+  /// Set s's count of rows, contiguous (rows s x touched on): the rows the
+  /// memcpy baseline copies, for a kernel's speed without the scatter.
+  const index_t* contiguous_ids(std::size_t s) {
+    if (contiguous.empty()) {
+      for (std::size_t k = 0; k < sets; ++k) {
+        contiguous.emplace_back(touched);
+        std::iota(contiguous.back().begin(), contiguous.back().end(), static_cast<index_t>(k * touched));
+      }
+    }
+    return contiguous[s].data();
+  }
+  /// Adam's two moments, made at first use.
+  optim::State<optim::Adam, float, HostSpace>& adam() {
+    if (!adam_state) adam_state = std::make_unique<optim::State<optim::Adam, float, HostSpace>>(optim::Adam{}, rows * cols);
+    return *adam_state;
+  }
+
+ private:
+  std::vector<std::vector<const float*>> pointers;
+  std::vector<std::vector<index_t>> contiguous;
+  std::unique_ptr<optim::State<optim::Adam, float, HostSpace>> adam_state;
 };
 
 /// The kernel optim::apply_rows runs for Adagrad on set `s` of the workload,

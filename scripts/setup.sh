@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what parallax needs on a fresh Debian machine, if missing:
-# MPICH, Catch2, Boost.Program_options, Google Benchmark, CMake, a C++17
-# compiler. The CUDA toolkit (nvcc, NCCL, Thrust, CUB) is expected at
-# /usr/local/cuda (or CUDA_HOME). Safe to run again: installs nothing twice.
+# MPICH, Catch2, Boost.Program_options, Google Benchmark, OpenBLAS (the
+# examples' matrix products), CMake, a C++17 compiler. The CUDA toolkit
+# (nvcc, NCCL, Thrust, CUB, cuBLAS) is expected at /usr/local/cuda (or
+# CUDA_HOME). Safe to run again: installs nothing twice.
 set -euo pipefail
 
-packages=(cmake g++ make mpich libmpich-dev catch2 libboost-program-options-dev libbenchmark-dev)
+packages=(cmake g++ make mpich libmpich-dev catch2 libboost-program-options-dev libbenchmark-dev
+          libopenblas-openmp-dev)  # the examples' BLAS: OpenBLAS's OpenMP build (cmake/ParallaxExamplesBlas.cmake)
 packages+=("$@")  # callers may add more (e.g. python3-matplotlib for plots)
 missing=()
 for p in "${packages[@]}"; do

@@ -11,6 +11,7 @@
 // learnable bigrams, made in memory. The run passes when the final training
 // loss is below --pass-ratio times the untrained model's (step 1).
 #include "common/backend.hpp"
+#include "common/gemm.hpp"
 #include "common/options.hpp"
 #include "common/progress.hpp"
 #include "common/readers.hpp"
@@ -25,6 +26,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace px = parallax;
@@ -65,18 +67,18 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
   const auto& o = a.common;
   const lm::Config& cfg = a.model;
   // example-begin word_lm_shard
-  // This rank's share of every global batch: examples [first, first + local).
-  // check_common() made sure the ranks divide the batch evenly.
-  const std::size_t ranks = static_cast<std::size_t>(ctx.size());
-  const std::size_t local = o.batch / ranks, first = static_cast<std::size_t>(ctx.rank()) * local;
+  // --batch words per rank: this rank's share of every global batch (ranks x
+  // batch words) is examples [first, first + batch).
+  const examples::Shard shard(o, ctx);
   // example-end
+  const std::size_t ranks = static_cast<std::size_t>(ctx.size());
   const lm::Windows windows(tokens, cfg.context, o.seed);
   const examples::LogUniformSampler sampler(cfg.vocab);
 
   // Partitions of the two tables, from the ids of the first 4 steps.
   std::vector<px::index_t> emb_sample, softmax_sample;
   for (std::uint64_t s = 0; s < 4; ++s) {
-    const lm::Batch b = windows.training(s, o.batch, first, local);
+    const lm::Batch b = windows.training(s, shard.global, shard.first, shard.batch);
     const lm::Candidates c = lm::make_candidates(sampler, cfg.sampled, o.seed, s, b);
     emb_sample.insert(emb_sample.end(), b.context.begin(), b.context.end());
     softmax_sample.insert(softmax_sample.end(), c.ids.begin(), c.ids.end());
@@ -100,10 +102,13 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
   }
 
   // example-begin word_lm_loop
-  examples::Progress progress(trainer, o.batch, o.log_every, "words", o.warmup);
+  examples::Progress progress(trainer, shard.global, o.log_every, "words", o.warmup);
   for (std::uint64_t step = 0; step < o.steps; ++step) {
-    const lm::Batch batch = windows.training(step, o.batch, first, local);  // this rank's share
-    const lm::Candidates cand = lm::make_candidates(sampler, cfg.sampled, o.seed, step, batch);
+    const auto [batch, cand] = examples::timed(examples::Part::input, [&] {
+      lm::Batch b = windows.training(step, shard.global, shard.first, shard.batch);  // this rank's share
+      lm::Candidates c = lm::make_candidates(sampler, cfg.sampled, o.seed, step, b);
+      return std::make_pair(std::move(b), std::move(c));
+    });
     progress.record(model.train_step(trainer, batch, cand));
   }
   const examples::Summary s = progress.finish();
@@ -130,8 +135,9 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
   }
   if (ctx.is_root()) {
     std::printf("result: example=word_lm arch=%s ranks=%d final_loss=%.7f final_loss_hex=%a samples_per_s=%.1f bytes_per_step=%.0f "
-                "bytes_per_step_max=%.0f perplexity=%.2f\n",
-                Arch::name, s.ranks, s.final_loss, s.final_loss, s.samples_per_s, s.bytes_per_step, s.bytes_per_step_max, perplexity);
+                "bytes_per_step_max=%.0f %s perplexity=%.2f\n",
+                Arch::name, s.ranks, s.final_loss, s.final_loss, s.samples_per_s, s.bytes_per_step, s.bytes_per_step_max,
+                s.shares().c_str(), perplexity);
   }
   const double threshold = a.pass_ratio * s.first_loss;
   char why[200];
@@ -145,7 +151,7 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
 int main(int argc, char** argv) {
   Args a;
   a.common.steps = 200;
-  a.common.batch = 256;
+  a.common.batch = 1024;  // LM1B trains on 128 x 20 = 2,560 words per GPU
   a.common.lr = 0.5f;
   a.common.log_every = 50;
 
@@ -175,7 +181,7 @@ int main(int argc, char** argv) {
   a.model.seed = a.common.seed;
 
   std::vector<std::int32_t> tokens;
-  std::string problem = cl.ok() ? examples::check_common(a.common, ctx) : "";
+  std::string problem = cl.ok() ? examples::check_common(a.common) : "";
   if (cl.ok() && problem.empty()) {
     if (a.corpus.empty()) {
       tokens = examples::SyntheticCorpus{a.model.vocab, a.tokens, 1.0, 0.5, a.common.seed}.make();
@@ -202,11 +208,12 @@ int main(int argc, char** argv) {
   if (const int code = examples::report_command_line(cl, problem, ctx, about, desc); code >= 0) return code;
 
   if (ctx.is_root()) {
-    std::printf("01_word_lm: vocab %zu, dim %zu, context %zu, %zu sampled classes/step, global batch %zu, %zu steps, "
-                "lr %g, seed %llu; data: %s (%zu words)\n",
-                a.model.vocab, a.model.dim, a.model.context, a.model.sampled, a.common.batch, a.common.steps,
-                static_cast<double>(a.common.lr), static_cast<unsigned long long>(a.common.seed),
-                a.corpus.empty() ? "synthetic Zipf corpus" : a.corpus.c_str(), tokens.size());
+    std::printf("01_word_lm: vocab %zu, dim %zu, context %zu, %zu sampled classes/step, batch %zu words per rank "
+                "(%zu in all), %zu steps, lr %g, seed %llu; data: %s (%zu words); matrix products: %s\n",
+                a.model.vocab, a.model.dim, a.model.context, a.model.sampled, a.common.batch,
+                a.common.batch * static_cast<std::size_t>(ctx.size()), a.common.steps, static_cast<double>(a.common.lr),
+                static_cast<unsigned long long>(a.common.seed), a.corpus.empty() ? "synthetic Zipf corpus" : a.corpus.c_str(),
+                tokens.size(), examples::gemm_description<examples::DefaultSpace>().c_str());
     std::fflush(stdout);
   }
   // example-begin word_lm_arch

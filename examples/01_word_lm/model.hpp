@@ -14,10 +14,14 @@
 /// (seeded by the step), with the logQ correction and accidental hits removed,
 /// as tf.nn.sampled_softmax_loss does.
 ///
-/// Templated on the memory space: the kernels are PARALLAX_HOST_DEVICE
-/// functors, so the same model trains on the host and on a GPU.
+/// Templated on the memory space: the matrix products are gemm() calls (a
+/// BLAS on the host, cuBLAS on a GPU) and the other kernels
+/// PARALLAX_HOST_DEVICE functors, so the same model trains on the host and
+/// on a GPU.
 
+#include "../common/gemm.hpp"
 #include "../common/layers.hpp"
+#include "../common/profile.hpp"
 #include "../common/synthetic.hpp"
 
 #include <parallax/parallax.hpp>
@@ -144,164 +148,58 @@ class Windows {
 
 // ---------------------------------------------------------------- kernels
 
+// The kernels are row kernels (px::for_each_rows): f(b, c) for row b and
+// column c, a row a task with a loop along it on the host, an element a
+// thread on a GPU.
+
+/// [h, 1]: the hidden rows with a constant 1 appended, so that one product
+/// with the softmax rows also adds their bias (their last column).
+template <class T>
+struct AppendOne {
+  const T* h;  // rows x dim
+  T* h1;       // rows x (dim + 1)
+  std::size_t dim;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t b, std::size_t c) const {
+    h1[b * (dim + 1) + c] = c < dim ? h[b * dim + c] : T(1);
+  }
+};
+
 // example-begin word_lm_kernel
-/// z[b, 0] = the true word's logit, z[b, 1 + j] = sampled word j's; each
-/// h[b] . w[row] + bias[row] - log Q[row]. A sampled word equal to b's label
-/// (an accidental hit) gets a logit of -1e30, i.e. probability 0. One logit
-/// per call, the batch rows of one candidate next to each other: a softmax
-/// row is read from memory once a step, then from cache (on a GPU, by
-/// neighbouring threads together), not once per batch row.
+/// z[b, 0] = the true word's logit, z[b, 1 + j] = sampled word j's, read
+/// from every candidate's logit all[b, r] = [h_b, 1] . w[r] (a matrix
+/// product) less log Q[r]. A sampled word equal to b's label (an accidental
+/// hit) gets a logit of -1e30, i.e. probability 0. A row kernel: f(b, k).
 template <class T>
 struct SampledLogits {
-  const T* h;                      // rows x dim
-  const T* w;                      // candidates x (dim + 1)
+  const T* all;                    // rows x candidates
   const float* log_q;              // per candidate
   const px::index_t* sampled_row;  // per sampled word
   const px::index_t* label_row;    // per batch row
   T* z;                            // rows x (1 + sampled)
-  std::size_t rows, dim, sampled;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t e) const {
-    const std::size_t k = e / rows, b = e % rows;
-    T* out = z + b * (1 + sampled) + k;
-    const auto row = static_cast<std::size_t>(k == 0 ? label_row[b] : sampled_row[k - 1]);
-    if (k > 0 && row == static_cast<std::size_t>(label_row[b])) {
-      *out = T(-1e30);
-      return;
-    }
-    const T* wr = w + row * (dim + 1);
-    *out = dot(h + b * dim, wr, dim) + wr[dim] - static_cast<T>(log_q[row]);
+  std::size_t candidates, sampled;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t b, std::size_t k) const {
+    const auto label = static_cast<std::size_t>(label_row[b]);
+    const auto row = k == 0 ? label : static_cast<std::size_t>(sampled_row[k - 1]);
+    z[b * (1 + sampled) + k] = k > 0 && row == label ? T(-1e30) : all[b * candidates + row] - static_cast<T>(log_q[row]);
   }
 };
 // example-end
 
-/// The gradient of the logits as a candidates x rows matrix: d[r, b] =
-/// dz[b, 1 + j] if candidate row r is sampled word j, else 0. The true
-/// words' terms (dz[b, 0]) stay apart, so the sums below add the same terms
-/// in the same order as a loop over the sampled words would. One element per call.
+/// The gradient of every candidate's logit, rows x candidates: d[b, r] =
+/// dz[b, 1 + j] if candidate r is sampled word j (else 0), plus dz[b, 0] if
+/// r is b's label. A row kernel: f(b, r).
 template <class T>
-struct SampledGrad {
-  const T* dz;                  // rows x (1 + sampled)
-  const std::int32_t* column;  // per candidate: 1 + j, or 0
-  T* d;                         // candidates x rows
-  std::size_t rows, sampled;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t e) const {
-    const std::size_t r = e / rows, b = e % rows;
+struct CandidateLogitGrad {
+  const T* dz;                   // rows x (1 + sampled)
+  const std::int32_t* column;    // per candidate: 1 + j, or 0
+  const px::index_t* label_row;  // per batch row
+  T* d;                          // rows x candidates
+  std::size_t candidates, sampled;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t b, std::size_t r) const {
+    const T* zb = dz + b * (1 + sampled);
     const auto col = static_cast<std::size_t>(column[r]);
-    d[e] = col ? dz[b * (1 + sampled) + col] : T(0);
-  }
-};
-
-/// The gradient of candidate row r: sum_b delta(r, b) [h_b, 1], where
-/// delta(r, b) is d[r, b] (SampledGrad) plus dz[b, 0] if r is b's label. One row
-/// per call, its sums held in registers a tile of `Cols` columns at a time.
-template <class T, std::size_t Cols = 16>
-struct CandidateGrad {
-  const T* h;   // rows x dim
-  const T* d;   // candidates x rows (SampledGrad)
-  const T* dz;  // rows x (1 + sampled): column 0, the true words
-  const px::index_t* label_row;
-  T* g;  // candidates x (dim + 1)
-  std::size_t rows, dim, sampled;
-  PARALLAX_HOST_DEVICE T delta(std::size_t r, std::size_t b) const {
-    return d[r * rows + b] + (static_cast<std::size_t>(label_row[b]) == r ? dz[b * (1 + sampled)] : T(0));
-  }
-  PARALLAX_HOST_DEVICE void operator()(std::size_t r) const {
-    T* gr = g + r * (dim + 1);
-    std::size_t c0 = 0;
-    for (; c0 + Cols <= dim; c0 += Cols) {
-      T acc[Cols] = {};
-      for (std::size_t b = 0; b < rows; ++b) {
-        const T x = delta(r, b);
-        const T* hb = h + b * dim + c0;
-        for (std::size_t i = 0; i < Cols; ++i) acc[i] += x * hb[i];
-      }
-      for (std::size_t i = 0; i < Cols; ++i) gr[c0 + i] = acc[i];
-    }
-    for (; c0 < dim; ++c0) {
-      T acc = T(0);
-      for (std::size_t b = 0; b < rows; ++b) acc += delta(r, b) * h[b * dim + c0];
-      gr[c0] = acc;
-    }
-    T bias = T(0);
-    for (std::size_t b = 0; b < rows; ++b) bias += delta(r, b);
-    gr[dim] = bias;
-  }
-};
-
-/// dh[b, :] = dz[b, 0] w[label_b, :dim] + sum_r d[r, b] w[r, :dim]: a
-/// matrix product. A call owns `Rows` batch rows x `Panel` columns of dh and
-/// walks the candidate rows in memory order, `Block` at a time; within a
-/// block it sums one tile of up to `Rows` x `Cols` at a time in registers.
-/// The host takes 4 x 8 tiles (8 SSE registers of sums, each w fragment
-/// loaded once for 4 batch rows), panels of 64 columns and blocks of 32
-/// rows: 8 KiB of w, prefetched while the block before is summed, then read
-/// from L1 by every tile. A GPU takes one element a thread, rows x dim
-/// threads. Each element adds its terms in candidate order, the same sums
-/// whatever the tiling.
-template <class T, std::size_t Rows = 4, std::size_t Cols = 8, std::size_t Panel = 64, std::size_t Block = 32>
-struct HiddenGrad {
-  static_assert(Panel % Cols == 0, "a panel is whole tiles");
-  const T* w;   // candidates x (dim + 1)
-  const T* d;   // candidates x rows (SampledGrad)
-  const T* dz;  // rows x (1 + sampled): column 0, the true words
-  const px::index_t* label_row;
-  T* dh;  // rows x dim
-  std::size_t rows, dim, sampled, candidates;
-  /// Multiply-adds a call does per candidate row.
-  static constexpr std::size_t work = Rows * Panel;
-  /// Calls that cover dh.
-  static std::size_t calls(std::size_t rows, std::size_t dim) {
-    return (rows + Rows - 1) / Rows * ((dim + Panel - 1) / Panel);
-  }
-  PARALLAX_HOST_DEVICE void operator()(std::size_t e) const {
-    const std::size_t row_tiles = (rows + Rows - 1) / Rows;
-    const std::size_t b0 = e % row_tiles * Rows, p0 = e / row_tiles * Panel;
-    const std::size_t nb = rows - b0 < Rows ? rows - b0 : Rows, p1 = dim - p0 < Panel ? dim : p0 + Panel;
-    for (std::size_t b = b0; b < b0 + nb; ++b) {  // the true words' terms come first
-      const T t = dz[b * (1 + sampled)];
-      const T* wl = w + static_cast<std::size_t>(label_row[b]) * (dim + 1);
-      for (std::size_t c = p0; c < p1; ++c) dh[b * dim + c] = t * wl[c];
-    }
-    for (std::size_t r0 = 0; r0 < candidates; r0 += Block) {
-      const std::size_t r1 = candidates - r0 < Block ? candidates : r0 + Block;
-#if !defined(__CUDA_ARCH__) && defined(__GNUC__)
-      // The tiles walk down the block's rows, a stride the hardware does
-      // not prefetch: ask for the next block's part of the panel now.
-      for (std::size_t r = r1; r < r1 + Block && r < candidates; ++r)
-        for (std::size_t c = p0; c < p1; c += 64 / sizeof(T)) __builtin_prefetch(w + r * (dim + 1) + c);
-#endif
-      for (std::size_t c0 = p0; c0 < p1; c0 += Cols) {
-        const std::size_t nc = p1 - c0 < Cols ? p1 - c0 : Cols;
-        rows_tile<Rows>(nb, b0, c0, r0, r1, nc);
-      }
-    }
-  }
-
- private:
-  // A tile of nb <= R rows, with nb as a template argument: bounds the
-  // compiler sees are unrolled, their sums held in registers.
-  template <std::size_t R>
-  PARALLAX_HOST_DEVICE void rows_tile(std::size_t nb, std::size_t b0, std::size_t c0, std::size_t r0, std::size_t r1,
-                                      std::size_t nc) const {
-    if constexpr (R > 1) {
-      if (nb < R) return rows_tile<R - 1>(nb, b0, c0, r0, r1, nc);
-    }
-    nc == Cols ? tile<R>(b0, c0, r0, r1, Cols) : tile<R>(b0, c0, r0, r1, nc);
-  }
-  // Adds candidate rows [r0, r1) to dh's R x nc tile at (b0, c0).
-  template <std::size_t R>
-  PARALLAX_HOST_DEVICE void tile(std::size_t b0, std::size_t c0, std::size_t r0, std::size_t r1, std::size_t nc) const {
-    T acc[R][Cols];
-    for (std::size_t bi = 0; bi < R; ++bi)
-      for (std::size_t i = 0; i < nc; ++i) acc[bi][i] = dh[(b0 + bi) * dim + c0 + i];
-    for (std::size_t r = r0; r < r1; ++r) {
-      const T* dr = d + r * rows + b0;
-      const T* wr = w + r * (dim + 1) + c0;
-      for (std::size_t bi = 0; bi < R; ++bi)
-        for (std::size_t i = 0; i < nc; ++i) acc[bi][i] += dr[bi] * wr[i];
-    }
-    for (std::size_t bi = 0; bi < R; ++bi)
-      for (std::size_t i = 0; i < nc; ++i) dh[(b0 + bi) * dim + c0 + i] = acc[bi][i];
+    const T term = col ? zb[col] : T(0);
+    d[b * candidates + r] = static_cast<std::size_t>(label_row[b]) == r ? term + zb[0] : term;
   }
 };
 
@@ -312,6 +210,60 @@ struct FillValue {
   PARALLAX_HOST_DEVICE void operator()(std::size_t i) const { out[i] = value; }
 };
 
+/// The sampled softmax's math, without its variable: the softmax rows come
+/// from a lookup, their gradient goes into the table's gradient. Three
+/// matrix products (gemm.hpp) over every candidate row, the true words'
+/// and the sampled ones' alike; functors pick the rows' own logits out of
+/// them and put their gradients back.
+template <class Space, class T = float>
+class SampledSoftmax {
+ public:
+  /// A step's candidates (Candidates), in Space.
+  struct Inputs {
+    const float* log_q;              ///< per candidate
+    const px::index_t* sampled_row;  ///< per sampled word: its candidate row
+    const px::index_t* label_row;    ///< per batch row: its label's candidate row
+    const std::int32_t* column;      ///< per candidate: 1 + j if sampled word j, else 0
+    std::size_t candidates, sampled;
+  };
+
+  /// The logits of each row's true word (column 0) and of the sampled words,
+  /// rows x (1 + sampled), from the hidden rows h (rows x dim) and the
+  /// candidates' softmax rows w (candidates x (dim + 1)). The caller's loss
+  /// turns them into their gradient in place, for backward().
+  T* logits(const px::Exec<Space>& ex, const T* h, const T* w, std::size_t rows, std::size_t dim, const Inputs& in) {
+    rows_ = rows;
+    dim_ = dim;
+    h1_.resize_discard(rows * (dim + 1));
+    all_.resize_discard(rows * in.candidates);
+    z_.resize_discard(rows * (1 + in.sampled));
+    if (rows == 0) return z_.data();
+    px::for_each_rows(ex, rows, dim + 1, AppendOne<T>{h, h1_.data(), dim});
+    // Every candidate's logit for every row: [h, 1] w^T.
+    gemm(ex, Op::none, Op::transpose, rows, in.candidates, dim + 1, 1.0f, h1_.data(), dim + 1, w, dim + 1, 0.0f,
+         all_.data(), in.candidates);
+    px::for_each_rows(ex, rows, 1 + in.sampled,
+                      SampledLogits<T>{all_.data(), in.log_q, in.sampled_row, in.label_row, z_.data(), in.candidates,
+                                       in.sampled});
+    return z_.data();
+  }
+
+  /// From the logits' gradient (left in place of logits()), the candidates'
+  /// rows' gradient g (candidates x (dim + 1), the bias last) and the hidden
+  /// rows' dh (rows x dim). `w` as given to logits().
+  void backward(const px::Exec<Space>& ex, const T* w, const Inputs& in, T* g, T* dh) {
+    const std::size_t rows = rows_, dim = dim_, n = in.candidates;
+    px::for_each_rows(ex, rows, n, CandidateLogitGrad<T>{z_.data(), in.column, in.label_row, all_.data(), n, in.sampled});
+    // g = d^T [h, 1] (zero for no rows); dh = d w[:, :dim].
+    gemm(ex, Op::transpose, Op::none, n, dim + 1, rows, 1.0f, all_.data(), n, h1_.data(), dim + 1, 0.0f, g, dim + 1);
+    gemm(ex, Op::none, Op::none, rows, dim, n, 1.0f, all_.data(), n, w, dim + 1, 0.0f, dh, dim);
+  }
+
+ private:
+  std::size_t rows_ = 0, dim_ = 0;
+  px::Buffer<T, Space> h1_, all_, z_;  // all_: the candidates' logits, then their gradient d
+};
+
 // ---------------------------------------------------------------- the model
 
 /// The variables and the per-step computation. Give the trainer
@@ -320,8 +272,6 @@ template <class Space>
 class Model {
  public:
   using T = float;
-  /// Kernels tile for registers on the host, for threads on a GPU.
-  static constexpr bool host = std::is_same_v<Space, px::HostSpace>;
 
   // example-begin word_lm_variables
   Model(const px::Context& ctx, const Config& cfg)
@@ -335,6 +285,7 @@ class Model {
 
   /// One training step on this rank's share of the batch; returns the mean
   /// sampled-softmax loss over this rank's rows. Collective (lookups, step).
+  /// parallax's calls are charged to Part::parallax of the current profile.
   template <class Trainer>
   double train_step(Trainer& trainer, const Batch& batch, const Candidates& cand) {
     const std::size_t rows = batch.rows, dim = cfg_.dim, s = cand.sampled, width = 1 + s;
@@ -348,54 +299,44 @@ class Model {
     sampled_row_.assign_from_host(cand.sampled_row.data(), s);
     label_row_.assign_from_host(cand.label_row.data(), rows);
     column_.assign_from_host(cand.column.data(), n_cand);
+    const typename SampledSoftmax<Space>::Inputs in{log_q_.data(), sampled_row_.data(), label_row_.data(),
+                                                    column_.data(), n_cand, s};
 
     // Forward: the embedding rows of the context words and the softmax rows
     // of the candidates (pulled from their owners under the hybrid, both
-    // tables in one round), the hidden layer, the candidate logits.
-    const auto looked_up = trainer.lookup({px::Lookup{emb, context_ids_}, px::Lookup{softmax, candidate_ids_}});
+    // tables in one round), the hidden layer, the sampled logits.
+    const auto looked_up = timed(ex, Part::parallax, [&] {
+      return trainer.lookup({px::Lookup{emb, context_ids_}, px::Lookup{softmax, candidate_ids_}});
+    });
     const auto& x = looked_up[0];
     const auto& w = looked_up[1];
     const T* h = hidden.forward(ex, x.data, rows);
-    logits_.resize_discard(rows * width);
-    px::for_each(ex, rows * width,
-                 SampledLogits<T>{h, w.data, log_q_.data(), sampled_row_.data(), label_row_.data(), logits_.data(), rows, dim, s},
-                 px::Cost{dim});
+    T* z = sampled_softmax_.logits(ex, h, w.data, rows, dim, in);
 
-    // Loss and its gradient: the true word is column 0 of every row.
+    // Loss and its gradient (in place of the logits): the true word is
+    // column 0 of every row.
     zeros_.resize_discard(rows);
     loss_.resize_discard(rows);
     hits_.resize_discard(rows);
     px::for_each(ex, rows, FillValue<std::int32_t>{zeros_.data(), 0});
     px::for_each(ex, rows,
-                 SoftmaxCrossEntropy<T>{logits_.data(), zeros_.data(), loss_.data(), hits_.data(), width,
-                                        T(1) / static_cast<T>(rows)},
+                 SoftmaxCrossEntropy<T>{z, zeros_.data(), loss_.data(), hits_.data(), width, T(1) / static_cast<T>(rows)},
                  px::Cost{width});
 
     // Backward: rows of the softmax table, written straight into the
     // variable's gradient (add_rows: no copy), the hidden layer, the context
     // words' embedding rows. Gradients are means over this rank's rows; the
     // trainer averages them over the ranks.
-    const auto grad_w = softmax.grad().add_rows(n_cand);
+    const auto grad_w = timed(ex, Part::parallax, [&] { return softmax.grad().add_rows(n_cand); });
     ex.copy(grad_w.ids, candidate_ids_.data(), n_cand * sizeof(px::index_t));
-    // The sampled part of dz as a candidates x rows matrix, then two matrix
-    // products over it: the softmax rows' gradient (a few heavy items: Cost
-    // lets the host spread them over its OpenMP team all the same) and dh.
-    grad_z_.resize_discard(n_cand * rows);
-    px::for_each(ex, n_cand * rows, SampledGrad<T>{logits_.data(), column_.data(), grad_z_.data(), rows, s});
-    px::for_each(ex, n_cand,
-                 CandidateGrad<T>{h, grad_z_.data(), logits_.data(), label_row_.data(), grad_w.values.data, rows, dim, s},
-                 px::Cost{rows * dim});
-    // dh: on the host, 4 x 8 tiles summed in registers; on a GPU, one
-    // element a thread. The same sums either way.
-    using HG = std::conditional_t<host, HiddenGrad<T>, HiddenGrad<T, 1, 1, 1, 1024>>;
-    px::for_each(ex, HG::calls(rows, dim),
-                 HG{w.data, grad_z_.data(), logits_.data(), label_row_.data(), hidden.output_grad(), rows, dim, s, n_cand},
-                 px::Cost{n_cand * HG::work});
+    sampled_softmax_.backward(ex, w.data, in, grad_w.values.data, hidden.output_grad());
     grad_x_.resize_discard(n_ctx * dim);
     hidden.backward(ex, x.data, rows, grad_x_.data());
     ex.synchronize();
-    emb.grad().add(context_ids_.data(), grad_x_.data(), n_ctx);
-    trainer.step();  // dense: all-reduce; sparse: push rows to their owners; then the optimizer
+    timed(ex, Part::parallax, [&] {
+      emb.grad().add(context_ids_.data(), grad_x_.data(), n_ctx);
+      trainer.step();  // dense: all-reduce; sparse: push rows to their owners; then the optimizer
+    });
     // example-end
     return sum_to_host(loss_, rows) / static_cast<double>(rows);
   }
@@ -406,9 +347,10 @@ class Model {
 
  private:
   Config cfg_;
+  SampledSoftmax<Space, T> sampled_softmax_;
   px::Buffer<px::index_t, Space> context_ids_, candidate_ids_, sampled_row_, label_row_;
   px::Buffer<float, Space> log_q_;
-  px::Buffer<T, Space> logits_, loss_, hits_, grad_x_, grad_z_;
+  px::Buffer<T, Space> loss_, hits_, grad_x_;
   px::Buffer<std::int32_t, Space> zeros_, column_;
 };
 

@@ -12,6 +12,7 @@
 // The run passes when the held-out log loss is below --pass-ratio times that
 // of the best constant prediction and the accuracy beats the majority class.
 #include "common/backend.hpp"
+#include "common/gemm.hpp"
 #include "common/options.hpp"
 #include "common/progress.hpp"
 #include "common/readers.hpp"
@@ -129,7 +130,7 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
   using Space = examples::DefaultSpace;
   const auto& o = a.common;
   const std::size_t ranks = static_cast<std::size_t>(ctx.size());
-  const std::size_t local = o.batch / ranks, first = static_cast<std::size_t>(ctx.rank()) * local;
+  const examples::Shard shard(o, ctx);  // --batch examples per rank
 
   // example-begin ctr_trainer
   ctr::Model<Space> model(ctx, a.model);
@@ -148,10 +149,10 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
     std::fflush(stdout);
   }
 
-  examples::Progress progress(trainer, o.batch, o.log_every, "samples", o.warmup);
+  examples::Progress progress(trainer, shard.global, o.log_every, "samples", o.warmup);
   ctr::Batch batch;
   for (std::uint64_t step = 0; step < o.steps; ++step) {
-    clicks.training(step, o.batch, first, local, batch);
+    examples::timed(examples::Part::input, [&] { clicks.training(step, shard.global, shard.first, shard.batch, batch); });
     progress.record(model.train_step(trainer, batch));
   }
   const examples::Summary s = progress.finish();
@@ -173,8 +174,9 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
                 "%.4f)\n",
                 a.eval_examples, loss, constant_loss, accuracy, majority);
     std::printf("result: example=ctr arch=%s ranks=%d final_loss=%.7f final_loss_hex=%a samples_per_s=%.1f bytes_per_step=%.0f "
-                "bytes_per_step_max=%.0f heldout_loss=%.6f accuracy=%.4f\n",
-                Arch::name, s.ranks, s.final_loss, s.final_loss, s.samples_per_s, s.bytes_per_step, s.bytes_per_step_max, loss, accuracy);
+                "bytes_per_step_max=%.0f %s heldout_loss=%.6f accuracy=%.4f\n",
+                Arch::name, s.ranks, s.final_loss, s.final_loss, s.samples_per_s, s.bytes_per_step, s.bytes_per_step_max,
+                s.shares().c_str(), loss, accuracy);
   }
   const bool passed = std::isfinite(loss) && loss < a.pass_ratio * constant_loss && accuracy > majority;
   char why[240];
@@ -190,7 +192,7 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
 int main(int argc, char** argv) {
   Args a;
   a.common.steps = 300;
-  a.common.batch = 256;
+  a.common.batch = 2048;  // DLRM trains on thousands of samples per GPU
   a.common.lr = 0.2f;
   a.common.log_every = 50;
 
@@ -219,7 +221,7 @@ int main(int argc, char** argv) {
   a.model.table_rows = ctr::criteo_table_rows(a.max_rows);
 
   std::vector<examples::CriteoRecord> records;
-  std::string problem = cl.ok() ? examples::check_common(a.common, ctx) : "";
+  std::string problem = cl.ok() ? examples::check_common(a.common) : "";
   if (cl.ok() && problem.empty()) {
     if (a.max_rows < 2 || a.model.dim == 0) problem = "--max-rows must be at least 2 and --dim at least 1";
     else if (a.eval_examples == 0) problem = "--eval-examples must be at least 1";
@@ -252,12 +254,14 @@ int main(int argc, char** argv) {
   std::size_t table_total = 0;
   for (auto r : a.model.table_rows) table_total += r;
   if (ctx.is_root()) {
-    std::printf("02_ctr: %zu tables (%zu rows in all, largest %zu) of width %zu, MLPs %zu-%zu-%zu and %zu-%zu-1, global "
-                "batch %zu, %zu steps, lr %g, seed %llu; data: %s\n",
+    std::printf("02_ctr: %zu tables (%zu rows in all, largest %zu) of width %zu, MLPs %zu-%zu-%zu and %zu-%zu-1, batch "
+                "%zu samples per rank (%zu in all), %zu steps, lr %g, seed %llu; data: %s; matrix products: %s\n",
                 ctr::features, table_total, a.max_rows, a.model.dim, ctr::dense_features, a.model.bottom, a.model.dim,
-                (ctr::features + 1) * a.model.dim, a.model.top, a.common.batch, a.common.steps,
-                static_cast<double>(a.common.lr), static_cast<unsigned long long>(a.common.seed),
-                a.data.empty() ? "synthetic clicks with a planted signal" : a.data.c_str());
+                (ctr::features + 1) * a.model.dim, a.model.top, a.common.batch,
+                a.common.batch * static_cast<std::size_t>(ctx.size()), a.common.steps, static_cast<double>(a.common.lr),
+                static_cast<unsigned long long>(a.common.seed),
+                a.data.empty() ? "synthetic clicks with a planted signal" : a.data.c_str(),
+                examples::gemm_description<examples::DefaultSpace>().c_str());
     std::fflush(stdout);
   }
   const Clicks clicks(a, std::move(records));

@@ -8,6 +8,7 @@
 // Data: points labelled by a fixed random teacher network (seeded, in memory).
 // The run passes when held-out accuracy beats the majority class by --margin.
 #include "common/backend.hpp"
+#include "common/gemm.hpp"
 #include "common/options.hpp"
 #include "common/progress.hpp"
 #include "common/synthetic.hpp"
@@ -57,7 +58,7 @@ int train(px::Context& ctx, const Args& a) {
   using Space = examples::DefaultSpace;
   const auto& o = a.common;
   const std::size_t ranks = static_cast<std::size_t>(ctx.size());
-  const std::size_t local = o.batch / ranks, first = static_cast<std::size_t>(ctx.rank()) * local;
+  const examples::Shard shard(o, ctx);  // --batch examples per rank
   const examples::TeacherData data(a.model.inputs, a.model.classes, o.seed);
 
   mlp::Model<Space> model(ctx, a.model);
@@ -73,9 +74,13 @@ int train(px::Context& ctx, const Args& a) {
     std::fflush(stdout);
   }
 
-  examples::Progress progress(trainer, o.batch, o.log_every, "samples", o.warmup);
-  for (std::uint64_t step = 0; step < o.steps; ++step)
-    progress.record(model.train_step(trainer, make_batch(data, step * o.batch, first, local)));
+  examples::Progress progress(trainer, shard.global, o.log_every, "samples", o.warmup);
+  for (std::uint64_t step = 0; step < o.steps; ++step) {
+    const mlp::Batch batch = examples::timed(examples::Part::input, [&] {
+      return make_batch(data, step * shard.global, shard.first, shard.batch);
+    });
+    progress.record(model.train_step(trainer, batch));
+  }
   const examples::Summary s = progress.finish();
 
   // Held-out accuracy against the majority class.
@@ -92,8 +97,9 @@ int train(px::Context& ctx, const Args& a) {
     std::printf("  held-out (%zu examples): loss %.4f, accuracy %.4f (majority class: %.4f)\n", a.eval_examples,
                 sums[0] / n, accuracy, majority);
     std::printf("result: example=dense_mlp arch=%s ranks=%d final_loss=%.7f final_loss_hex=%a samples_per_s=%.1f bytes_per_step=%.0f "
-                "bytes_per_step_max=%.0f accuracy=%.4f\n",
-                Arch::name, s.ranks, s.final_loss, s.final_loss, s.samples_per_s, s.bytes_per_step, s.bytes_per_step_max, accuracy);
+                "bytes_per_step_max=%.0f %s accuracy=%.4f\n",
+                Arch::name, s.ranks, s.final_loss, s.final_loss, s.samples_per_s, s.bytes_per_step, s.bytes_per_step_max,
+                s.shares().c_str(), accuracy);
   }
   char why[200];
   std::snprintf(why, sizeof why, "check: held-out accuracy %.4f %s %.4f (majority class %.4f + margin %.2f)", accuracy,
@@ -106,7 +112,7 @@ int train(px::Context& ctx, const Args& a) {
 int main(int argc, char** argv) {
   Args a;
   a.common.steps = 300;
-  a.common.batch = 256;
+  a.common.batch = 1024;
   a.common.lr = 0.05f;
   a.common.log_every = 50;
 
@@ -124,17 +130,20 @@ int main(int argc, char** argv) {
   const auto cl = examples::parse_command_line(argc, argv, desc);
   px::Context ctx(argc, argv, cl.ok() ? a.common.context() : px::ContextOptions{});
   a.model.seed = a.common.seed;
-  std::string problem = cl.ok() ? examples::check_common(a.common, ctx) : "";
+  std::string problem = cl.ok() ? examples::check_common(a.common) : "";
   if (problem.empty() && cl.ok() && (a.model.inputs == 0 || a.model.hidden == 0 || a.model.classes < 2 || a.eval_examples == 0))
     problem = "--inputs, --hidden and --eval-examples must be at least 1, --classes at least 2";
   if (const int code = examples::report_command_line(cl, problem, ctx, about, desc); code >= 0) return code;
 
   if (ctx.is_root()) {
     const auto& m = a.model;
-    std::printf("03_dense_mlp: MLP %zu-%zu-%zu-%zu (%zu parameters), global batch %zu, %zu steps, lr %g, seed %llu\n",
+    std::printf("03_dense_mlp: MLP %zu-%zu-%zu-%zu (%zu parameters), batch %zu samples per rank (%zu in all), %zu steps, "
+                "lr %g, seed %llu; matrix products: %s\n",
                 m.inputs, m.hidden, m.hidden, m.classes,
                 (m.inputs + 1) * m.hidden + (m.hidden + 1) * m.hidden + (m.hidden + 1) * m.classes, a.common.batch,
-                a.common.steps, static_cast<double>(a.common.lr), static_cast<unsigned long long>(a.common.seed));
+                a.common.batch * static_cast<std::size_t>(ctx.size()), a.common.steps, static_cast<double>(a.common.lr),
+                static_cast<unsigned long long>(a.common.seed),
+                examples::gemm_description<examples::DefaultSpace>().c_str());
     std::fflush(stdout);
   }
   return px::with_arch(a.common.arch, [&](auto arch) { return train<decltype(arch)>(ctx, a); });

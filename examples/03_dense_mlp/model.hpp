@@ -4,9 +4,11 @@
 /// with dense variables only (inputs -> hidden -> hidden -> classes, ReLU,
 /// softmax cross-entropy). Every architecture all-reduces or shards its
 /// gradients whole; under the hybrid it is exactly data-parallel all-reduce,
-/// the case where the hybrid must cost nothing. Templated on the memory space.
+/// the case where the hybrid must cost nothing. Templated on the memory space;
+/// the products are gemm() calls (common/layers.hpp).
 
 #include "../common/layers.hpp"
+#include "../common/profile.hpp"
 
 #include <parallax/parallax.hpp>
 
@@ -80,7 +82,7 @@ class Model {
     layer2.backward(ex, layer1.output(), rows, layer1.output_grad());
     layer1.backward(ex, x_.data(), rows, nullptr);
     ex.synchronize();
-    trainer.step();
+    timed(ex, Part::parallax, [&] { trainer.step(); });
     return rows ? sum_to_host(loss_, rows) / static_cast<double>(rows) : 0.0;
   }
 

@@ -1,20 +1,24 @@
 #pragma once
 /// @file
 /// The examples' building blocks, written once for every memory space: a
-/// fully connected layer whose weights are parallax dense variables, and the
-/// kernels of its forward and backward passes and of the losses, as
-/// PARALLAX_HOST_DEVICE functors launched with px::for_each.
+/// fully connected layer whose weights are parallax dense variables, its
+/// matrix products (gemm.hpp: a BLAS), and the kernels around them and of
+/// the losses, as PARALLAX_HOST_DEVICE functors launched with px::for_each.
 ///
-/// Matrices are row-major; a batch is `rows` rows. Kernels that sum over a
-/// long axis loop over contiguous memory (one output row per call), so the
-/// host build vectorises them; each output element is written by exactly one
-/// call, so results do not depend on the thread count.
+/// Matrices are row-major; a batch is `rows` rows. Each output element of a
+/// functor is written by exactly one call, so the functors' results do not
+/// depend on the thread count (gemm.hpp says what the products promise).
+
+#include "gemm.hpp"
 
 #include <parallax/parallax.hpp>
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 namespace examples {
 
@@ -33,12 +37,6 @@ PARALLAX_HOST_DEVICE inline T dot(const T* a, const T* b, std::size_t n) {
   }
   for (; i < n; ++i) s0 += a[i] * b[i];
   return (s0 + s1) + (s2 + s3);
-}
-
-/// y[0..n) += a * x[0..n)
-template <class T>
-PARALLAX_HOST_DEVICE inline void axpy(T a, const T* x, T* y, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
 enum class Activation : int { none, relu, tanh };
@@ -65,20 +63,16 @@ PARALLAX_HOST_DEVICE inline T activation_slope(Activation a, T y) {
 
 // ---------------------------------------------------------------- dense layer kernels
 
-/// y[r, :] = act(x[r, :] W + b), one row r per call.
+/// y[r, c] = act(y[r, c] + b[c]): the bias and activation after the
+/// product. A row kernel (px::for_each_rows).
 template <class T>
-struct DenseForward {
-  const T* x;
-  const T* w;  // in x out
-  const T* b;  // out
+struct BiasActivation {
   T* y;
-  std::size_t in, out;
+  const T* b;
+  std::size_t out;
   Activation act;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t r) const {
-    T* yr = y + r * out;
-    for (std::size_t o = 0; o < out; ++o) yr[o] = b[o];
-    for (std::size_t i = 0; i < in; ++i) axpy(x[r * in + i], w + i * out, yr, out);
-    for (std::size_t o = 0; o < out; ++o) yr[o] = activate(act, yr[o]);
+  PARALLAX_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const {
+    y[r * out + c] = activate(act, y[r * out + c] + b[c]);
   }
 };
 
@@ -91,40 +85,37 @@ struct ActivationBackward {
   PARALLAX_HOST_DEVICE void operator()(std::size_t j) const { dy[j] *= activation_slope(act, y[j]); }
 };
 
-/// dx[r, i] = dy[r, :] . W[i, :]
-template <class T>
-struct DenseBackwardInput {
-  const T* dy;
-  const T* w;
-  T* dx;
-  std::size_t in, out;
+/// sums[c] = sum_r m[r, c] over the rows in order, for a rows x cols matrix:
+/// call e sums columns [e Tile, (e + 1) Tile). The host takes tiles of 16
+/// (a row's part is one or two cache lines, the sums stay in registers), a
+/// GPU one column a thread; the same additions in the same order either way.
+template <class T, std::size_t Tile>
+struct ColumnSums {
+  const T* m;
+  T* sums;
+  std::size_t rows, cols;
+  static constexpr std::size_t tile = Tile;
+  static std::size_t calls(std::size_t cols) { return (cols + Tile - 1) / Tile; }
   PARALLAX_HOST_DEVICE void operator()(std::size_t e) const {
-    const std::size_t r = e / in, i = e % in;
-    dx[e] = dot(dy + r * out, w + i * out, out);
-  }
-};
-
-/// dW[i, :] = sum_r x[r, i] dy[r, :], one row i per call; row `in` (if
-/// `db` is given) is the bias: db = sum_r dy[r, :].
-template <class T>
-struct DenseBackwardWeight {
-  const T* x;
-  const T* dy;
-  T* dw;
-  T* db;
-  std::size_t rows, in, out;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t i) const {
-    T* target = i < in ? dw + i * out : db;
-    for (std::size_t o = 0; o < out; ++o) target[o] = T(0);
-    for (std::size_t r = 0; r < rows; ++r) axpy(i < in ? x[r * in + i] : T(1), dy + r * out, target, out);
+    const std::size_t c0 = e * Tile, n = cols - c0 < Tile ? cols - c0 : Tile;
+    T acc[Tile] = {};
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t i = 0; i < n; ++i) acc[i] += m[r * cols + c0 + i];
+    for (std::size_t i = 0; i < n; ++i) sums[c0 + i] = acc[i];
   }
 };
 
 /// A fully connected layer y = act(x W + b) over dense variables `<name>_w`
 /// (in x out, Glorot) and `<name>_b` (1 x out, zeros). Holds its output and
-/// scratch buffers in Space between forward() and backward().
+/// scratch buffers in Space between forward() and backward(). Its products
+/// are BLAS calls (gemm.hpp); the bias, the activation and the bias's
+/// gradient are functors.
 template <class Space, class T = float>
 class DenseLayer {
+  static_assert(std::is_same_v<T, float>, "the examples' gemm is single precision");
+  /// The bias gradient's column sums: tiles on the host, columns on a GPU.
+  using BiasGrad = ColumnSums<T, std::is_same_v<Space, px::HostSpace> ? 16 : 1>;
+
  public:
   using Var = px::Variable<px::Dense, T, Space>;
 
@@ -144,9 +135,10 @@ class DenseLayer {
   T* forward(const px::Exec<Space>& ex, const T* x, std::size_t rows) {
     y_.resize_discard(rows * out_);
     dy_.resize_discard(rows * out_);
-    if (rows)
-      px::for_each(ex, rows, DenseForward<T>{x, w.value().data(), b.value().data(), y_.data(), in_, out_, act_},
-                   px::Cost{in_ * out_});
+    if (rows) {
+      gemm(ex, Op::none, Op::none, rows, out_, in_, 1.0f, x, in_, w.value().data(), out_, 0.0f, y_.data(), out_);
+      px::for_each_rows(ex, rows, out_, BiasActivation<T>{y_.data(), b.value().data(), out_, act_});
+    }
     return y_.data();
   }
 
@@ -155,10 +147,11 @@ class DenseLayer {
   void backward(const px::Exec<Space>& ex, const T* x, std::size_t rows, T* dx) {
     if (act_ != Activation::none && rows)
       px::for_each(ex, rows * out_, ActivationBackward<T>{y_.data(), dy_.data(), act_});
-    px::for_each(ex, in_ + 1, DenseBackwardWeight<T>{x, dy_.data(), w.grad().data(), b.grad().data(), rows, in_, out_},
-                 px::Cost{rows * out_});
+    // dW = x^T dy (zero for no rows); db = the column sums of dy; dx = dy W^T.
+    gemm(ex, Op::transpose, Op::none, in_, out_, rows, 1.0f, x, in_, dy_.data(), out_, 0.0f, w.grad().data(), out_);
+    px::for_each(ex, BiasGrad::calls(out_), BiasGrad{dy_.data(), b.grad().data(), rows, out_}, px::Cost{rows * BiasGrad::tile});
     if (dx && rows)
-      px::for_each(ex, rows * in_, DenseBackwardInput<T>{dy_.data(), w.value().data(), dx, in_, out_}, px::Cost{out_});
+      gemm(ex, Op::none, Op::transpose, rows, in_, out_, 1.0f, dy_.data(), out_, w.value().data(), out_, 0.0f, dx, in_);
   }
 
   Var w, b;

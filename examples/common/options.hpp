@@ -23,13 +23,13 @@ namespace px = parallax;
 struct CommonOptions {
   std::string arch = "hybrid";  ///< hybrid | allreduce | ps
   std::size_t steps = 200;
-  std::size_t batch = 256;  ///< global batch: the ranks split it
+  std::size_t batch = 1024;  ///< examples per rank per step; the global batch is ranks x batch
   float lr = 0.1f;
   std::uint64_t seed = 1;
   int ranks_per_host = 0;  ///< 0: the real hosts
   std::size_t log_every = 20;
   std::size_t warmup = 1;  ///< first steps left out of samples/s
-  int threads = 0;  ///< OpenMP threads per rank (host build); 0: share the cores
+  int threads = 0;  ///< OpenMP and BLAS threads per rank (host build); 0: share the cores
 
   px::ContextOptions context() const {
     px::ContextOptions c;
@@ -48,7 +48,8 @@ inline void add_common_options(po::options_description& desc, CommonOptions& o) 
      "ps (everything sharded, as TF-PS)")
     ("steps", po::value(&o.steps)->default_value(o.steps), "training steps")
     ("batch", po::value(&o.batch)->default_value(o.batch),
-     "global batch per step, split evenly over the ranks (must be divisible by the rank count)")
+     "examples per rank per step, as in PyTorch's DistributedDataParallel: N ranks train on a global batch "
+     "of N x batch (the same examples as one process given --batch N x batch)")
     ("lr", po::value(&o.lr)->default_value(o.lr), "learning rate")
     ("seed", po::value(&o.seed)->default_value(o.seed), "seed of the data and the initial values")
     ("ranks-per-host", po::value(&o.ranks_per_host)->default_value(o.ranks_per_host),
@@ -57,7 +58,8 @@ inline void add_common_options(po::options_description& desc, CommonOptions& o) 
     ("warmup", po::value(&o.warmup)->default_value(o.warmup),
      "first steps left out of samples/s (they touch fresh buffers once)")
     ("threads", po::value(&o.threads)->default_value(o.threads),
-     "OpenMP threads per rank (0: the host's cores shared by its ranks)");
+     "threads per rank for the host's kernels and matrix products (OpenMP and BLAS; 0: the host's cores "
+     "divided among its ranks)");
 }
 
 /// The outcome of parsing, decided before MPI starts and reported after.
@@ -82,20 +84,26 @@ inline CommandLine parse_command_line(int argc, char** argv, const po::options_d
   return cl;
 }
 
-/// Checks the common options against the job (architecture name, batch
-/// divisible by the rank count). Returns the problem, or "".
-inline std::string check_common(const CommonOptions& o, const px::Context& ctx) {
+/// Checks the common options (architecture name, counts at least 1).
+/// Returns the problem, or "".
+inline std::string check_common(const CommonOptions& o) {
   if (o.arch != "hybrid" && o.arch != "allreduce" && o.arch != "ps")
     return "--arch must be hybrid, allreduce or ps, not '" + o.arch + "'";
   if (o.steps == 0) return "--steps must be at least 1";
   if (o.log_every == 0) return "--log-every must be at least 1";
-  const auto n = static_cast<std::size_t>(ctx.size());
-  if (o.batch == 0 || o.batch % n != 0)
-    return "--batch " + std::to_string(o.batch) + " is not divisible by the " + std::to_string(n) +
-           " ranks: every rank takes an equal share of the global batch, so N ranks train on the same examples "
-           "as one process";
+  if (o.batch == 0) return "--batch must be at least 1 (examples per rank per step)";
   return "";
 }
+
+/// This rank's share of every global batch: examples [first, first + batch)
+/// of the ranks x batch a step trains on.
+struct Shard {
+  std::size_t batch, first, global;
+  Shard(const CommonOptions& o, const px::Context& ctx)
+      : batch(o.batch),
+        first(static_cast<std::size_t>(ctx.rank()) * o.batch),
+        global(static_cast<std::size_t>(ctx.size()) * o.batch) {}
+};
 
 /// After the Context exists: prints the help or the error (rank 0 only) and
 /// returns the exit code to leave with, or -1 to go on.

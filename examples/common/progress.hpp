@@ -1,12 +1,15 @@
 #pragma once
 /// @file
 /// The examples' progress line and summary: global mean loss, samples per
-/// second and bytes sent per step per rank (from the trainer's CommStats,
-/// exact), and the Passed / Failed verdict.
+/// second, bytes sent per step per rank (from the trainer's CommStats,
+/// exact), where the steps' time went (profile.hpp), and the Passed /
+/// Failed verdict.
 ///
 /// Losses and counts are combined across ranks with MPI directly on the
 /// context's communicator, outside the trainer, so reporting neither shows in
 /// the trainer's byte statistics nor needs the engine's memory space.
+
+#include "profile.hpp"
 
 #include <parallax/parallax.hpp>
 
@@ -34,6 +37,18 @@ struct Summary {
   double bytes_per_step = 0;   ///< bytes sent per step by a rank, mean over the ranks
   double bytes_per_step_max = 0;  ///< the same, the busiest rank
   int ranks = 1;
+  /// Share of the measured time (steps warmup+1..end) in each Part, mean
+  /// over the ranks; the rest is the model's other kernels.
+  double share[part_count] = {};
+
+  /// The shares as the result line's fields: "gemm_share=0.412 ...".
+  std::string shares() const {
+    char text[160];
+    std::snprintf(text, sizeof text, "gemm_share=%.3f parallax_share=%.3f input_share=%.3f",
+                  share[static_cast<int>(Part::gemm)], share[static_cast<int>(Part::parallax)],
+                  share[static_cast<int>(Part::input)]);
+    return text;
+  }
 };
 
 /// "12.3 MiB" style.
@@ -50,6 +65,9 @@ inline std::string format_bytes(double b) {
 /// summary at the end. Every call is collective: all ranks call record()
 /// after each step and finish() once.
 ///
+/// While it lives it is the current StepProfile of its thread: the parts of
+/// the steps timed with examples::timed() are reported beside samples/s.
+///
 /// samples/s leaves out the first `warmup` steps: they pay one-time costs
 /// (first touches of freshly grown buffers, the allocator settling) that
 /// differ between architectures; a full-replica all-reduce run touches
@@ -63,7 +81,7 @@ class Progress {
   Progress(Trainer& trainer, std::size_t global_batch, std::size_t every, const char* unit = "samples",
            std::size_t warmup = 1)
       : trainer_(&trainer), comm_(trainer.context().comm()), batch_(global_batch), every_(std::max<std::size_t>(every, 1)),
-        warmup_(warmup), unit_(unit), root_(trainer.context().is_root()) {
+        warmup_(warmup), unit_(unit), root_(trainer.context().is_root()), scope_(profile_) {
     summary_.ranks = trainer.context().size();
     summary_.warmup = warmup;
     window_start_ = steady_start_ = clock::now();
@@ -92,6 +110,11 @@ class Progress {
     MPI_Allreduce(MPI_IN_PLACE, &bytes[1], 1, MPI_DOUBLE, MPI_MAX, comm_);
     s.bytes_per_step = bytes[0] / s.ranks;
     s.bytes_per_step_max = bytes[1];
+    double parts[part_count];
+    for (int p = 0; p < part_count; ++p)
+      parts[p] = s.seconds > 0 ? (profile_.seconds(Part(p)) - at_steady_[p]) / s.seconds / s.ranks : 0;
+    MPI_Allreduce(MPI_IN_PLACE, parts, part_count, MPI_DOUBLE, MPI_SUM, comm_);
+    std::copy(parts, parts + part_count, s.share);
     if (root_) {
       std::printf("summary: %llu steps of %zu %s on %d rank%s\n", static_cast<unsigned long long>(s.steps), batch_, unit_,
                   s.ranks, s.ranks == 1 ? "" : "s");
@@ -106,6 +129,12 @@ class Progress {
                     static_cast<unsigned long long>(s.steps), static_cast<unsigned long long>(warmup_));
       std::printf("  bytes sent per step per rank: %s mean, %s busiest rank (trainer.stats())\n",
                   format_bytes(s.bytes_per_step).c_str(), format_bytes(s.bytes_per_step_max).c_str());
+      if (measured) {
+        const double gemm = s.share[int(Part::gemm)], parallax = s.share[int(Part::parallax)], input = s.share[int(Part::input)];
+        std::printf("  time (mean over ranks): the model's matrix products %.1f%%, its other kernels %.1f%%, parallax "
+                    "%.1f%% (lookups, gradients, trainer.step(), waiting for other ranks included), making batches %.1f%%\n",
+                    100 * gemm, 100 * (1 - gemm - parallax - input), 100 * parallax, 100 * input);
+      }
       std::fflush(stdout);
     }
     return s;
@@ -123,7 +152,10 @@ class Progress {
     const std::uint64_t sent_now = sent();
     const double bytes = static_cast<double>(sent_now - sent_at_window_) / static_cast<double>(window_steps_);
     if (steps_ == 1) summary_.first_loss = loss;
-    if (steps_ == warmup_) steady_start_ = now;
+    if (steps_ == warmup_) {
+      steady_start_ = now;
+      for (int p = 0; p < part_count; ++p) at_steady_[p] = profile_.seconds(Part(p));
+    }
     summary_.final_loss = loss;
     summary_.final_from = steps_ - window_steps_ + 1;
     if (root_) {
@@ -148,6 +180,9 @@ class Progress {
   clock::time_point window_start_, steady_start_, last_flush_;
   std::uint64_t sent_at_start_ = 0, sent_at_window_ = 0;
   Summary summary_;
+  StepProfile profile_;
+  StepProfile::Scope scope_;
+  double at_steady_[part_count] = {};  // profile_ when the warm-up ended
 };
 
 /// Prints the verdict (rank 0) in CUTLASS's style and returns main's exit code.

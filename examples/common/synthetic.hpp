@@ -43,6 +43,14 @@ inline double normal(std::uint64_t h) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
+/// n floats uniform in [-1, 1), a function of the seed: test and benchmark
+/// operands.
+inline std::vector<float> uniform_floats(std::size_t n, std::uint64_t seed) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(2.0 * uniform(hash(seed, 0xF10A7, i)) - 1.0);
+  return v;
+}
+
 // ---------------------------------------------------------------- samplers
 
 /// Zipf's law on [0, n): P(k) proportional to 1 / (k + 1)^s. Draws by

@@ -1,13 +1,14 @@
-// Unit tests of word_lm's sampled-softmax kernels (examples/01_word_lm/
-// model.hpp): SampledLogits, SampledGrad, CandidateGrad and HiddenGrad
-// against the formulas written out in double, on shapes whose edges cut the
-// host's register tiles (rows and dim not multiples of the tile), with
-// repeated labels and an accidental hit; and HiddenGrad's tilings against
-// each other and against a loop over the sampled words, bit for bit; and the
-// softmax cross-entropy it trains with (examples/common/layers.hpp). No MPI.
+// Unit tests of word_lm's sampled softmax (examples/01_word_lm/model.hpp):
+// SampledSoftmax's logits and backward, whose matrix products are BLAS
+// calls, against the formulas written out in double and against the
+// hand-written functors the example ran before (tests/reference_kernels.hpp),
+// on shapes whose edges cut the functors' register tiles, with repeated
+// labels and an accidental hit; the same bits run to run; and the softmax
+// cross-entropy it trains with (examples/common/layers.hpp). No MPI.
 #include <catch2/catch.hpp>
 
 #include "01_word_lm/model.hpp"
+#include "01_word_lm/tests/reference_kernels.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -20,12 +21,18 @@ namespace px = parallax;
 
 namespace {
 
+const px::Exec<px::HostSpace> host;
+
 // A step's worth of inputs: candidate ids 0..n-1 stand for the rows of w.
 struct Case {
   std::size_t rows, dim, sampled, n;
   std::vector<float> h, w, log_q, dz;
   std::vector<px::index_t> sampled_row, label_row;
   std::vector<std::int32_t> column;
+
+  lm::SampledSoftmax<px::HostSpace>::Inputs inputs() const {
+    return {log_q.data(), sampled_row.data(), label_row.data(), column.data(), n, sampled};
+  }
 };
 
 // Sampled words at every other candidate row; labels at chosen rows, one of
@@ -69,19 +76,37 @@ double delta(const Case& c, std::size_t r, std::size_t b) {
   return (c.column[r] ? zb[c.column[r]] : 0.0) + (static_cast<std::size_t>(c.label_row[b]) == r ? zb[0] : 0.0);
 }
 
-std::vector<float> sampled_grad(const Case& c) {
-  std::vector<float> d(c.n * c.rows);
-  px::for_each(px::Exec<px::HostSpace>{}, d.size(), lm::SampledGrad<float>{c.dz.data(), c.column.data(), d.data(), c.rows, c.sampled});
-  return d;
+std::vector<float> logits(lm::SampledSoftmax<px::HostSpace>& layer, const Case& c) {
+  const float* z = layer.logits(host, c.h.data(), c.w.data(), c.rows, c.dim, c.inputs());
+  return std::vector<float>(z, z + c.rows * (1 + c.sampled));
 }
 
-template <class HG>
-std::vector<float> hidden_grad(const Case& c) {
-  const std::vector<float> d = sampled_grad(c);
-  std::vector<float> dh(c.rows * c.dim, -7.0f);
-  px::for_each(px::Exec<px::HostSpace>{}, HG::calls(c.rows, c.dim),
-               HG{c.w.data(), d.data(), c.dz.data(), c.label_row.data(), dh.data(), c.rows, c.dim, c.sampled, c.n});
-  return dh;
+// SampledSoftmax's backward from the case's dz: the candidates' gradient g
+// and dh.
+struct Grads {
+  std::vector<float> g, dh;
+};
+Grads backward(const Case& c) {
+  lm::SampledSoftmax<px::HostSpace> layer;
+  float* z = layer.logits(host, c.h.data(), c.w.data(), c.rows, c.dim, c.inputs());
+  std::copy(c.dz.begin(), c.dz.end(), z);  // the loss's gradient, in place of the logits
+  Grads out{std::vector<float>(c.n * (c.dim + 1), -7.0f), std::vector<float>(c.rows * c.dim, -7.0f)};
+  layer.backward(host, c.w.data(), c.inputs(), out.g.data(), out.dh.data());
+  return out;
+}
+
+// The hand-written functors' g and dh, as the example computed them.
+Grads reference_backward(const Case& c) {
+  std::vector<float> d(c.n * c.rows);
+  px::for_each(host, d.size(), lm::reference::SampledGrad<float>{c.dz.data(), c.column.data(), d.data(), c.rows, c.sampled});
+  Grads out{std::vector<float>(c.n * (c.dim + 1)), std::vector<float>(c.rows * c.dim)};
+  px::for_each(host, c.n,
+               lm::reference::CandidateGrad<float>{c.h.data(), d.data(), c.dz.data(), c.label_row.data(), out.g.data(),
+                                                   c.rows, c.dim, c.sampled});
+  using HG = lm::reference::HiddenGrad<float>;
+  px::for_each(host, HG::calls(c.rows, c.dim),
+               HG{c.w.data(), d.data(), c.dz.data(), c.label_row.data(), out.dh.data(), c.rows, c.dim, c.sampled, c.n});
+  return out;
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -90,76 +115,68 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 }  // namespace
 
-TEST_CASE("SampledLogits: the true word's logit, the sampled words', and -1e30 for an accidental hit", "[word_lm][kernels]") {
+TEST_CASE("SampledSoftmax logits: the true word's, the sampled words', and -1e30 for an accidental hit", "[word_lm][kernels]") {
   for (std::size_t rows : {1, 5}) {
-    const Case c = make_case(rows, 13, 7);
-    std::vector<float> z(rows * (1 + c.sampled));
-    px::for_each(px::Exec<px::HostSpace>{}, z.size(),
-                 lm::SampledLogits<float>{c.h.data(), c.w.data(), c.log_q.data(), c.sampled_row.data(), c.label_row.data(),
-                                          z.data(), rows, c.dim, c.sampled});
-    for (std::size_t b = 0; b < rows; ++b) {
-      CHECK(z[b * (1 + c.sampled)] == Approx(logit(c, b, static_cast<std::size_t>(c.label_row[b]))).epsilon(1e-5));
-      for (std::size_t j = 0; j < c.sampled; ++j) {
-        const auto row = static_cast<std::size_t>(c.sampled_row[j]);
-        INFO("row b " << b << ", sampled word " << j);
-        if (row == static_cast<std::size_t>(c.label_row[b]))
-          CHECK(z[b * (1 + c.sampled) + 1 + j] == -1e30f);
-        else
-          CHECK(z[b * (1 + c.sampled) + 1 + j] == Approx(logit(c, b, row)).epsilon(1e-5));
+    for (std::size_t dim : {13, 64}) {
+      const Case c = make_case(rows, dim, 7);
+      lm::SampledSoftmax<px::HostSpace> layer;
+      const std::vector<float> z = logits(layer, c);
+      std::vector<float> functor(z.size());
+      px::for_each(host, z.size(),
+                   lm::reference::SampledLogits<float>{c.h.data(), c.w.data(), c.log_q.data(), c.sampled_row.data(),
+                                                       c.label_row.data(), functor.data(), rows, dim, c.sampled});
+      for (std::size_t b = 0; b < rows; ++b) {
+        for (std::size_t k = 0; k <= c.sampled; ++k) {
+          const std::size_t e = b * (1 + c.sampled) + k;
+          const auto row = static_cast<std::size_t>(k == 0 ? c.label_row[b] : c.sampled_row[k - 1]);
+          INFO(rows << " rows, dim " << dim << ": row b " << b << ", logit " << k);
+          if (k > 0 && row == static_cast<std::size_t>(c.label_row[b])) {
+            CHECK(z[e] == -1e30f);
+          } else {
+            CHECK(z[e] == Approx(logit(c, b, row)).epsilon(1e-5).margin(1e-6));
+          }
+          CHECK(z[e] == Approx(functor[e]).epsilon(1e-5).margin(1e-6));
+        }
       }
     }
   }
 }
 
-TEST_CASE("CandidateGrad: each candidate row's gradient is sum_b d[b, r] [h_b, 1]", "[word_lm][kernels]") {
-  for (std::size_t dim : {13, 16, 40}) {  // a partial tile of 16 columns, one whole tile, two and a part
-    const Case c = make_case(5, dim, 11);
-    const std::vector<float> d = sampled_grad(c);
-    std::vector<float> g(c.n * (dim + 1), -7.0f);
-    px::for_each(px::Exec<px::HostSpace>{}, c.n,
-                 lm::CandidateGrad<float>{c.h.data(), d.data(), c.dz.data(), c.label_row.data(), g.data(), c.rows, dim, c.sampled});
-    for (std::size_t r = 0; r < c.n; ++r) {
-      INFO("dim " << dim << ", candidate row " << r);
-      double bias = 0;
-      for (std::size_t b = 0; b < c.rows; ++b) bias += delta(c, r, b);
-      CHECK(g[r * (dim + 1) + dim] == Approx(bias).margin(1e-6));
-      for (std::size_t i = 0; i < dim; ++i) {
-        double s = 0;
-        for (std::size_t b = 0; b < c.rows; ++b) s += delta(c, r, b) * c.h[b * dim + i];
-        CHECK(g[r * (dim + 1) + i] == Approx(s).margin(1e-6));
-      }
-    }
-  }
-}
-
-TEST_CASE("HiddenGrad: dh = dz w over the true and sampled words, the same bits under every tiling", "[word_lm][kernels]") {
+TEST_CASE("SampledSoftmax backward: g = d^T [h, 1] and dh = d w, as the formulas and the functors give them", "[word_lm][kernels]") {
   for (std::size_t rows : {1, 4, 5, 9}) {
-    for (std::size_t dim : {7, 8, 13, 64, 70}) {
+    for (std::size_t dim : {7, 13, 16, 64, 70}) {  // the functors' tiles: 16 columns (g), 4 x 8 and panels of 64 (dh)
       INFO(rows << " rows, dim " << dim);
       const Case c = make_case(rows, dim, 3);
-      const std::vector<float> host = hidden_grad<lm::HiddenGrad<float>>(c);  // the host's 4 x 8 tiles, panels of 64
-      // against the formula
+      const Grads blas = backward(c), functor = reference_backward(c);
+      for (std::size_t r = 0; r < c.n; ++r) {
+        double bias = 0;
+        for (std::size_t b = 0; b < rows; ++b) bias += delta(c, r, b);
+        CHECK(blas.g[r * (dim + 1) + dim] == Approx(bias).margin(1e-5));
+        for (std::size_t i = 0; i < dim; ++i) {
+          double s = 0;
+          for (std::size_t b = 0; b < rows; ++b) s += delta(c, r, b) * c.h[b * dim + i];
+          CHECK(blas.g[r * (dim + 1) + i] == Approx(s).margin(1e-5));
+        }
+      }
       for (std::size_t b = 0; b < rows; ++b)
         for (std::size_t i = 0; i < dim; ++i) {
           double s = 0;
           for (std::size_t r = 0; r < c.n; ++r) s += delta(c, r, b) * c.w[r * (dim + 1) + i];
-          CHECK(host[b * dim + i] == Approx(s).margin(1e-5));
+          CHECK(blas.dh[b * dim + i] == Approx(s).margin(1e-5));
         }
-      // a GPU's one element a thread, and odd tiles, blocks and panels
-      CHECK(same_bits(host, hidden_grad<lm::HiddenGrad<float, 1, 1, 1, 1024>>(c)));
-      CHECK(same_bits(host, hidden_grad<lm::HiddenGrad<float, 3, 2, 6, 5>>(c)));
-      // and a loop over the sampled words after the true word: the order the sums promise
-      std::vector<float> loop(rows * dim, 0.0f);
-      for (std::size_t b = 0; b < rows; ++b) {
-        const float* zb = c.dz.data() + b * (1 + c.sampled);
-        float* out = loop.data() + b * dim;
-        examples::axpy(zb[0], c.w.data() + static_cast<std::size_t>(c.label_row[b]) * (dim + 1), out, dim);
-        for (std::size_t j = 0; j < c.sampled; ++j)
-          examples::axpy(zb[1 + j], c.w.data() + static_cast<std::size_t>(c.sampled_row[j]) * (dim + 1), out, dim);
-      }
-      CHECK(same_bits(host, loop));
+      for (std::size_t i = 0; i < blas.g.size(); ++i) CHECK(blas.g[i] == Approx(functor.g[i]).margin(1e-5));
+      for (std::size_t i = 0; i < blas.dh.size(); ++i) CHECK(blas.dh[i] == Approx(functor.dh[i]).margin(1e-5));
     }
   }
+}
+
+TEST_CASE("SampledSoftmax: the same bits run to run", "[word_lm][kernels]") {
+  const Case c = make_case(9, 70, 5);
+  lm::SampledSoftmax<px::HostSpace> a, b;
+  CHECK(same_bits(logits(a, c), logits(b, c)));
+  const Grads first = backward(c), second = backward(c);
+  CHECK(same_bits(first.g, second.g));
+  CHECK(same_bits(first.dh, second.dh));
 }
 
 TEST_CASE("SoftmaxCrossEntropy: each row's loss, whether its label wins, and the gradient in place", "[word_lm][kernels]") {
@@ -172,7 +189,7 @@ TEST_CASE("SoftmaxCrossEntropy: each row's loss, whether its label wins, and the
   const std::vector<float> logits = z;
   const std::vector<std::int32_t> labels{0, 2, 6};
   std::vector<float> loss(rows), correct(rows);
-  px::for_each(px::Exec<px::HostSpace>{}, rows,
+  px::for_each(host, rows,
                examples::SoftmaxCrossEntropy<float>{z.data(), labels.data(), loss.data(), correct.data(), classes, 0.5f});
   for (std::size_t r = 0; r < rows; ++r) {
     INFO("row " << r);
