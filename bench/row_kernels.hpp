@@ -27,13 +27,14 @@ namespace parallax::bench {
 struct RowWorkload {
   static constexpr std::size_t cols = 128, touched = 8192;
   std::size_t rows, sets;
-  std::vector<float> table;
+  Buffer<float> table;  // allocated as the library allocates a shard
   optim::State<optim::Adagrad, float, HostSpace> state;  // accumulator 0.1
   std::vector<float> grad = std::vector<float>(touched * cols, 1e-3f);
   std::vector<float> out = std::vector<float>(touched * cols);
   std::vector<std::vector<index_t>> ids;
   RowWorkload(std::size_t n, std::size_t s)
-      : rows(n), sets(s), table(n * cols, 0.01f), state(optim::Adagrad{0.5f}, n * cols) {
+      : rows(n), sets(s), table(n * cols), state(optim::Adagrad{0.5f}, n * cols) {
+    std::fill(table.data(), table.data() + table.size(), 0.01f);
     std::mt19937_64 rng(7);
     std::vector<index_t> all(rows);
     std::iota(all.begin(), all.end(), index_t{0});
