@@ -80,7 +80,8 @@ struct CheckpointOptions {
   /// Save when this many seconds passed since the last save (0: not by time).
   /// Rank 0's clock decides; the decision travels with the step's agreement.
   double every_seconds = 0;
-  /// Complete checkpoints kept; older ones are deleted after a save.
+  /// Complete checkpoints kept; older ones are removed after a save (each
+  /// leaves the listed names in one rename before its files are deleted).
   int keep_last = 3;
 };
 
