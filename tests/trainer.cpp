@@ -287,9 +287,10 @@ TEST_CASE("every sharded variable's gradient rows share one route a step", "[tra
   CHECK(calls("c") == (aggregating ? 2 * route : route));
   const std::uint64_t dense = ctx.size() > 1 ? 1 : 0;
   CHECK(all.calls == 1 + dense + (aggregating ? 4 * route : route));
-  // The header carries a count per table and one status word per rank pair.
+  // The header carries the shape and rest words and a count per group (three
+  // groups: the tables differ in width or type) per rank pair.
   if (ctx.size() > 1 && !aggregating) {
-    const std::uint64_t header = 8 * (3 + 1) * static_cast<std::uint64_t>(ctx.size() - 1);
+    const std::uint64_t header = 8 * (2 + 3) * static_cast<std::uint64_t>(ctx.size() - 1);
     CHECK(step["a"].sent() + step["b"].sent() + step["c"].sent() > header);
   }
 }
@@ -544,9 +545,9 @@ TEST_CASE("the hybrid's bytes per step follow DESIGN.md and undercut AllGatherv 
 
   // ShardedPS: pull sends 8 bytes per remote id (none when it reads shared
   // shards) and serves D*b per remote row; push sends (8 + D*b) per remote
-  // row; two 16-byte headers per peer.
+  // row; two 24-byte headers per peer (shape, rest, count).
   const std::uint64_t remote = (n - 1) * k / n;
-  CHECK(hybrid.sent() == 2 * remote * cols * b + (shared ? 1 : 2) * remote * 8 + 2 * 16 * (n - 1));
+  CHECK(hybrid.sent() == 2 * remote * cols * b + (shared ? 1 : 2) * remote * 8 + 2 * 24 * (n - 1));
   CHECK(hybrid.received() == hybrid.sent());
   // AllGatherv: every row block but the right neighbour's, plus the counts.
   CHECK(allgather.sent() == (n - 1) * k * (8 + cols * b) + 8 * (n - 1));

@@ -172,8 +172,13 @@ class Trainer {
       throw;
     }
     const policy::StepInfo info{steps_ + 1, options_.reduction == Reduction::mean ? 1.0 / engine_->size() : 1.0};
-    for (auto& [key, s] : synchronizers_) s->start_exchange(info);
-    for (auto& [key, s] : synchronizers_) s->finish_exchange(info);
+    try {
+      for (auto& [key, s] : synchronizers_) s->start_exchange(info);
+      for (auto& [key, s] : synchronizers_) s->finish_exchange(info);
+    } catch (...) {
+      clear();  // an exchange the ranks disagree on: nothing was applied
+      throw;
+    }
     for (auto& [key, s] : synchronizers_) s->update(info);
     clear();
     ++steps_;

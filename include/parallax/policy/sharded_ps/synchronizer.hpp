@@ -10,6 +10,7 @@
 /// reads.
 
 #include <parallax/comm_stats.hpp>
+#include <parallax/detail/agreement.hpp>
 #include <parallax/error.hpp>
 #include <parallax/init.hpp>
 #include <parallax/options.hpp>
@@ -25,6 +26,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -97,8 +99,20 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   void start_exchange(const StepInfo&) override {
     lanes_.clear();
     auto shared = engine_->stats().shared(ShardedPS::name);
-    for (auto& g : groups_) lanes_.push_back(&g->plan_push(shared));
-    if (!lanes_.empty()) detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_);
+    detail::Fingerprint word;
+    word.add("push");
+    for (auto& g : groups_) {
+      lanes_.push_back(&g->plan_push(shared));
+      word.add(g->identity());
+    }
+    if (lanes_.empty()) return;
+    detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_, detail::push_shape(word.value()),
+                        [&](bool detailed) {
+                          std::string out = "groups ";
+                          for (std::size_t g = 0; g < groups_.size(); ++g)
+                            out += (g ? ", " : "") + groups_[g]->describe(detailed);
+                          return out;
+                        });
   }
   void finish_exchange(const StepInfo&) override {
     for (auto& g : groups_) g->finish_push();
@@ -163,9 +177,28 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
         bad_table = tg.problem_table();
       }
     }
+    // What the batch carries: each request's (group, table), in order.
+    detail::Fingerprint word;
+    word.add("lookup");
+    for (std::size_t i = 0; i < count; ++i) {
+      const auto& tg = groups[request_group[i]]->tables;
+      word.add(tg.identity()).add(requests[request_group[i]][request_at[i]].table);
+    }
+    auto describe = [&](bool detailed) {
+      std::string out;
+      for (std::size_t i = 0; i < count; ++i)
+        out += (i ? ", " : "") +
+               groups[request_group[i]]->tables.label(requests[request_group[i]][request_at[i]].table, detailed);
+      if (detailed) {
+        out += "; groups ";
+        for (std::size_t gi = 0; gi < groups.size(); ++gi) out += (gi ? ", " : "") + groups[gi]->tables.describe(true);
+      }
+      return out;
+    };
     // The push's buffers serve too: a lookup's ids are copied out as they
     // arrive, and pushes route only inside a step.
-    if (auto problem = detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_, bad, bad_lane, bad_table))
+    if (auto problem = detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_,
+                                           detail::lookup_shape(word.value()), describe, bad, bad_lane, bad_table))
       groups[problem->lane]->tables.fail(*problem, "lookup id");
     for (auto* g : groups) g->tables.start_reply();
     if constexpr (engine::supports_v<Engine, engine::op_start_alltoallv>) engine_->wait_started();
@@ -188,6 +221,8 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
    public:
     virtual ~GroupBase() = default;
     virtual void build() = 0;
+    virtual std::uint64_t identity() const = 0;
+    virtual std::string describe(bool detailed) const = 0;
     virtual detail::RouteLane& plan_push(CommStats::Shared& route) = 0;
     virtual void finish_push() = 0;
     virtual void update(const StepInfo&) = 0;
@@ -222,6 +257,8 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
       for (TableMember<T>* m : members) m->fill_initial(tables);
       state.reset(opt_, tables.shard().size());
     }
+    std::uint64_t identity() const override { return tables.identity(); }
+    std::string describe(bool detailed) const override { return tables.describe(detailed); }
     detail::RouteLane& plan_push(CommStats::Shared& route) override {
       pushes_.clear();
       for (std::size_t t = 0; t < members.size(); ++t) {
