@@ -95,6 +95,13 @@ struct TrainerOptions {
   std::map<std::string, int> partitions;
   engine::Options engine;  ///< deadline of every collective
   CheckpointOptions checkpoint;  ///< automatic saves during step()
+  /// Before each step's exchange, look for NaN and infinities in every
+  /// gradient this rank gave (one pass over them); the first one found on
+  /// any rank fails the step on every rank, naming the variable, the rank,
+  /// the step and where. Off: non-finite values are summed and applied like
+  /// any other, and the elements (rows) they reach turn NaN or infinite for
+  /// good (docs/design.md, "Errors").
+  bool check_finite = false;
 };
 
 }  // namespace parallax

@@ -151,8 +151,9 @@ class Trainer {
 
   /// Synchronises every variable's gradient with its policy and applies the
   /// optimizer, then clears the gradients. Collective. Throws on every rank
-  /// if any rank gave bad data (ids out of range, wrong shapes) or if no rank
-  /// gave any gradient.
+  /// if any rank gave bad data (ids out of range, wrong shapes; NaN or
+  /// infinities with TrainerOptions::check_finite), naming the rank and the
+  /// step, or if no rank gave any gradient; the step is then abandoned.
   void step() {
     ensure_usable();
     engine_->set_step(static_cast<std::int64_t>(steps_ + 1));
@@ -162,6 +163,10 @@ class Trainer {
       if (!problem) problem = s->problem();
       has_gradient = has_gradient || s->has_gradient();
     }
+    if (options_.check_finite)
+      for (policy::Member* m : members_)
+        if (!problem) problem = m->non_finite_gradient();
+    if (problem) *problem += detail::concat(" (step ", steps_ + 1, ")");
     bool save_requested = false;
     try {
       save_requested = detail::agree(*engine_, problem, has_gradient,

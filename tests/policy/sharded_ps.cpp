@@ -78,16 +78,6 @@ double slowest(std::chrono::steady_clock::time_point since) {
   return s;
 }
 
-/// Whether every rank holds rank 0's `text` (collective).
-bool same_everywhere(const std::string& text) {
-  std::string zero = text;
-  int size = static_cast<int>(zero.size());
-  MPI_Bcast(&size, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  zero.resize(static_cast<std::size_t>(size));
-  MPI_Bcast(zero.data(), size, MPI_CHAR, 0, MPI_COMM_WORLD);
-  return test::all_ranks(zero == text);
-}
-
 }  // namespace
 
 // Ranks whose routes carry different things (other variables, or tables
@@ -116,7 +106,7 @@ TEMPLATE_TEST_CASE("ranks that look up other variables all throw one message nam
                    std::to_string(odd) +
                    ": 'emb'. Every rank must look up the same sparse variables, in the same order, in each batched "
                    "lookup (the ids may differ, and may be none).");
-  CHECK(same_everywhere(msg));
+  CHECK(test::same_on_every_rank(msg));
   CHECK(seconds < 1.0);
   // The ranks are in step again: a lookup they agree on works.
   const auto rows = trainer.lookup(emb, ids);
@@ -162,7 +152,7 @@ TEMPLATE_TEST_CASE("ranks whose tables are grouped or partitioned otherwise all 
   } else {
     CHECK(msg == head + "groups ['emb', 'emb2']; rank " + std::to_string(odd) + ": groups ['emb'], ['emb2']" + rule);
   }
-  CHECK(same_everywhere(msg));
+  CHECK(test::same_on_every_rank(msg));
   CHECK(seconds < 1.0);
   CHECK(trainer.steps() == 0);
 }
