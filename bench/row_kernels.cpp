@@ -15,10 +15,16 @@
 //   AdagradRows/math_errno   the same kernel compiled with -fmath-errno
 //   GatherRows/library       detail::GatherRows (a lookup's gather)
 //   GatherRows/no_prefetch   the same kernel with its prefetch(r) hidden
+//   NonFinite/library        detail::find_non_finite over the step's gradient
+//                            rows, all finite (TrainerOptions::check_finite)
+//   NonFinite/find_if        the same scan as a sequential thrust::find_if
+//                            of NotFinite (the device path's kernel)
 // Counter `bytes_per_second`: the rows' bytes read and written.
 #include "row_kernels.hpp"
 
 #include <benchmark/benchmark.h>
+#include <thrust/find.h>
+#include <thrust/system/cpp/execution_policy.h>
 
 namespace px = parallax;
 namespace pb = parallax::bench;
@@ -85,6 +91,16 @@ void gather_rows(pb::RowWorkload& w, std::size_t s) {
 void GatherRows_library(benchmark::State& state) { run_rows(state, gather_rows<true>, 2 * kRowBytes); }
 void GatherRows_no_prefetch(benchmark::State& state) { run_rows(state, gather_rows<false>, 2 * kRowBytes); }
 
+void non_finite_library(pb::RowWorkload& w, std::size_t) {
+  benchmark::DoNotOptimize(px::detail::find_non_finite(host, w.grad.data(), w.grad.size()));
+}
+void non_finite_find_if(pb::RowWorkload& w, std::size_t) {
+  const float* g = w.grad.data();
+  benchmark::DoNotOptimize(thrust::find_if(thrust::cpp::par, g, g + w.grad.size(), px::detail::NotFinite<float>{}));
+}
+void NonFinite_library(benchmark::State& state) { run_rows(state, non_finite_library, kRowBytes); }
+void NonFinite_find_if(benchmark::State& state) { run_rows(state, non_finite_find_if, kRowBytes); }
+
 }  // namespace
 
 // Run with --benchmark_enable_random_interleaving=true (docs/benchmarks.md), so
@@ -94,5 +110,7 @@ BENCHMARK(AdagradRows_prefetch)->Name("AdagradRows/prefetch")->Arg(0)->Arg(1)->U
 BENCHMARK(AdagradRows_math_errno)->Name("AdagradRows/math_errno")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(GatherRows_library)->Name("GatherRows/library")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(GatherRows_no_prefetch)->Name("GatherRows/no_prefetch")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(NonFinite_library)->Name("NonFinite/library")->Arg(0)->Unit(benchmark::kMicrosecond);
+BENCHMARK(NonFinite_find_if)->Name("NonFinite/find_if")->Arg(0)->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();
