@@ -75,9 +75,9 @@ inline std::vector<CheckpointInfo> list_checkpoints(const std::string& dir) {
   std::vector<CheckpointInfo> out;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return out;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const auto step = detail::checkpoint_step(entry.path().filename().string());
-    if (step && detail::checkpoint_complete(entry.path().string())) out.push_back({*step, entry.path().string()});
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto step = detail::checkpoint_step(it->path().filename().string());
+    if (step && detail::checkpoint_complete(it->path().string())) out.push_back({*step, it->path().string()});
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
   return out;
@@ -114,12 +114,13 @@ inline std::vector<std::string> remove_checkpoint_leftovers(const std::string& d
   namespace fs = std::filesystem;
   std::vector<std::string> removed;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (!fs::is_directory(entry.symlink_status(ec))) continue;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code kind;
+    if (!fs::is_directory(it->symlink_status(kind))) continue;
     const bool leftover = detail::checkpoint_step(name, ".partial") || detail::checkpoint_step(name, ".removing") ||
-                          (detail::checkpoint_step(name) && !detail::checkpoint_complete(entry.path().string()));
-    if (leftover) removed.push_back(entry.path().string());
+                          (detail::checkpoint_step(name) && !detail::checkpoint_complete(it->path().string()));
+    if (leftover) removed.push_back(it->path().string());
   }
   for (const auto& path : removed) detail::remove_tree(path);  // none is listed, whatever is left of it
   return removed;
@@ -170,11 +171,15 @@ class Checkpoints {
     std::optional<std::string> problem;
     detail::checkpoint_event("save:begin");
     if (me == 0) {
-      std::error_code ec;
-      fs::create_directories(dir, ec);
-      remove_checkpoint_leftovers(dir);
-      if (!fs::create_directory(partial, ec))
-        problem = detail::concat("cannot create checkpoint directory ", partial, ": ", ec.message());
+      try {
+        std::error_code ec;
+        fs::create_directories(dir, ec);
+        remove_checkpoint_leftovers(dir);
+        if (!fs::create_directory(partial, ec))
+          problem = detail::concat("cannot create checkpoint directory ", partial, ": ", ec.message());
+      } catch (const std::exception& e) {
+        problem = detail::concat("cannot prepare checkpoint directory ", partial, ": ", e.what());
+      }
     }
     detail::agree(*engine_, problem);
 
@@ -350,15 +355,19 @@ class Checkpoints {
     }
   }
   /// Removes the complete checkpoints beyond the newest `keep`, oldest
-  /// first. Best effort: one that cannot be removed stays listed, whole.
-  static void prune(const std::string& dir, int keep) {
+  /// first. Best effort, and local to rank 0: one that cannot be removed
+  /// stays listed, whole.
+  static void prune(const std::string& dir, int keep) noexcept {
     detail::checkpoint_event("prune:begin");
-    const auto all = list_checkpoints(dir);
-    for (std::size_t i = 0; i + static_cast<std::size_t>(std::max(keep, 1)) < all.size(); ++i) {
-      try {
-        detail::remove_checkpoint_dir(all[i].path);
-      } catch (const std::exception&) {
+    try {
+      const auto all = list_checkpoints(dir);
+      for (std::size_t i = 0; i + static_cast<std::size_t>(std::max(keep, 1)) < all.size(); ++i) {
+        try {
+          detail::remove_checkpoint_dir(all[i].path);
+        } catch (const std::exception&) {
+        }
       }
+    } catch (const std::exception&) {
     }
   }
 

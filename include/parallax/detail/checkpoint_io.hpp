@@ -157,7 +157,7 @@ inline void remove_tree(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   std::vector<fs::path> entries;
-  for (const auto& entry : fs::directory_iterator(path, ec)) entries.push_back(entry.path());
+  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) entries.push_back(it->path());
   for (const auto& entry : entries) {
     if (fs::is_directory(fs::symlink_status(entry, ec))) {
       remove_tree(entry);
