@@ -8,6 +8,9 @@
 #include <parallax/detail/row_sums.hpp>
 #include <parallax/space.hpp>
 #include <parallax/types.hpp>
+#if PARALLAX_HAS_CUDA
+#include <parallax/cuda/coalesce.cuh>  // coalesce_rows_cub, the CudaSpace path
+#endif
 
 #include <thrust/binary_search.h>
 #include <thrust/find.h>
