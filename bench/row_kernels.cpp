@@ -32,12 +32,18 @@
 //                            received 128 KiB segment added into each segment of
 //                            a 64 MiB gradient in turn
 //   Memcpy/ring              its baseline: the segment copied into each in turn
+//   NonFinite/library        detail::find_non_finite over the step's gradient
+//                            rows, all finite (TrainerOptions::check_finite)
+//   NonFinite/find_if        the same scan as a sequential thrust::find_if
+//                            of NotFinite (the device path's kernel)
 // Counter `bytes_per_second`: the bytes read and written (a memcpy of n
 // bytes: 2n), so every kernel is quoted as a fraction of memcpy's rate.
 #include "row_kernels.hpp"
 
 #include <benchmark/benchmark.h>
 #include <omp.h>
+#include <thrust/find.h>
+#include <thrust/system/cpp/execution_policy.h>
 
 #include <cmath>
 #include <cstring>
@@ -240,6 +246,15 @@ void Memcpy_ring(benchmark::State& state) {
   run_segments(state, [](float* dst, const float* src, std::size_t n) { team_memcpy(dst, src, n * sizeof(float)); },
                2 * sizeof(float));
 }
+void non_finite_library(pb::RowWorkload& w, std::size_t) {
+  benchmark::DoNotOptimize(px::detail::find_non_finite(host, w.grad.data(), w.grad.size()));
+}
+void non_finite_find_if(pb::RowWorkload& w, std::size_t) {
+  const float* g = w.grad.data();
+  benchmark::DoNotOptimize(thrust::find_if(thrust::cpp::par, g, g + w.grad.size(), px::detail::NotFinite<float>{}));
+}
+void NonFinite_library(benchmark::State& state) { run_rows(state, non_finite_library, kRowBytes); }
+void NonFinite_find_if(benchmark::State& state) { run_rows(state, non_finite_find_if, kRowBytes); }
 
 }  // namespace
 
@@ -258,5 +273,7 @@ BENCHMARK(Coalesce_library)->Name("Coalesce/library")->Unit(benchmark::kMicrosec
 BENCHMARK(Memcpy_coalesce)->Name("Memcpy/coalesce")->Unit(benchmark::kMicrosecond);
 BENCHMARK(AddInto_ring)->Name("AddInto/ring")->Unit(benchmark::kMicrosecond);
 BENCHMARK(Memcpy_ring)->Name("Memcpy/ring")->Unit(benchmark::kMicrosecond);
+BENCHMARK(NonFinite_library)->Name("NonFinite/library")->Arg(0)->Unit(benchmark::kMicrosecond);
+BENCHMARK(NonFinite_find_if)->Name("NonFinite/find_if")->Arg(0)->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

@@ -35,6 +35,8 @@ times, counters = {}, {}
 for run in runs:
     for b in run:
         m = re.match(r"Tables/T:(\d+)/(\w+)/(\w+)/", b["name"])
+        if not m:
+            continue  # RouteHeaders/...: docs/benchmarks.md, "Call shapes in route headers"
         key = (int(m.group(1)), m.group(2), m.group(3))
         times.setdefault(key, []).append(b["real_time"] / 1000.0)  # ms
         counters[key] = (b["calls"], b["bytes_sent"])

@@ -19,6 +19,13 @@
 //   bytes_sent  bytes sent (the busiest rank)
 // The learning rate is zero, so after the timed loop every looked-up row can
 // be checked against its initial value (`wrong`); every kernel still runs.
+//
+// RouteHeaders/words:<w>: one engine::Mpi::alltoallv_unsized of w 8-byte
+// words to every rank and nothing else: a route's headers alone, as a
+// lookup over shared shards sends them. w = 2 and 3 are one group's header
+// without and with the shape word (docs/design.md, section 2), 27 and 28 26
+// groups' (one_group_each above), side by side in one run; `wrong` counts
+// words that arrived other than sent.
 #include "common/harness.hpp"
 
 #include <parallax/parallax.hpp>
@@ -133,6 +140,31 @@ void add(pb::Session& session) {
     }
 }
 
+void route_headers(benchmark::State& state, pb::Session& session, std::size_t words) {
+  px::Context& ctx = session.context();
+  px::engine::Mpi engine(ctx);
+  const auto n = static_cast<std::size_t>(ctx.size()), me = static_cast<std::size_t>(ctx.rank());
+  std::vector<std::int64_t> send(words * n), recv;
+  std::vector<std::size_t> sbytes(n, words * 8), sdispls(n), rbytes(n), rdispls(n);
+  for (std::size_t p = 0; p < n; ++p) {
+    sdispls[p] = p * words * 8;
+    for (std::size_t w = 0; w < words; ++w) send[p * words + w] = static_cast<std::int64_t>(1000 * me + 10 * p + w);
+  }
+  auto route = [&] {
+    engine.alltoallv_unsized(send.data(), sbytes.data(), sdispls.data(), rbytes.data(), rdispls.data(),
+                             [&](std::size_t total) {
+                               recv.resize(total / 8);
+                               return reinterpret_cast<std::byte*>(recv.data());
+                             });
+  };
+  pb::timed_loop(state, ctx.comm(), 10, [] {}, route);
+  std::uint64_t wrong = 0;
+  for (std::size_t p = 0; p < n; ++p)
+    for (std::size_t w = 0; w < words; ++w)
+      wrong += recv[rdispls[p] / 8 + w] != static_cast<std::int64_t>(1000 * p + 10 * me + w);
+  pb::set_wrong(state, wrong, ctx.comm());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -141,5 +173,8 @@ int main(int argc, char** argv) {
   add<8>(session);
   add<26>(session);
   add<64>(session);
+  for (const std::size_t words : {2, 3, 27, 28})
+    session.add("RouteHeaders/words:" + std::to_string(words), words * 8,
+                [&session, words](benchmark::State& st) { route_headers(st, session, words); });
   return session.run();
 }

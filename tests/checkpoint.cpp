@@ -1,13 +1,16 @@
 // checkpoint.hpp and Trainer::save/restore: a resume continues bit-for-bit;
 // a checkpoint restores onto other rank counts (via sub-communicators:
 // 4 -> 3 and 2 -> 4 in a 4-rank job); every kind of corruption is reported
-// on every rank before anything is loaded; old checkpoints are pruned.
+// on every rank before anything is loaded; old checkpoints are pruned; what
+// interrupted saves and removals leave is never listed and is removed by
+// the next save (tests/fault/checkpoint_drill.cpp kills real saves).
 #include "support.hpp"
 
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 namespace fs = std::filesystem;
 
@@ -346,6 +349,104 @@ TEST_CASE("automatic saves keep the newest checkpoints and skip unfinished ones"
   timed.train(ctx, 3);
   MPI_Barrier(MPI_COMM_WORLD);
   CHECK(px::list_checkpoints(t.checkpoint.dir).size() == 3);
+}
+
+TEST_CASE("what interrupted saves and removals leave is not listed, and the next save removes it", "[checkpoint]") {
+  auto& ctx = test::world();
+  const int n = ctx.size();
+  TempDir dir;
+  px::TrainerOptions o;
+  o.checkpoint.dir = dir.path;
+  o.checkpoint.keep_last = 10;
+  Job<px::arch::Hybrid> job(ctx, o);
+  job.train(ctx, 1);
+  const std::string one = job.trainer.save();
+  job.train(ctx, 1);
+  const std::string two = job.trainer.save();
+  // What a kill at each instant leaves, what versions that deleted in place
+  // left, and what is not parallax's.
+  const std::string last_file = px::detail::rank_file_name(n - 1);
+  auto at = [&](int step) { return dir.path + "/" + px::detail::checkpoint_dir_name(static_cast<std::uint64_t>(step)); };
+  if (ctx.rank() == 0) {
+    fs::copy(two, at(7) + ".partial");  // a save killed before its rename (complete, or not)
+    fs::create_directory(at(8) + ".partial");
+    fs::copy(one, at(5) + ".removing");  // a removal killed after its rename
+    fs::copy(one, at(3));                // deleted in place: the manifest went first
+    fs::remove(at(3) + "/manifest");
+    fs::copy(one, at(4));                // ... or a data file did
+    fs::remove(at(4) + "/" + last_file);
+    fs::copy(one, at(6));                // a data file cut short
+    fs::resize_file(at(6) + "/" + last_file, fs::file_size(at(6) + "/" + last_file) - 1);
+    fs::create_directory(dir.path + "/notes");
+    std::ofstream(dir.path + "/step-0000000009.txt") << "not a checkpoint";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  const auto listed = px::list_checkpoints(dir.path);
+  REQUIRE(listed.size() == 2);
+  CHECK(listed[0].path == one);
+  CHECK(listed[1].path == two);
+  auto names = [&] {
+    std::set<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir.path)) out.insert(e.path().filename().string());
+    return out;
+  };
+  const std::set<std::string> theirs = {"notes", "step-0000000009.txt"};
+  SECTION("an explicit cleanup") {
+    if (ctx.rank() == 0) {
+      auto removed = px::remove_checkpoint_leftovers(dir.path);
+      CHECK(removed.size() == 6);
+      std::set<std::string> want = {"step-0000000001", "step-0000000002"};
+      want.insert(theirs.begin(), theirs.end());
+      CHECK(names() == want);
+    }
+  }
+  SECTION("the next save") {
+    job.train(ctx, 1);
+    const std::string three = job.trainer.save();
+    if (ctx.rank() == 0) {
+      std::set<std::string> want = {"step-0000000001", "step-0000000002", "step-0000000003"};
+      want.insert(theirs.begin(), theirs.end());
+      CHECK(names() == want);
+    }
+    Job<px::arch::Hybrid> again(ctx);
+    again.trainer.restore(three);  // the leftover step-3 was replaced whole
+    CHECK(again.snapshot() == job.snapshot());
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("a checkpoint leaves the listed names before its files go", "[checkpoint]") {
+  auto& ctx = test::world();
+  TempDir dir;
+  Job<px::arch::PS> job(ctx);
+  job.train(ctx, 1);
+  const std::string one = job.trainer.save(dir.path);
+  job.train(ctx, 1);
+  const std::string two = job.trainer.save(dir.path);
+  const auto at_two = job.snapshot();
+  if (ctx.rank() == 0) {
+    px::remove_checkpoint(one);
+    CHECK_FALSE(fs::exists(one));
+    CHECK_FALSE(fs::exists(one + ".removing"));
+    CHECK_THAT(test::error_of([&] { px::remove_checkpoint(one); }), Catch::Contains("cannot remove checkpoint " + one));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  REQUIRE(px::list_checkpoints(dir.path).size() == 1);
+
+  // Saving a step that has a checkpoint replaces it whole: another run
+  // resumed from step 1 with another learning rate saves step 2 again.
+  Job<px::arch::PS> other(ctx, {}, px::optim::Adam{0.2f});
+  other.train(ctx, 1);
+  other.trainer.save(dir.path);  // step 1
+  other.train(ctx, 1);
+  CHECK(other.trainer.save(dir.path) == two);
+  CHECK(other.snapshot() != at_two);
+  Job<px::arch::PS> check(ctx);
+  check.trainer.restore(two);
+  CHECK(check.snapshot() == other.snapshot());
+  if (ctx.rank() == 0) CHECK_FALSE(fs::exists(two + ".removing"));
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST_CASE("restore_latest finds nothing in an empty directory and changes nothing", "[checkpoint]") {

@@ -30,6 +30,16 @@ inline bool all_ranks(bool ok) {
   return all == 1;
 }
 
+/// True on every rank iff every rank holds rank 0's `text`: collective.
+inline bool same_on_every_rank(const std::string& text) {
+  std::string zero = text;
+  int size = static_cast<int>(zero.size());
+  MPI_Bcast(&size, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  zero.resize(static_cast<std::size_t>(size));
+  MPI_Bcast(zero.data(), size, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return all_ranks(zero == text);
+}
+
 /// Whether /dev/shm has room for shared shards of test sizes with plenty to
 /// spare (SharedWindow needs all of them and 16 MiB): where it does not, a
 /// table keeps its shard private and tests cannot expect shared memory.

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <tuple>
@@ -288,9 +289,10 @@ TEST_CASE("every sharded variable's gradient rows share one route a step", "[tra
   CHECK(calls("c") == (aggregating ? 2 * route : route));
   const std::uint64_t dense = ctx.size() > 1 ? 1 : 0;
   CHECK(all.calls == 1 + dense + (aggregating ? 4 * route : route));
-  // The header carries a count per table and one status word per rank pair.
+  // The header carries the shape and rest words and a count per group (three
+  // groups: the tables differ in width or type) per rank pair.
   if (ctx.size() > 1 && !aggregating) {
-    const std::uint64_t header = 8 * (3 + 1) * static_cast<std::uint64_t>(ctx.size() - 1);
+    const std::uint64_t header = 8 * (2 + 3) * static_cast<std::uint64_t>(ctx.size() - 1);
     CHECK(step["a"].sent() + step["b"].sent() + step["c"].sent() > header);
   }
 }
@@ -484,6 +486,74 @@ TEST_CASE("bad input is the same error on every rank", "[trainer][errors]") {
   }
 }
 
+namespace {
+
+/// Two steps of a model with a sparse and a dense variable under Arch, Adam
+/// and check_finite = `check`. In the second, rank N-1 puts `bad` into its
+/// gradient of 'w' (element 5: row 2, column 1) or of 'emb' (column 1 of the
+/// row for id 7, the third of its three rows).
+template <class Arch, class Space>
+void give_non_finite(px::Context& ctx, bool check, bool dense, float bad) {
+  const int last = ctx.size() - 1;
+  px::Variable<px::Sparse, float, Space> emb(ctx, "emb", {10, 2}, px::init::Uniform{-0.5f, 0.5f, 1});
+  px::Variable<px::Dense, float, Space> w(ctx, "w", {3, 2}, px::init::Uniform{-0.5f, 0.5f, 2});
+  px::TrainerOptions o;
+  o.check_finite = check;
+  px::Trainer<Arch, px::optim::Adam, test::engine_for<Space>> t(ctx, o, px::optim::Adam{0.1f}, emb, w);
+  auto give = [&](bool poison) {
+    std::vector<px::index_t> ids{1, 4, 7};
+    std::vector<float> rows(6, 0.25f), wg(6, 0.5f);
+    if (poison && ctx.rank() == last) (dense ? wg[5] : rows[5]) = bad;
+    emb.grad().add(ids, rows);
+    test::copy_from_host<Space>(w.grad().data(), wg);
+  };
+  give(false);
+  t.step();
+  const auto emb_before = t.fetch(emb), w_before = t.fetch(w);
+  give(true);
+  const std::string what = bad != bad ? "NaN" : "+Inf";
+  INFO(Arch::name << ", " << (dense ? "dense" : "sparse") << ", " << what);
+  if (check) {
+    // Every rank fails the step with the same sentence; nothing is applied.
+    const std::string msg = test::error_of([&] { t.step(); });
+    CHECK(msg == "rank " + std::to_string(last) + ": gradient of variable " +
+                     (dense ? "'w' holds " + what + " at element 5 (row 2, column 1)"
+                            : "'emb' holds " + what + " in the row for id 7 (row 2 of the 3 added this step), column 1") +
+                     " (step 2)");
+    CHECK(test::same_on_every_rank(msg));
+    CHECK(t.steps() == 1);
+    CHECK(t.fetch(emb) == emb_before);
+    CHECK(t.fetch(w) == w_before);
+    give(false);
+    CHECK_NOTHROW(t.step());
+  } else {
+    // Summed and applied like any value: on every rank exactly the element
+    // it reached is no longer finite (Adam turns an infinity into NaN too);
+    // every other element is.
+    t.step();
+    auto not_finite = [](const std::vector<float>& v) {
+      std::vector<std::size_t> at;
+      for (std::size_t i = 0; i < v.size(); ++i)
+        if (!std::isfinite(v[i])) at.push_back(i);
+      return at;
+    };
+    CHECK(not_finite(t.fetch(w)) == (dense ? std::vector<std::size_t>{5} : std::vector<std::size_t>{}));
+    CHECK(not_finite(t.fetch(emb)) == (dense ? std::vector<std::size_t>{} : std::vector<std::size_t>{7 * 2 + 1}));
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("check_finite names a NaN or infinite gradient on every rank; off, it reaches its element",
+                   "[trainer][errors]", PARALLAX_TEST_SPACES) {
+  auto& ctx = test::world();
+  const bool check = GENERATE(true, false), dense = GENERATE(true, false);
+  const float bad = GENERATE(std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity());
+  give_non_finite<px::arch::Hybrid, TestType>(ctx, check, dense, bad);
+  give_non_finite<px::arch::AllReduce, TestType>(ctx, check, dense, bad);
+  give_non_finite<px::arch::PS, TestType>(ctx, check, dense, bad);
+}
+
 TEST_CASE("ranks that declare different variables fail together, naming the difference", "[trainer][errors]") {
   auto& ctx = test::world();
   const int last = ctx.size() - 1;
@@ -545,9 +615,9 @@ TEST_CASE("the hybrid's bytes per step follow DESIGN.md and undercut AllGatherv 
 
   // ShardedPS: pull sends 8 bytes per remote id (none when it reads shared
   // shards) and serves D*b per remote row; push sends (8 + D*b) per remote
-  // row; two 16-byte headers per peer.
+  // row; two 24-byte headers per peer (shape, rest, count).
   const std::uint64_t remote = (n - 1) * k / n;
-  CHECK(hybrid.sent() == 2 * remote * cols * b + (shared ? 1 : 2) * remote * 8 + 2 * 16 * (n - 1));
+  CHECK(hybrid.sent() == 2 * remote * cols * b + (shared ? 1 : 2) * remote * 8 + 2 * 24 * (n - 1));
   CHECK(hybrid.received() == hybrid.sent());
   // AllGatherv: every row block but the right neighbour's, plus the counts.
   CHECK(allgather.sent() == (n - 1) * k * (8 + cols * b) + 8 * (n - 1));

@@ -31,20 +31,53 @@ struct CheckpointInfo {
   std::string path;
 };
 
-/// The complete checkpoints under `dir` (directories step-<N> holding a
-/// manifest; unfinished ones end in .partial and are skipped), oldest first.
+namespace detail {
+inline std::string checkpoint_dir_name(std::uint64_t step) {
+  std::string digits = std::to_string(step);
+  if (digits.size() < 10) digits.insert(0, 10 - digits.size(), '0');
+  return "step-" + digits;
+}
+
+/// The step of a name `step-<digits>` followed by `suffix`, if the name is one.
+inline std::optional<std::uint64_t> checkpoint_step(const std::string& name, const std::string& suffix = "") {
+  if (name.rfind("step-", 0) != 0 || name.size() <= 5 + suffix.size() || name.size() > 5 + 19 + suffix.size() ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return std::nullopt;
+  const std::string digits = name.substr(5, name.size() - 5 - suffix.size());
+  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return std::nullopt;
+  return std::stoull(digits);
+}
+
+/// Renames a checkpoint (or leftover) directory out of the listed names to
+/// `<path>.removing`, makes the rename durable, then deletes it file by
+/// file. A kill before the rename leaves it as it was; after, a leftover.
+inline void remove_checkpoint_dir(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path where = fs::path(path).lexically_normal();
+  if (where.filename().empty()) where = where.parent_path();  // "dir/step-N/"
+  const std::string doomed = where.string() + ".removing";
+  remove_tree(doomed);  // an earlier removal of this name, interrupted
+  fs::rename(where, doomed);
+  fsync_directory(where.parent_path().empty() ? "." : where.parent_path().string());
+  checkpoint_event("remove:renamed");
+  remove_tree(doomed);
+}
+}  // namespace detail
+
+/// The complete checkpoints under `dir`, oldest first: the directories
+/// `step-<N>` whose manifest is intact and whose every data file is there,
+/// of the size the manifest records (the data themselves are checked when
+/// one is restored). A save or a removal, killed at any instant, leaves
+/// only these and leftovers that are not listed (docs/design.md,
+/// "Checkpoints").
 inline std::vector<CheckpointInfo> list_checkpoints(const std::string& dir) {
   namespace fs = std::filesystem;
   std::vector<CheckpointInfo> out;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return out;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step-", 0) != 0 || name.size() <= 5) continue;
-    const std::string digits = name.substr(5);
-    if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
-    if (!fs::exists(entry.path() / "manifest", ec)) continue;
-    out.push_back({std::stoull(digits), entry.path().string()});
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto step = detail::checkpoint_step(it->path().filename().string());
+    if (step && detail::checkpoint_complete(it->path().string())) out.push_back({*step, it->path().string()});
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
   return out;
@@ -57,13 +90,41 @@ inline std::optional<CheckpointInfo> latest_checkpoint(const std::string& dir) {
   return all.back();
 }
 
-namespace detail {
-inline std::string checkpoint_dir_name(std::uint64_t step) {
-  std::string digits = std::to_string(step);
-  if (digits.size() < 10) digits.insert(0, 10 - digits.size(), '0');
-  return "step-" + digits;
+/// Removes the checkpoint at `path` (a `step-<N>` directory) so that no
+/// instant of the removal leaves it listed but incomplete: it leaves the
+/// listed names in one rename before any file goes. Not collective; call it
+/// from one process, while no save runs in the same directory. Throws
+/// parallax::error if it cannot be renamed.
+inline void remove_checkpoint(const std::string& path) {
+  try {
+    detail::remove_checkpoint_dir(path);
+  } catch (const std::exception& e) {
+    throw error(detail::concat("cannot remove checkpoint ", path, ": ", e.what()));
+  }
 }
-}  // namespace detail
+
+/// Removes what interrupted saves and removals left under `dir`, and that
+/// list_checkpoints() does not list: `step-<N>.partial` (a save),
+/// `step-<N>.removing` (a removal) and `step-<N>` directories that are not
+/// complete checkpoints (removals by versions of parallax that deleted in
+/// place). Every save does this first. Returns the paths removed. Not
+/// collective; call it from one process, while no save runs in the same
+/// directory.
+inline std::vector<std::string> remove_checkpoint_leftovers(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code kind;
+    if (!fs::is_directory(it->symlink_status(kind))) continue;
+    const bool leftover = detail::checkpoint_step(name, ".partial") || detail::checkpoint_step(name, ".removing") ||
+                          (detail::checkpoint_step(name) && !detail::checkpoint_complete(it->path().string()));
+    if (leftover) removed.push_back(it->path().string());
+  }
+  for (const auto& path : removed) detail::remove_tree(path);  // none is listed, whatever is left of it
+  return removed;
+}
 
 /// A trainer's checkpoints: every variable (its members, in registration
 /// order) and its optimizer state, saved by every rank in its own layout and
@@ -94,10 +155,13 @@ class Checkpoints {
   }
 
   /// Saves every variable and its optimizer state as checkpoint
-  /// `dir/step-<step>`: each rank writes its own rows, the manifest is
-  /// written last, and the directory appears only when complete (a crash
-  /// leaves the previous checkpoints intact). Keeps the newest
-  /// `keep_last`. Returns the checkpoint's path.
+  /// `dir/step-<step>`: each rank writes its own rows into
+  /// `step-<step>.partial`, rank 0 adds the manifest and renames the
+  /// directory, so it is listed only once complete; then the checkpoints
+  /// beyond the newest `keep_last` are removed (each renamed out of the
+  /// listed names first). A kill at any instant leaves complete checkpoints
+  /// and unlisted leftovers, which the next save removes first
+  /// (docs/design.md, "Checkpoints"). Returns the checkpoint's path.
   std::string save(const std::string& dir, std::uint64_t step) {
     namespace fs = std::filesystem;
     auto scope = engine_->stats().scope("", "checkpoint");
@@ -105,12 +169,17 @@ class Checkpoints {
     const std::string final_dir = dir + "/" + detail::checkpoint_dir_name(step);
     const std::string partial = final_dir + ".partial";
     std::optional<std::string> problem;
+    detail::checkpoint_event("save:begin");
     if (me == 0) {
-      std::error_code ec;
-      fs::create_directories(dir, ec);
-      fs::remove_all(partial, ec);
-      if (!fs::create_directory(partial, ec))
-        problem = detail::concat("cannot create checkpoint directory ", partial, ": ", ec.message());
+      try {
+        std::error_code ec;
+        fs::create_directories(dir, ec);
+        remove_checkpoint_leftovers(dir);
+        if (!fs::create_directory(partial, ec))
+          problem = detail::concat("cannot create checkpoint directory ", partial, ": ", ec.message());
+      } catch (const std::exception& e) {
+        problem = detail::concat("cannot prepare checkpoint directory ", partial, ": ", e.what());
+      }
     }
     detail::agree(*engine_, problem);
 
@@ -120,6 +189,7 @@ class Checkpoints {
       write_rank_header(file);
       for (policy::Member* m : members_) m->save(file);
       file.commit();
+      detail::checkpoint_event("save:rank-file");
       meta[0] = file.size();
       meta[1] = file.crc();
     } catch (const std::exception& e) {
@@ -140,15 +210,25 @@ class Checkpoints {
         detail::AtomicFile mf(partial + "/manifest");
         mf.write(text.data(), text.size());
         mf.commit();
+        detail::checkpoint_event("save:manifest");
         detail::fsync_directory(partial);
+        // A checkpoint of this step saved before (a run resumed from an
+        // earlier one) leaves the listed names first: rename() does not
+        // replace a directory that has files.
         std::error_code ec;
-        fs::remove_all(final_dir, ec);
+        const bool replaces = fs::exists(final_dir, ec);
+        if (replaces) {
+          detail::remove_tree(final_dir + ".removing");
+          fs::rename(final_dir, final_dir + ".removing");
+        }
         fs::rename(partial, final_dir);
         detail::fsync_directory(dir);
-        prune(dir, options_.keep_last);
+        detail::checkpoint_event("save:committed");
+        if (replaces) detail::remove_tree(final_dir + ".removing");
       } catch (const std::exception& e) {
         problem = detail::concat("cannot finish checkpoint ", final_dir, ": ", e.what());
       }
+      if (!problem) prune(dir, options_.keep_last);
     }
     detail::agree(*engine_, problem);
     last_save_ = std::chrono::steady_clock::now();
@@ -274,17 +354,20 @@ class Checkpoints {
       offset += e.rows * e.cols * (1 + e.slots) * size_of(static_cast<DataType>(r.type));
     }
   }
-  /// Keeps the newest `keep` complete checkpoints and no unfinished ones.
-  static void prune(const std::string& dir, int keep) {
-    namespace fs = std::filesystem;
-    const auto all = list_checkpoints(dir);
-    std::error_code ec;
-    for (std::size_t i = 0; i + static_cast<std::size_t>(std::max(keep, 1)) < all.size(); ++i)
-      fs::remove_all(all[i].path, ec);
-    for (const auto& entry : fs::directory_iterator(dir, ec)) {
-      const std::string name = entry.path().filename().string();
-      if (name.rfind("step-", 0) == 0 && name.size() > 8 && name.substr(name.size() - 8) == ".partial")
-        fs::remove_all(entry.path(), ec);
+  /// Removes the complete checkpoints beyond the newest `keep`, oldest
+  /// first. Best effort, and local to rank 0: one that cannot be removed
+  /// stays listed, whole.
+  static void prune(const std::string& dir, int keep) noexcept {
+    detail::checkpoint_event("prune:begin");
+    try {
+      const auto all = list_checkpoints(dir);
+      for (std::size_t i = 0; i + static_cast<std::size_t>(std::max(keep, 1)) < all.size(); ++i) {
+        try {
+          detail::remove_checkpoint_dir(all[i].path);
+        } catch (const std::exception&) {
+        }
+      }
+    } catch (const std::exception&) {
     }
   }
 

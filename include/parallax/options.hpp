@@ -81,7 +81,8 @@ struct CheckpointOptions {
   /// Save when this many seconds passed since the last save (0: not by time).
   /// Rank 0's clock decides; the decision travels with the step's agreement.
   double every_seconds = 0;
-  /// Complete checkpoints kept; older ones are deleted after a save.
+  /// Complete checkpoints kept; older ones are removed after a save (each
+  /// leaves the listed names in one rename before its files are deleted).
   int keep_last = 3;
 };
 
@@ -117,6 +118,13 @@ struct TrainerOptions {
   /// without that level, ready() moves them at once, in the caller: the
   /// same results, nothing overlapped.
   bool overlap = true;
+  /// Before each step's exchange, look for NaN and infinities in every
+  /// gradient this rank gave (one pass over them); the first one found on
+  /// any rank fails the step on every rank, naming the variable, the rank,
+  /// the step and where. Off: non-finite values are summed and applied like
+  /// any other, and the elements (rows) they reach turn NaN or infinite for
+  /// good (docs/design.md, "Errors").
+  bool check_finite = false;
 };
 
 }  // namespace parallax

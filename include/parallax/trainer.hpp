@@ -214,8 +214,9 @@ class Trainer {
 
   /// Synchronises every variable's gradient with its policy and applies the
   /// optimizer, then clears the gradients. Collective. Throws on every rank
-  /// if any rank gave bad data (ids out of range, wrong shapes) or if no rank
-  /// gave any gradient.
+  /// if any rank gave bad data (ids out of range, wrong shapes; NaN or
+  /// infinities with TrainerOptions::check_finite), naming the rank and the
+  /// step, or if no rank gave any gradient; the step is then abandoned.
   void step() {
     ensure_usable();
     const Call call(*this, "step");
@@ -227,6 +228,10 @@ class Trainer {
       if (!problem) problem = s->problem();
       has_gradient = has_gradient || s->has_gradient();
     }
+    if (options_.check_finite)
+      for (policy::Member* m : members_)
+        if (!problem) problem = m->non_finite_gradient();
+    if (problem) *problem += detail::concat(" (step ", steps_ + 1, ")");
     bool save_requested = false;
     try {
       const detail::Span span("agreement");
@@ -238,22 +243,22 @@ class Trainer {
       throw;
     }
     policy::StepInfo info{steps_ + 1, options_.reduction == Reduction::mean ? 1.0 / engine_->size() : 1.0};
-    for (std::size_t i = 0; i < synchronizers_.size(); ++i) {
-      const auto span = detail::Span::named("parallax", "start exchange: ", policy_names_[i]);
-      synchronizers_[i].second->start_exchange(info);
-    }
-    for (std::size_t i = 0; i < synchronizers_.size(); ++i) {
-      const auto span = detail::Span::named("parallax", "finish exchange: ", policy_names_[i]);
-      synchronizers_[i].second->finish_exchange(info);
-    }
-    if (options_.clip_norm > 0) {
-      const detail::Span span("clip by the global norm");
-      try {
-        info.scale *= clip_factor(info.scale);
-      } catch (...) {
-        clear();  // the step is abandoned on every rank alike
-        throw;
+    try {
+      for (std::size_t i = 0; i < synchronizers_.size(); ++i) {
+        const auto span = detail::Span::named("parallax", "start exchange: ", policy_names_[i]);
+        synchronizers_[i].second->start_exchange(info);
       }
+      for (std::size_t i = 0; i < synchronizers_.size(); ++i) {
+        const auto span = detail::Span::named("parallax", "finish exchange: ", policy_names_[i]);
+        synchronizers_[i].second->finish_exchange(info);
+      }
+      if (options_.clip_norm > 0) {
+        const detail::Span span("clip by the global norm");
+        info.scale *= clip_factor(info.scale);
+      }
+    } catch (...) {
+      clear();  // an exchange the ranks disagree on, or a failed norm: nothing was applied
+      throw;
     }
     if constexpr (optim::has_learning_rate_v<Optimizer>)
       opt_.lr = static_cast<decltype(opt_.lr)>(base_lr_ * schedule_factor(info.step));

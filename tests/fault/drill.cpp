@@ -2,11 +2,14 @@
 // fail at a chosen or random step. run_drill.cmake runs it under mpiexec and
 // checks the exit status, the messages and the time bound.
 //
-//   drill --mode kill|stop|skip|none --victim R --at-step S|random --steps K
+//   drill --mode kill|stop|skip|leave|none --victim R --at-step S|random --steps K
 //         [--timeout-ms T] [--check-calls]
 //
 // kill: the victim raises SIGKILL; stop: SIGSTOP (a hung process); skip: the
-// victim leaves out one step() and goes on to the next step.
+// victim leaves out one step() and goes on to the next step; leave: the
+// victim leaves the loop before step S and returns from main (its trainer
+// and Context end normally) while the others train on. Each rank prints
+// how long after the fault's step began it finished or stopped.
 #include <parallax/parallax.hpp>
 
 #include <unistd.h>
@@ -19,6 +22,13 @@
 #include <string>
 
 namespace px = parallax;
+
+namespace {
+std::chrono::steady_clock::time_point fault_began = std::chrono::steady_clock::now();
+double since_fault() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - fault_began).count();
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   px::Context ctx(argc, argv);
@@ -54,10 +64,16 @@ int main(int argc, char** argv) {
     o.engine.timeout = std::chrono::milliseconds(timeout_ms);
     o.engine.check_calls = check_calls;
     px::Trainer<px::arch::Hybrid, px::optim::Adam> trainer(ctx, o, px::optim::Adam{}, emb, w);
+    long done = 0;
     for (long s = 1; s <= steps; ++s) {
+      if (s == at_step) fault_began = std::chrono::steady_clock::now();
       if (ctx.rank() == victim && s == at_step) {
         if (mode == "kill") std::raise(SIGKILL);
         if (mode == "stop") std::raise(SIGSTOP);
+        if (mode == "leave") {
+          std::fprintf(stderr, "drill: rank %d leaves the loop before step %ld\n", ctx.rank(), s);
+          break;
+        }
       }
       std::vector<px::index_t> ids;
       for (int i = 0; i < 32; ++i) ids.push_back((s * 131 + i * 17 + ctx.rank() * 7) % 1000);
@@ -66,9 +82,12 @@ int main(int argc, char** argv) {
       for (auto& g : w.grad()) g = 0.01f;
       if (mode == "skip" && ctx.rank() == victim && s == at_step) continue;
       trainer.step();
+      ++done;
     }
-    std::fprintf(stderr, "drill: rank %d finished %ld steps\n", ctx.rank(), steps);
+    std::fprintf(stderr, "drill: rank %d finished %ld steps, %.1f s after step %ld began\n", ctx.rank(), done,
+                 since_fault(), at_step);
   } catch (const px::timeout_error&) {
+    std::fprintf(stderr, "drill: rank %d gave up %.1f s after step %ld began\n", ctx.rank(), since_fault(), at_step);
     return 3;  // parallax printed the diagnosis; ~Context ends the job (MPI_Abort)
   } catch (const std::exception& e) {
     std::fprintf(stderr, "drill: rank %d stopped: %s\n", ctx.rank(), e.what());

@@ -5,9 +5,12 @@
 #include "support.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <set>
+#include <string>
+#include <vector>
 
 namespace {
 
@@ -50,7 +53,109 @@ float push_value(int r, px::index_t id, std::size_t c) { return 0.1f * (r + 1) +
 
 std::uint64_t pad8(std::uint64_t b) { return (b + 7) / 8 * 8; }
 
+/// engine::Mpi without alltoallv_unsized: its routes take an alltoall of the
+/// headers' first words and an alltoallv of the rest, as on the device
+/// engines.
+struct MpiTwoCalls : px::engine::Mpi {
+  using px::engine::Mpi::Mpi;
+};
+static_assert(!px::engine::supports_v<MpiTwoCalls, px::engine::op_alltoallv_unsized>);
+
+/// "rank r" or "ranks a, b, c": the ranks of [first, last] but `skip`.
+std::string ranks_but(int first, int last, int skip) {
+  std::vector<int> r;
+  for (int i = first; i <= last; ++i)
+    if (i != skip) r.push_back(i);
+  std::string out = r.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < r.size(); ++i) out += (i ? ", " : "") + std::to_string(r[i]);
+  return out;
+}
+
+/// The longest time any rank took, in seconds (collective).
+double slowest(std::chrono::steady_clock::time_point since) {
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return s;
+}
+
 }  // namespace
+
+// Ranks whose routes carry different things (other variables, or tables
+// grouped or partitioned otherwise) see each other's shape words in the
+// routes' headers and throw one message, with no PARALLAX_CHECK_CALLS.
+TEMPLATE_TEST_CASE("ranks that look up other variables all throw one message naming them, at once",
+                   "[policy][sharded_ps][errors]", px::engine::Mpi, MpiTwoCalls) {
+  auto& ctx = test::world();
+  const int n = ctx.size(), odd = n - 1;
+  if (n < 2) return;  // one rank cannot disagree with itself
+  const bool group = GENERATE(true, false), shared = GENERATE(true, false);
+  px::TrainerOptions o;
+  o.sharded.group_tables = group;
+  o.sharded.shared_memory = shared;
+  px::Variable<px::Sparse, float> emb(ctx, "emb", {50, 4}), emb2(ctx, "emb2", {30, 4});
+  px::Trainer<px::arch::Hybrid, px::optim::Sgd, TestType> trainer(ctx, o, px::optim::Sgd{0.1f}, emb, emb2);
+  const std::vector<px::index_t> ids{0, 2, 7}, ids2{1, 2};
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = test::error_of([&] {
+    if (ctx.rank() == odd) trainer.lookup(emb, ids);  // one table; the others look up two
+    else trainer.lookup({px::Lookup{emb, ids}, px::Lookup{emb2, ids2}});
+  });
+  const double seconds = slowest(t0);
+  INFO("grouped: " << group << ", shared shards: " << shared << "; " << msg);
+  CHECK(msg == "parallax: ranks make different batched lookups: " + ranks_but(0, odd, odd) + ": 'emb', 'emb2'; rank " +
+                   std::to_string(odd) +
+                   ": 'emb'. Every rank must look up the same sparse variables, in the same order, in each batched "
+                   "lookup (the ids may differ, and may be none).");
+  CHECK(test::same_on_every_rank(msg));
+  CHECK(seconds < 1.0);
+  // The ranks are in step again: a lookup they agree on works.
+  const auto rows = trainer.lookup(emb, ids);
+  const auto all = trainer.fetch(emb);
+  bool exact = rows.rows == ids.size();
+  for (std::size_t i = 0; exact && i < ids.size(); ++i)
+    for (std::size_t c = 0; c < 4; ++c) exact = exact && rows.data[i * 4 + c] == all[static_cast<std::size_t>(ids[i]) * 4 + c];
+  CHECK(test::all_ranks(exact));
+}
+
+TEMPLATE_TEST_CASE("ranks whose tables are grouped or partitioned otherwise all throw one message at the push",
+                   "[policy][sharded_ps][errors]", px::engine::Mpi, MpiTwoCalls) {
+  auto& ctx = test::world();
+  const int n = ctx.size(), odd = n - 1;
+  if (n < 2) return;
+  const bool partitions = GENERATE(true, false);  // what differs on the odd rank
+  px::TrainerOptions o;
+  // Shared shards are off: a rank with more groups would make more shared
+  // windows while the trainers are built, which MPI cannot name.
+  o.sharded.shared_memory = false;
+  if (ctx.rank() == odd) {
+    if (partitions) o.partitions["emb"] = 2 * n + 1;
+    else o.sharded.group_tables = false;
+  }
+  px::Variable<px::Sparse, float> emb(ctx, "emb", {50, 4}), emb2(ctx, "emb2", {30, 4});
+  px::Trainer<px::arch::Hybrid, px::optim::Sgd, TestType> trainer(ctx, o, px::optim::Sgd{0.1f}, emb, emb2);
+  emb.grad().add(std::vector<px::index_t>{1, 3}, std::vector<float>(8, 0.5f));
+  emb2.grad().add(std::vector<px::index_t>{2}, std::vector<float>(4, 0.5f));
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = test::error_of([&] { trainer.step(); });
+  const double seconds = slowest(t0);
+  INFO(msg);
+  const std::string head = "parallax: ranks make different pushes of sparse gradients: " + ranks_but(0, odd, odd) + ": ";
+  const std::string rule =
+      ". Every rank must hold the same sharded variables, grouped and partitioned alike (give every rank the same "
+      "TrainerOptions).";
+  if (partitions) {
+    // Same names: the message shows the layouts.
+    const std::string p = std::to_string(n), q = std::to_string(2 * n + 1);
+    const std::string tail = ", 'emb2' (30 rows, " + p + " partitions)] of 4 x f32, rows asked of their owners";
+    CHECK(msg == head + "groups ['emb' (50 rows, " + p + " partitions)" + tail + "; rank " + std::to_string(odd) +
+                     ": groups ['emb' (50 rows, " + q + " partitions)" + tail + rule);
+  } else {
+    CHECK(msg == head + "groups ['emb', 'emb2']; rank " + std::to_string(odd) + ": groups ['emb'], ['emb2']" + rule);
+  }
+  CHECK(test::same_on_every_rank(msg));
+  CHECK(seconds < 1.0);
+  CHECK(trainer.steps() == 0);
+}
 
 TEMPLATE_TEST_CASE("ShardedTable::lookup returns the rows of the caller's ids, with exact bytes",
                    "[policy][sharded_ps]", PARALLAX_TEST_SPACES) {
@@ -99,11 +204,11 @@ TEMPLATE_TEST_CASE("ShardedTable::lookup returns the rows of the caller's ids, w
     for (std::size_t c = 0; c < C; ++c) exact = exact && out[i * C + c] == initial(ids[i], c);
   CHECK(exact);
 
-  // Bytes: a 16-byte header to each peer, 8 bytes per unique id asked of a
+  // Bytes: a 24-byte header to each peer (shape, rest, count), 8 bytes per unique id asked of a
   // peer, and C floats per row back; the same again for what peers ask of
   // us. Shared shards: the headers, and C floats per id read from a peer's
   // shard (repeats read again), booked as sent by that peer.
-  std::uint64_t sent = 16 * (n - 1), recv = 16 * (n - 1);
+  std::uint64_t sent = 24 * (n - 1), recv = 24 * (n - 1);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
     auto mine = ids_of(me), theirs = ids_of(p);
@@ -250,7 +355,7 @@ TEMPLATE_TEST_CASE("ShardedTable::push sums every rank's rows at their owner, by
   }
   CHECK(exact);
 
-  std::uint64_t sent = 16 * (n - 1), recv = 16 * (n - 1);
+  std::uint64_t sent = 24 * (n - 1), recv = 24 * (n - 1);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
     std::uint64_t to_p = 0, from_p = 0;
@@ -306,9 +411,9 @@ TEST_CASE("local aggregation sends each row across hosts once per host", "[polic
     plain_data += block;
     if (mates[static_cast<std::size_t>(o) % mates.size()] == me) aggregated_data += block;
   }
-  CHECK(plain.sent_inter == 16 * off_host_peers + plain_data);
+  CHECK(plain.sent_inter == 24 * off_host_peers + plain_data);
   if (topo.num_hosts() > 1 && topo.num_hosts() < n) {
-    CHECK(aggregated.sent_inter == 2 * 16 * off_host_peers + aggregated_data);
+    CHECK(aggregated.sent_inter == 2 * 24 * off_host_peers + aggregated_data);
     // Summed over a host of two ranks, rows cross to each other host once, not twice.
     std::uint64_t host_plain = plain_data, host_agg = aggregated_data;
     MPI_Allreduce(MPI_IN_PLACE, &host_plain, 1, MPI_UINT64_T, MPI_SUM, hosts.host_comm());
@@ -319,11 +424,12 @@ TEST_CASE("local aggregation sends each row across hosts once per host", "[polic
   }
 }
 
-TEST_CASE("a bad lookup id on one rank fails the lookup on every rank", "[policy][sharded_ps][errors]") {
-  px::engine::Mpi mpi(test::world());
+TEMPLATE_TEST_CASE("a bad lookup id on one rank fails the lookup on every rank", "[policy][sharded_ps][errors]",
+                   px::engine::Mpi, MpiTwoCalls) {
+  TestType mpi(test::world());
   const int n = mpi.size(), last = n - 1;
   const bool want_shared = GENERATE(true, false);
-  Table table(mpi, px::PartitionMap(R, n, n), C, "emb", true, want_shared);
+  px::ShardedTable<float, TestType> table(mpi, px::PartitionMap(R, n, n), C, "emb", true, want_shared);
   std::vector<px::index_t> ids{1, mpi.rank() == last ? static_cast<px::index_t>(R) + 5 : 2};
   std::vector<float> out(ids.size() * C);
   const std::string msg = test::error_of([&] { table.lookup(ids.data(), ids.size(), out.data()); });

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace parallax::detail {
@@ -105,6 +106,81 @@ void agree_on_variables(Engine& engine, const std::vector<VarRecord>& mine) {
     }
   }
   throw error("ranks disagree on the model's variables");  // hash collision of equal lists cannot happen here
+}
+
+/// An FNV-1a hash of words and strings: the shape word of a collective call,
+/// which every rank computes alike from what the call carries.
+class Fingerprint {
+ public:
+  Fingerprint& add(std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) h_ = (h_ ^ ((v >> (8 * i)) & 0xFFu)) * 1099511628211ull;
+    return *this;
+  }
+  Fingerprint& add(std::string_view s) {
+    add(s.size());
+    for (char c : s) h_ = (h_ ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    return *this;
+  }
+  std::uint64_t value() const noexcept { return h_; }
+
+ private:
+  std::uint64_t h_ = 1469598103934665603ull;
+};
+
+/// Collective: every rank of a call whose ranks found that they carried
+/// different shapes calls it (`shapes[r]` is rank r's shape word, known to
+/// every rank from the call's headers). Throws the same parallax::error on
+/// every rank: "parallax: ranks make different <what>", then each group of
+/// ranks that carried one shape with what it carried, then `rule`.
+/// `describe(false)` names what this rank's call carries; `describe(true)`
+/// says more, and is used when the short forms do not tell the groups apart.
+/// Two small all-gathers of the descriptions; nothing when ranks agree,
+/// since it is called only then.
+template <class Engine, class Describe>
+[[noreturn]] void throw_different_calls(Engine& engine, const std::vector<std::uint64_t>& shapes, const char* what,
+                                        const char* rule, Describe&& describe) {
+  auto scope = engine.stats().scope("", "control");
+  const int n = engine.size();
+  const auto un = static_cast<std::size_t>(n);
+  const std::string mine = describe(false) + std::string(1, '\0') + describe(true);
+  const std::int64_t length = static_cast<std::int64_t>(mine.size());
+  std::vector<std::int64_t> lengths(un);
+  engine.allgather(&length, lengths.data(), 1, DataType::i64);
+  std::vector<std::size_t> counts(un), displs(un);
+  std::size_t total = 0;
+  for (std::size_t r = 0; r < un; ++r) {
+    counts[r] = static_cast<std::size_t>(lengths[r]);
+    displs[r] = total;
+    total += counts[r];
+  }
+  std::string all(total, '\0');
+  engine.allgatherv(mine.data(), mine.size(), all.data(), counts.data(), displs.data(), DataType::u8);
+  auto form = [&](std::size_t r, bool detailed) {
+    const std::string text = all.substr(displs[r], counts[r]);
+    const auto cut = text.find('\0');
+    return detailed ? text.substr(cut + 1) : text.substr(0, cut);
+  };
+  // Groups of ranks by shape, in the order of their lowest rank.
+  std::vector<std::vector<int>> groups;
+  for (int r = 0; r < n; ++r) {
+    auto g = std::find_if(groups.begin(), groups.end(),
+                          [&](const auto& members) { return shapes[static_cast<std::size_t>(members[0])] == shapes[static_cast<std::size_t>(r)]; });
+    if (g == groups.end()) groups.push_back({r});
+    else g->push_back(r);
+  }
+  bool short_forms_differ = true;
+  for (std::size_t a = 0; a < groups.size(); ++a)
+    for (std::size_t b = 0; b < a; ++b)
+      short_forms_differ = short_forms_differ && form(static_cast<std::size_t>(groups[a][0]), false) !=
+                                                     form(static_cast<std::size_t>(groups[b][0]), false);
+  std::string text = concat("parallax: ranks make different ", what, ": ");
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    text += g ? "; " : "";
+    text += groups[g].size() == 1 ? "rank " : "ranks ";
+    for (std::size_t i = 0; i < groups[g].size(); ++i) text += concat(i ? ", " : "", groups[g][i]);
+    text += ": " + form(static_cast<std::size_t>(groups[g][0]), !short_forms_differ);
+  }
+  throw error(concat(text, ". ", rule));
 }
 
 }  // namespace parallax::detail

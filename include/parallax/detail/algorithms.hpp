@@ -8,6 +8,9 @@
 #include <parallax/detail/row_sums.hpp>
 #include <parallax/space.hpp>
 #include <parallax/types.hpp>
+#if PARALLAX_HAS_CUDA
+#include <parallax/cuda/coalesce.cuh>  // coalesce_rows_cub, the CudaSpace path
+#endif
 
 #include <thrust/binary_search.h>
 #include <thrust/find.h>
@@ -22,8 +25,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <type_traits>
+#include <vector>
 
 #if PARALLAX_HAS_CUDA
 #include <parallax/cuda/coalesce.cuh>  // coalesce_rows_cub, which coalesce_rows picks for device memory
@@ -162,6 +167,57 @@ double sum_of_squares(const Exec<Space>& ex, const T* x, std::size_t n) {
   return with_thrust(ex, n, [&](auto policy) {
     return thrust::transform_reduce(policy, x, x + n, SquareInDouble<T>{}, 0.0, thrust::plus<double>());
   });
+}
+
+/// NaN or an infinity: x - x is 0 for every finite x and NaN otherwise (no
+/// <cmath> call, so the host and a device share it).
+template <class T>
+struct NotFinite {
+  PARALLAX_HOST_DEVICE bool operator()(T v) const {
+    const T d = v - v;
+    return !(d == d);
+  }
+};
+
+/// The position of the first NaN or infinity among values[0 .. n), if any.
+/// On the host a pass of integer tests of the exponent bits (all ones),
+/// which vectorises, over blocks in parallel, then a scan of the first
+/// flagged block; on a device a find_if. Needs IEEE floats, which
+/// -ffinite-math-only does not promise.
+template <class T, class Space>
+std::optional<std::size_t> find_non_finite(const Exec<Space>& ex, const T* values, std::size_t n) {
+  static_assert(std::is_floating_point_v<T>, "find_non_finite: floating-point values");
+  if (n == 0) return std::nullopt;
+  if constexpr (std::is_same_v<Space, HostSpace>) {
+    using Bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+    static_assert(sizeof(Bits) == sizeof(T), "find_non_finite: 32- or 64-bit IEEE floats");
+    constexpr Bits exponent = sizeof(T) == 4 ? Bits(0x7F800000u) : Bits(0x7FF0000000000000ull);
+    constexpr std::size_t block = 4096;
+    const std::size_t blocks = (n + block - 1) / block;
+    std::vector<std::uint8_t> flagged(blocks);
+    for_each(
+        ex, blocks,
+        [&](std::size_t b) {
+          const std::size_t end = std::min(n, (b + 1) * block);
+          Bits any = 0;
+          for (std::size_t i = b * block; i < end; ++i) {
+            Bits x;
+            std::memcpy(&x, values + i, sizeof(x));
+            any |= static_cast<Bits>((x & exponent) == exponent);
+          }
+          flagged[b] = any != 0;
+        },
+        Cost{block});
+    for (std::size_t b = 0; b < blocks; ++b)
+      if (flagged[b])
+        for (std::size_t i = b * block; i < std::min(n, (b + 1) * block); ++i)
+          if (NotFinite<T>{}(values[i])) return i;
+    return std::nullopt;
+  } else {
+    const T* hit = with_thrust(ex, n, [&](auto policy) { return thrust::find_if(policy, values, values + n, NotFinite<T>{}); });
+    if (hit == values + n) return std::nullopt;
+    return static_cast<std::size_t>(hit - values);
+  }
 }
 
 /// Reads one element of a buffer in any space.

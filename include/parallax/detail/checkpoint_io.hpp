@@ -26,7 +26,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -65,6 +67,26 @@ inline std::uint32_t crc32c(const void* data, std::size_t n) {
   Crc32c c;
   c.update(data, n);
   return c.value();
+}
+
+// ---------------------------------------------------------------- test events
+
+/// Checkpoint events (tests only): where a save or a removal has got to.
+/// A program compiled with PARALLAX_CHECKPOINT_EVENTS defined (in every
+/// translation unit) may set a hook that is called at each of them; the
+/// kill drill (tests/fault/checkpoint_drill.cpp) kills ranks there. Without
+/// the macro they compile to nothing.
+using CheckpointHook = void (*)(const char* event);
+#ifdef PARALLAX_CHECKPOINT_EVENTS
+inline CheckpointHook& checkpoint_hook() {
+  static CheckpointHook hook = nullptr;
+  return hook;
+}
+#endif
+inline void checkpoint_event([[maybe_unused]] const char* event) {
+#ifdef PARALLAX_CHECKPOINT_EVENTS
+  if (CheckpointHook hook = checkpoint_hook()) hook(event);
+#endif
 }
 
 // ---------------------------------------------------------------- files
@@ -126,6 +148,25 @@ inline void fsync_directory(const std::string& dir) {
     ::fsync(fd);
     ::close(fd);
   }
+}
+
+/// Removes a directory and everything under it, one file at a time
+/// (std::filesystem::remove_all, with an event after each file). Errors are
+/// ignored: what is left stays for the next attempt.
+inline void remove_tree(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<fs::path> entries;
+  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) entries.push_back(it->path());
+  for (const auto& entry : entries) {
+    if (fs::is_directory(fs::symlink_status(entry, ec))) {
+      remove_tree(entry);
+    } else {
+      fs::remove(entry, ec);
+      checkpoint_event("remove:file");
+    }
+  }
+  fs::remove(path, ec);
 }
 
 inline bool file_exists(const std::string& path) {
@@ -259,6 +300,25 @@ struct Manifest {
 };
 
 inline std::string rank_file_name(int r) { return concat("rank-", r, ".bin"); }
+
+/// Whether the directory `path` holds a complete checkpoint: an intact
+/// manifest, and every data file it names, of the size it records. Reads
+/// the manifest and stats the files; the data are checked on restore.
+inline bool checkpoint_complete(const std::string& path) {
+  std::ifstream in(path + "/manifest", std::ios::binary);
+  if (!in) return false;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    for (const ManifestFile& f : Manifest::parse(text, path).files) {
+      struct stat st;
+      if (::stat((path + "/" + f.name).c_str(), &st) != 0 || static_cast<std::uint64_t>(st.st_size) != f.size)
+        return false;
+    }
+  } catch (const error&) {
+    return false;
+  }
+  return true;
+}
 
 /// Where the saved rows of one variable live: replicated (all rows in rank
 /// 0's file) or sharded (partition map of the saving job).

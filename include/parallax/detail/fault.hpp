@@ -17,6 +17,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace parallax::detail {
@@ -33,13 +34,18 @@ struct Position {
   std::int64_t call = 0;   // engine calls made so far, this one included
   char op[24] = {};
   char variable[48] = {};
+  char policy[24] = {};  // of a call that carries several variables (variable empty)
 
-  static Position make(std::int64_t step, std::int64_t call, const char* op, const std::string& variable) {
+  /// `label`: the call's statistics label (variable, policy), as CommStats
+  /// books it.
+  static Position make(std::int64_t step, std::int64_t call, const char* op,
+                       const std::pair<std::string, std::string>& label) {
     Position p;
     p.step = step;
     p.call = call;
     std::strncpy(p.op, op, sizeof(p.op) - 1);
-    std::strncpy(p.variable, variable.c_str(), sizeof(p.variable) - 1);
+    std::strncpy(p.variable, label.first.c_str(), sizeof(p.variable) - 1);
+    std::strncpy(p.policy, label.second.c_str(), sizeof(p.policy) - 1);
     return p;
   }
   bool same_call(const Position& o) const {
@@ -49,7 +55,9 @@ struct Position {
     std::ostringstream os;
     os << op << " #" << call;
     if (variable[0] != '\0') os << " (variable '" << variable << "')";
-    else os << " (the step's control exchange)";
+    else if (policy[0] == '\0' || std::strcmp(policy, "control") == 0) os << " (the step's control exchange)";
+    else if (std::strcmp(policy, "checkpoint") == 0) os << " (a checkpoint)";
+    else os << " (" << policy << ", several variables)";
     if (step >= 0) os << " at step " << step;
     return os.str();
   }

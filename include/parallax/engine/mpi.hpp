@@ -384,7 +384,7 @@ class Mpi {
   /// the job failed (Context then aborts it) and throw the diagnosis.
   [[noreturn]] void fail(const char* op, const std::string& cause) {
     detail::job_failed() = true;
-    const auto mine = detail::Position::make(step_, calls_, op, stats_.current().first);
+    const auto mine = detail::Position::make(step_, calls_, op, stats_.current());
     const auto heard = fault_.exchange(mine, options_.grace_period());
     const std::string report = detail::diagnose(rank(), mine, heard, cause);
     // Printed here as well as thrown: the job is about to end, and the
@@ -403,7 +403,7 @@ class Mpi {
       std::uint64_t count;
       std::uint64_t type;
     };
-    Record mine{detail::Position::make(step_, calls_, op, stats_.current().first), count,
+    Record mine{detail::Position::make(step_, calls_, op, stats_.current()), count,
                 static_cast<std::uint64_t>(t)};
     std::vector<Record> all(static_cast<std::size_t>(size()));
     MPI_Request r;

@@ -466,7 +466,7 @@ class Nccl {
 
   /// Where "op #call at step s" sits in messages.
   std::string where(const char* op) const {
-    return detail::Position::make(step(), mpi_.calls(), op, mpi_.stats().current().first).describe();
+    return detail::Position::make(step(), mpi_.calls(), op, mpi_.stats().current()).describe();
   }
   std::int64_t step() const noexcept { return mpi_.step_; }
 

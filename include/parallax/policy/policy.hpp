@@ -37,6 +37,7 @@
 /// collectives inside the phases match.
 
 #include <parallax/detail/agreement.hpp>
+#include <parallax/detail/algorithms.hpp>
 #include <parallax/detail/checkpoint_io.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/options.hpp>
@@ -100,6 +101,12 @@ class Member {
   virtual bool in_shared_memory() const { return false; }
   /// The whole variable, row-major, on the host of every rank. Collective.
   virtual void fetch(void* host_out) = 0;
+  /// The first NaN or infinity in the gradient this rank gave since the last
+  /// step, as a sentence naming the variable and where it is; local (the
+  /// trainer asks when TrainerOptions::check_finite is on, before the
+  /// exchange, and agrees on it across ranks). MemberOf reads the
+  /// variable's own gradient; a member that keeps it elsewhere overrides.
+  virtual std::optional<std::string> non_finite_gradient() { return std::nullopt; }
 
   // Checkpoints: a member saves the rows it holds, in its layout, and loads
   // the rows it needs from whatever layout the checkpoint was saved in.
@@ -265,11 +272,41 @@ class MemberOf : public Member {
   detail::VarRecord record() const override {
     return detail::VarRecord::make(var_.name(), var_.shape(), data_type_of_v<T>, Var::is_sparse(), policy_);
   }
+  /// The first NaN or infinity in `grad()`: for a dense variable its element
+  /// (row, column), for a sparse one the row's id and its place among the
+  /// rows added this step.
+  std::optional<std::string> non_finite_gradient() override {
+    using space = typename Var::space;
+    auto& state = var_.state();
+    const std::size_t cols = var_.cols();
+    auto value_at = [](const T* p) {
+      const T v = detail::read_one<T, space>(p);
+      return v != v ? "NaN" : v > 0 ? "+Inf" : "-Inf";
+    };
+    if constexpr (Var::is_sparse()) {
+      const auto& g = state.sparse_grad;
+      if (!g.touched()) return std::nullopt;
+      const auto at = detail::find_non_finite(check_exec_, g.values(), g.size() * cols);
+      if (!at) return std::nullopt;
+      return detail::concat("gradient of variable '", var_.name(), "' holds ", value_at(g.values() + *at),
+                            " in the row for id ", detail::read_one<index_t, space>(g.indices() + *at / cols),
+                            " (row ", *at / cols, " of the ", g.size(), " added this step), column ", *at % cols);
+    } else {
+      if (!state.grad_touched) return std::nullopt;
+      const auto at = detail::find_non_finite(check_exec_, state.grad.data(), state.grad.size());
+      if (!at) return std::nullopt;
+      return detail::concat("gradient of variable '", var_.name(), "' holds ", value_at(state.grad.data() + *at),
+                            " at element ", *at, " (row ", *at / cols, ", column ", *at % cols, ")");
+    }
+  }
   Var& variable() noexcept { return var_; }
 
  protected:
   Var var_;
   const char* policy_;
+
+ private:
+  Exec<typename Var::space> check_exec_;  // for non_finite_gradient()
 };
 
 /// Writes n elements of a buffer in `Space` to a checkpoint file.

@@ -23,6 +23,9 @@ float initial(std::size_t t, px::index_t id, std::size_t c) {
 template <class Space>
 using Group = px::TableGroup<float, test::engine_for<Space>>;
 
+/// What a route of this test carries, named for a disagreement (none here).
+std::string describe(bool) { return "the test's tables"; }
+
 /// Three tables: rows 29, 17 and 5; one partition per rank, 2N+1 (owners
 /// interleave), and one partition (a single owner).
 struct Tables {
@@ -92,7 +95,7 @@ TEMPLATE_TEST_CASE("a batch of lookups of several tables takes one route and one
   px::detail::RouteBuffers<Space> buffers;
   px::detail::RouteLane* lane = &group.plan_lookup(requests.data(), requests.size());
   CHECK(group.lookup_problem() == px::detail::no_problem);
-  CHECK_FALSE(px::detail::route_lanes(mpi, &lane, 1, buffers));
+  CHECK_FALSE(px::detail::route_lanes(mpi, &lane, 1, buffers, px::detail::CallShape{group.identity()}, describe));
   group.start_reply();
   if constexpr (px::engine::supports_v<Engine, px::engine::op_start_alltoallv>) mpi.wait_started();
   group.finish_lookup();
@@ -111,10 +114,11 @@ TEMPLATE_TEST_CASE("a batch of lookups of several tables takes one route and one
   CHECK(group.reads_directly() == (group.shared() || n == 1));
   CHECK(spent.calls == test::route_calls<Engine> + (group.reads_directly() ? 0 : 1));
 
-  // Bytes: each table's as if alone, sharing one 16-byte header per peer
-  // (one lane): 8 per unique id asked of a peer and C floats per row back;
-  // shared shards: C floats per id read from a peer (repeats too).
-  std::uint64_t sent = 16 * (n - 1), recv = 16 * (n - 1);
+  // Bytes: each table's as if alone, sharing one 24-byte header per peer
+  // (one lane: shape, rest, count): 8 per unique id asked of a peer and C
+  // floats per row back; shared shards: C floats per id read from a peer
+  // (repeats too).
+  std::uint64_t sent = 24 * (n - 1), recv = 24 * (n - 1);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
     std::uint64_t to_p = 0, from_p = 0;
@@ -151,7 +155,8 @@ TEST_CASE("a bad id in one table of a batch names that table on every rank", "[p
   px::detail::RouteBuffers<px::HostSpace> buffers;
   px::detail::RouteLane* lane = &group.plan_lookup(requests.data(), requests.size());
   const std::string msg = test::error_of([&] {
-    if (auto p = px::detail::route_lanes(mpi, &lane, 1, buffers, group.lookup_problem(), 0, group.problem_table()))
+    if (auto p = px::detail::route_lanes(mpi, &lane, 1, buffers, px::detail::CallShape{group.identity()}, describe,
+                                         group.lookup_problem(), 0, group.problem_table()))
       group.fail(*p, "lookup id");
   });
   CHECK_THAT(msg, Catch::Contains("variable 't1'") && Catch::Contains("lookup id 17") &&
@@ -191,7 +196,7 @@ TEMPLATE_TEST_CASE("a push of several tables sums each row at its owner, by row 
   for (std::size_t t = 0; t < tables.rows.size(); ++t) pushes.push_back({t, ids[t].data(), values[t].data(), ids[t].size()});
   px::detail::RouteBuffers<Space> buffers;
   px::detail::RouteLane* lane = &group.plan_push(pushes.data(), pushes.size());
-  px::detail::route_lanes(mpi, &lane, 1, buffers);
+  px::detail::route_lanes(mpi, &lane, 1, buffers, px::detail::CallShape{group.identity()}, describe);
   px::Buffer<px::index_t, Space> local_in_space;
   px::Buffer<float, Space> sums_in_space;
   const std::size_t m = group.finish_push(local_in_space, sums_in_space);

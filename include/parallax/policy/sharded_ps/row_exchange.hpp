@@ -2,13 +2,17 @@
 // RowExchange: sends rows (id + values) to ranks chosen per row, and replies
 // back. ShardedPS's pull and push are built from it.
 //
-// A route sends each rank pair a header (a row count per table, then a
-// status word) and the rows packed per destination, each table's as
-// [ids][values]: one engine call where the engine has alltoallv_unsized
-// (the header leads each message, engine::Mpi), else an alltoall of the
-// headers and an alltoallv of the rows. The status word carries a bad row
-// id, so a bad input on any rank is known to every rank from the headers,
-// and no rows are taken.
+// A route sends each rank pair a header (the call's shape word, the bytes
+// of the rest of the message or a problem flag, a row count per lane, and
+// a bad id when the sender has one) and the rows packed per destination,
+// each lane's as [ids][values]: one engine call where the engine has
+// alltoallv_unsized (the header leads each message, engine::Mpi), else an
+// alltoall of the headers' first two words and an alltoallv of the rest.
+// Every rank reads every other rank's shape word, so ranks whose calls
+// carry different things (a lookup of other variables, tables grouped
+// otherwise) all see it and throw the same error naming them, and a bad
+// input on any rank is known to every rank from the headers; either way
+// no rows are taken.
 //
 // A route may carry several lanes at once (route_lanes): each RowExchange
 // is a lane that plans its rows, packs them into the blocks the route lays
@@ -17,6 +21,7 @@
 // of groups. A lane's count word in the header is -(1 + t) when the
 // sender's problem concerns table t of that lane (its groups name tables).
 
+#include <parallax/detail/agreement.hpp>
 #include <parallax/detail/algorithms.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/space.hpp>
@@ -99,72 +104,83 @@ class RouteLane {
                       const std::vector<std::size_t>& rows) = 0;
 };
 
+/// What a route carries, as its ranks compare it: a shape word that every
+/// rank computes alike from the call (its kind and lanes: for a lookup the
+/// variables, in order; for a push the table groups and their layouts), and
+/// the words that name a disagreement (detail::throw_different_calls).
+struct CallShape {
+  std::uint64_t word = 0;
+  const char* what = "routes of rows";  ///< "ranks make different <what>"
+  const char* rule = "Every rank must make the same call.";
+};
+
+/// Words at the front of every route message: the shape word, then the
+/// bytes of the rest of the message, or -1 when the sender reports a bad
+/// id (then the id follows the lane counts).
+inline constexpr std::size_t route_prefix = 2;
+inline constexpr std::int64_t reports_problem = -1;
+
 /// A route's messages and bookkeeping, kept across steps.
 template <class Space>
 struct RouteBuffers {
-  std::vector<std::int64_t> send_header, recv_header;
+  std::vector<std::int64_t> send_header, recv_header;  // per rank: prefix, a count per lane[, bad id]
+  std::vector<std::uint64_t> shapes;                   // per rank: its shape word
   std::vector<std::size_t> send_bytes, send_displs, recv_bytes, recv_displs;
   std::vector<std::vector<std::size_t>> send_at, recv_at, recv_rows;  // per lane, per rank
   Buffer<std::byte, Space> send, recv;
 };
 
-/// The first problem (lowest rank first) that a route's headers report, if
-/// any. `header` holds `width` words per rank: a row count per lane, then
-/// the rank's status; with a problem the lane it concerns has count -(1 + t)
-/// for table t of the lane, the others 0.
-inline std::optional<RemoteProblem> find_problem(const std::int64_t* header, std::size_t ranks, std::size_t width) {
-  const std::size_t count = width - 1;
-  for (std::size_t p = 0; p < ranks; ++p) {
-    const std::int64_t* h = header + width * p;
-    if (h[count] == no_problem) continue;
-    std::size_t lane = 0;
-    while (lane + 1 < count && h[lane] >= 0) ++lane;
-    const std::size_t table = count && h[lane] < 0 ? static_cast<std::size_t>(-h[lane] - 1) : 0;
-    return RemoteProblem{static_cast<int>(p), h[count], lane, table};
-  }
-  return std::nullopt;
-}
-
 /// Routes the planned rows of `count` lanes. Collective; every rank passes
-/// the same number of lanes, in the same order. `bad_id` is this rank's
+/// the same `shape` word (what the call carries): if ranks differ, none
+/// takes any rows and every rank throws the same parallax::error naming
+/// the ranks and what each carried (`describe(detailed)` names this rank's
+/// call; see detail::throw_different_calls). `bad_id` is this rank's
 /// problem to share (no_problem if none), found in table `bad_table` of lane
 /// `bad_lane`: if any rank has one, no rows are taken and every rank gets the
 /// lowest such rank's report.
 ///
-/// Each rank pair's message starts with a header: (rows of each lane, the
-/// sender's status). On an engine with alltoallv_unsized (engine::Mpi) the
-/// header travels in front of the rows and the route is one engine call;
-/// elsewhere the headers go first in an alltoall, then the rows in an
-/// alltoallv. The bytes are the same either way.
-template <class Engine>
+/// Each rank pair's message starts with a header: the shape word, the bytes
+/// of the rest of the message (or reports_problem), the rows of each lane
+/// (with a problem: -(1 + table) for the lane it concerns, 0 for the
+/// others), and the bad id when there is one. On an engine with
+/// alltoallv_unsized (engine::Mpi) the header travels in front of the rows
+/// and the route is one engine call; elsewhere the first two words go in an
+/// alltoall (a fixed width, so ranks that disagree still read each other's
+/// shape) and the rest with the rows in an alltoallv. The bytes are the same
+/// either way: 8 (lanes + 2) per rank pair, and the rows.
+template <class Engine, class Describe>
 std::optional<RemoteProblem> route_lanes(Engine& engine, RouteLane* const* lanes, std::size_t count,
-                                         RouteBuffers<engine::space_of_t<Engine>>& b, index_t bad_id = no_problem,
-                                         std::size_t bad_lane = 0, std::size_t bad_table = 0) {
+                                         RouteBuffers<engine::space_of_t<Engine>>& b, const CallShape& shape,
+                                         Describe&& describe, index_t bad_id = no_problem, std::size_t bad_lane = 0,
+                                         std::size_t bad_table = 0) {
   using space = engine::space_of_t<Engine>;
   constexpr bool unsized = engine::supports_v<Engine, engine::op_alltoallv_unsized>;
   const int n = engine.size();
   const auto un = static_cast<std::size_t>(n);
-  const std::size_t width = count + 1;  // header words per rank pair
-  const std::size_t header_bytes = unsized ? width * sizeof(std::int64_t) : 0;  // in front of a message's rows
+  constexpr std::size_t word = sizeof(std::int64_t);
+  const bool reporting = bad_id != no_problem;
+  // Header words per rank pair, and those of them that travel with the rows
+  // (all on an unsized route; after the prefix otherwise).
+  const std::size_t width = route_prefix + count + 1;  // room for a bad id
+  auto head_words = [&](bool with_problem) { return route_prefix + count + (with_problem ? 1 : 0); };
+  const std::size_t skip = unsized ? 0 : route_prefix;  // header words not in the rows message
 
-  // Header: (rows for you of each lane, my status) to every rank. With a
-  // problem no rows move, so the counts say which lane and table it
-  // concerns instead: -(1 + table) for that lane, 0 for the others.
-  b.send_header.resize(width * un);
-  b.recv_header.resize(width * un);
+  // Header: (shape, rest, rows for you of each lane[, my bad id]) to every
+  // rank. With a problem no rows move, so the counts say which lane and
+  // table it concerns instead: -(1 + table) for that lane, 0 for the others.
+  b.send_header.assign(width * un, 0);
+  b.recv_header.assign(width * un, 0);
   for (std::size_t p = 0; p < un; ++p) {
+    std::int64_t* h = b.send_header.data() + width * p;
+    h[0] = static_cast<std::int64_t>(shape.word);
     for (std::size_t l = 0; l < count; ++l)
-      b.send_header[width * p + l] = bad_id != no_problem ? (l == bad_lane ? -1 - static_cast<std::int64_t>(bad_table) : 0)
-                                                          : static_cast<std::int64_t>(lanes[l]->rows_to(static_cast<int>(p)));
-    b.send_header[width * p + count] = bad_id;
-  }
-  if constexpr (!unsized) {
-    engine.alltoall(b.send_header.data(), b.recv_header.data(), width, DataType::i64);
-    if (auto problem = find_problem(b.recv_header.data(), un, width)) return problem;
+      h[route_prefix + l] = reporting ? (l == bad_lane ? -1 - static_cast<std::int64_t>(bad_table) : 0)
+                                      : static_cast<std::int64_t>(lanes[l]->rows_to(static_cast<int>(p)));
+    if (reporting) h[route_prefix + count] = bad_id;
   }
 
-  // Layout: the message for rank p holds its header (unsized route) and each
-  // lane's rows in turn.
+  // Layout: the message for rank p holds its header (from word `skip` on)
+  // and each lane's rows in turn; rows[p][l] gives the counts.
   b.send_bytes.assign(un, 0);
   b.send_displs.resize(un);
   b.recv_bytes.assign(un, 0);
@@ -181,27 +197,44 @@ std::optional<RemoteProblem> route_lanes(Engine& engine, RouteLane* const* lanes
                      std::vector<std::size_t>& displs, std::vector<std::size_t>& bytes, bool sizes_known) {
     std::size_t t = 0;
     for (std::size_t p = 0; p < un; ++p) {
+      const std::int64_t* h = header.data() + width * p;
       if (sizes_known) displs[p] = t;
       else t = displs[p];
-      t += header_bytes;
+      t += (head_words(h[1] == reports_problem) - skip) * word;
       for (std::size_t l = 0; l < count; ++l) {
         at[l][p] = t;
-        t += lanes[l]->bytes_of(static_cast<std::size_t>(std::max<std::int64_t>(header[width * p + l], 0)));
+        t += lanes[l]->bytes_of(static_cast<std::size_t>(std::max<std::int64_t>(h[route_prefix + l], 0)));
       }
       if (sizes_known) bytes[p] = t - displs[p];
     }
     return t;
   };
+  for (std::size_t p = 0; p < un; ++p) b.send_header[width * p + 1] = reporting ? reports_problem : 0;
   const std::size_t st = lay_out(b.send_header, b.send_at, b.send_displs, b.send_bytes, true);
-  b.send.resize_discard(st);
-  if (bad_id == no_problem)
-    for (std::size_t l = 0; l < count; ++l) lanes[l]->pack(b.send.data(), b.send_at[l]);
-  auto& ex = engine.exec();
-  if constexpr (unsized) {
+  if (!reporting)
     for (std::size_t p = 0; p < un; ++p)
-      space_traits<space>::copy_from_host(b.send.data() + b.send_displs[p], b.send_header.data() + width * p,
-                                          header_bytes);
-    ex.synchronize();
+      b.send_header[width * p + 1] = static_cast<std::int64_t>(b.send_bytes[p] + skip * word) -
+                                     static_cast<std::int64_t>(route_prefix * word);
+  b.send.resize_discard(st);
+  if (!reporting)
+    for (std::size_t l = 0; l < count; ++l) lanes[l]->pack(b.send.data(), b.send_at[l]);
+  for (std::size_t p = 0; p < un; ++p)
+    space_traits<space>::copy_from_host(b.send.data() + b.send_displs[p], b.send_header.data() + width * p + skip,
+                                        (head_words(reporting) - skip) * word);
+  auto& ex = engine.exec();
+  ex.synchronize();
+
+  // Every rank's shape and rest; ranks that disagree take nothing.
+  b.shapes.resize(un);
+  auto check_shapes = [&] {
+    bool agree = true;
+    for (std::size_t p = 0; p < un; ++p) {
+      b.shapes[p] = static_cast<std::uint64_t>(b.recv_header[width * p]);
+      agree = agree && b.shapes[p] == shape.word;
+    }
+    if (!agree) throw_different_calls(engine, b.shapes, shape.what, shape.rule, describe);
+  };
+  if constexpr (unsized) {
     engine.alltoallv_unsized(b.send.data(), b.send_bytes.data(), b.send_displs.data(), b.recv_bytes.data(),
                              b.recv_displs.data(), [&](std::size_t total) {
                                b.recv.resize_discard(total);
@@ -209,18 +242,51 @@ std::optional<RemoteProblem> route_lanes(Engine& engine, RouteLane* const* lanes
                              });
     for (std::size_t p = 0; p < un; ++p)
       space_traits<space>::copy_to_host(b.recv_header.data() + width * p, b.recv.data() + b.recv_displs[p],
-                                        header_bytes);
-    if (auto problem = find_problem(b.recv_header.data(), un, width)) return problem;
-    lay_out(b.recv_header, b.recv_at, b.recv_displs, b.recv_bytes, false);
+                                        std::min(b.recv_bytes[p], route_prefix * word));
+    check_shapes();
+    for (std::size_t p = 0; p < un; ++p) {
+      const std::size_t words = head_words(b.recv_header[width * p + 1] == reports_problem) - route_prefix;
+      space_traits<space>::copy_to_host(b.recv_header.data() + width * p + route_prefix,
+                                        b.recv.data() + b.recv_displs[p] + route_prefix * word, words * word);
+    }
   } else {
-    const std::size_t rt = lay_out(b.recv_header, b.recv_at, b.recv_displs, b.recv_bytes, true);
-    ex.synchronize();
+    // The prefixes alone, at a width every rank shares; then the rest.
+    std::vector<std::int64_t> prefix(route_prefix * un), got(route_prefix * un);
+    for (std::size_t p = 0; p < un; ++p)
+      std::copy_n(b.send_header.data() + width * p, route_prefix, prefix.data() + route_prefix * p);
+    engine.alltoall(prefix.data(), got.data(), route_prefix, DataType::i64);
+    for (std::size_t p = 0; p < un; ++p)
+      std::copy_n(got.data() + route_prefix * p, route_prefix, b.recv_header.data() + width * p);
+    check_shapes();
+    std::size_t rt = 0;
+    for (std::size_t p = 0; p < un; ++p) {
+      const std::int64_t rest = b.recv_header[width * p + 1];
+      b.recv_displs[p] = rt;
+      b.recv_bytes[p] = rest == reports_problem ? (count + 1) * word : static_cast<std::size_t>(rest);
+      rt += b.recv_bytes[p];
+    }
     b.recv.resize_discard(rt);
     engine.alltoallv(b.send.data(), b.send_bytes.data(), b.send_displs.data(), b.recv.data(), b.recv_bytes.data(),
                      b.recv_displs.data(), DataType::u8);
+    for (std::size_t p = 0; p < un; ++p) {
+      const std::size_t words = head_words(b.recv_header[width * p + 1] == reports_problem) - route_prefix;
+      space_traits<space>::copy_to_host(b.recv_header.data() + width * p + route_prefix,
+                                        b.recv.data() + b.recv_displs[p], words * word);
+    }
   }
+  // The first problem, lowest rank first.
+  for (std::size_t p = 0; p < un; ++p) {
+    const std::int64_t* h = b.recv_header.data() + width * p;
+    if (h[1] != reports_problem) continue;
+    std::size_t lane = 0;
+    while (lane + 1 < count && h[route_prefix + lane] >= 0) ++lane;
+    const std::size_t table = count && h[route_prefix + lane] < 0 ? static_cast<std::size_t>(-h[route_prefix + lane] - 1) : 0;
+    return RemoteProblem{static_cast<int>(p), h[route_prefix + count], lane, table};
+  }
+  lay_out(b.recv_header, b.recv_at, b.recv_displs, b.recv_bytes, false);
   for (std::size_t l = 0; l < count; ++l) {
-    for (std::size_t p = 0; p < un; ++p) b.recv_rows[l][p] = static_cast<std::size_t>(b.recv_header[width * p + l]);
+    for (std::size_t p = 0; p < un; ++p)
+      b.recv_rows[l][p] = static_cast<std::size_t>(b.recv_header[width * p + route_prefix + l]);
     lanes[l]->unpack(b.recv.data(), b.recv_at[l], b.recv_rows[l]);
   }
   ex.synchronize();
@@ -239,9 +305,18 @@ class RowExchange final : public RouteLane {
   /// gets the lowest such rank's report.
   std::optional<RemoteProblem> route(const index_t* ids, RowsAt<T> values, const std::int32_t* dest, std::size_t k,
                                      std::size_t cols, index_t bad_id = no_problem) {
+    const CallShape shape{Fingerprint().add("rows").add(static_cast<std::uint64_t>(data_type_of_v<T>)).add(cols).value()};
+    return route(ids, values, dest, k, cols, shape,
+                 [&](bool) { return concat("rows of ", cols, " x ", to_string(data_type_of_v<T>)); }, bad_id);
+  }
+  /// route() of a call with its own shape (see route_lanes()).
+  template <class Describe>
+  std::optional<RemoteProblem> route(const index_t* ids, RowsAt<T> values, const std::int32_t* dest, std::size_t k,
+                                     std::size_t cols, const CallShape& shape, Describe&& describe,
+                                     index_t bad_id = no_problem) {
     plan(ids, values, dest, bad_id != no_problem ? 0 : k, cols);
     RouteLane* self = this;
-    return route_lanes(*engine_, &self, 1, buffers_, bad_id);
+    return route_lanes(*engine_, &self, 1, buffers_, shape, describe, bad_id);
   }
 
   /// The local half of route(): groups the rows by destination, to be sent

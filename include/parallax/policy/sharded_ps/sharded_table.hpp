@@ -5,6 +5,7 @@
 /// For programs that use ShardedPS's machinery without a Trainer (tests,
 /// benchmarks); a Trainer groups its tables (ShardedSynchronizer).
 
+#include <parallax/detail/agreement.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/partition.hpp>
 #include <parallax/policy/sharded_ps/row_exchange.hpp>
@@ -61,7 +62,9 @@ class ShardedTable {
   void lookup(const index_t* ids, std::size_t n, T* out) {
     const typename TableGroup<T, Engine>::Request request{0, ids, n, out};
     detail::RouteLane* lane = &group_.plan_lookup(&request, 1);
-    if (auto p = detail::route_lanes(*engine_, &lane, 1, buffers_, group_.lookup_problem()))
+    const auto shape = detail::lookup_shape(detail::Fingerprint().add("lookup").add(group_.identity()).add(0).value());
+    if (auto p = detail::route_lanes(*engine_, &lane, 1, buffers_, shape, [&](bool d) { return group_.label(0, d); },
+                                     group_.lookup_problem()))
       group_.fail(*p, "lookup id");
     group_.start_reply();
     if constexpr (engine::supports_v<Engine, engine::op_start_alltoallv>) engine_->wait_started();
@@ -76,7 +79,8 @@ class ShardedTable {
                    Buffer<T, space>& sums) {
     const typename TableGroup<T, Engine>::Push push{0, ids, values, k};
     detail::RouteLane* lane = &group_.plan_push(&push, 1);
-    detail::route_lanes(*engine_, &lane, 1, buffers_);
+    const auto shape = detail::push_shape(detail::Fingerprint().add("push").add(group_.identity()).value());
+    detail::route_lanes(*engine_, &lane, 1, buffers_, shape, [&](bool d) { return "groups " + group_.describe(d); });
     const std::size_t m = group_.finish_push(local_rows, sums);
     const auto local = local_rows.to_host();
     std::vector<index_t> global(m);

@@ -10,6 +10,7 @@
 /// reads.
 
 #include <parallax/comm_stats.hpp>
+#include <parallax/detail/agreement.hpp>
 #include <parallax/detail/timeline.hpp>
 #include <parallax/error.hpp>
 #include <parallax/init.hpp>
@@ -26,6 +27,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -98,7 +100,9 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
         auto shared = engine_->stats().shared(ShardedPS::name);
         detail::RouteLane* lane = &g.plan_push(shared, true);
         const detail::Span span("push: route (early)");
-        detail::route_lanes(*engine_, &lane, 1, g.early_route);
+        detail::route_lanes(*engine_, &lane, 1, g.early_route,
+                            detail::push_shape(detail::Fingerprint().add("push").add(g.identity()).value()),
+                            [&](bool detailed) { return "group " + g.describe(detailed) + " (ready)"; });
       });
       return;
     }
@@ -122,13 +126,29 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   void start_exchange(const StepInfo&) override {
     lanes_.clear();
     auto shared = engine_->stats().shared(ShardedPS::name);
+    detail::Fingerprint word;
+    word.add("push");
     {
       const detail::Span span("push: plan");
       for (auto& g : groups_)
-        if (!g->pushed) lanes_.push_back(&g->plan_push(shared, false));
+        if (!g->pushed) {
+          lanes_.push_back(&g->plan_push(shared, false));
+          word.add(g->identity());
+        }
     }
+    if (lanes_.empty()) return;
     const detail::Span span("push: route");
-    if (!lanes_.empty()) detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_);
+    detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_, detail::push_shape(word.value()),
+                        [&](bool detailed) {
+                          std::string out = "groups ";
+                          bool first = true;
+                          for (auto& g : groups_)
+                            if (!g->pushed) {
+                              out += (first ? "" : ", ") + g->describe(detailed);
+                              first = false;
+                            }
+                          return out;
+                        });
   }
   void finish_exchange(const StepInfo&) override {
     {
@@ -206,11 +226,30 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
       }
     }
     plan.end();
+    // What the batch carries: each request's (group, table), in order.
+    detail::Fingerprint word;
+    word.add("lookup");
+    for (std::size_t i = 0; i < count; ++i) {
+      const auto& tg = groups[request_group[i]]->tables;
+      word.add(tg.identity()).add(requests[request_group[i]][request_at[i]].table);
+    }
+    auto describe = [&](bool detailed) {
+      std::string out;
+      for (std::size_t i = 0; i < count; ++i)
+        out += (i ? ", " : "") +
+               groups[request_group[i]]->tables.label(requests[request_group[i]][request_at[i]].table, detailed);
+      if (detailed) {
+        out += "; groups ";
+        for (std::size_t gi = 0; gi < groups.size(); ++gi) out += (gi ? ", " : "") + groups[gi]->tables.describe(true);
+      }
+      return out;
+    };
     // The push's buffers serve too: a lookup's ids are copied out as they
     // arrive, and pushes route only inside a step.
     {
       const detail::Span span("lookup: route");
-      if (auto problem = detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_, bad, bad_lane, bad_table))
+      if (auto problem = detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_,
+                                             detail::lookup_shape(word.value()), describe, bad, bad_lane, bad_table))
         groups[problem->lane]->tables.fail(*problem, "lookup id");
     }
     {
@@ -242,6 +281,8 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
     /// gradient has a problem sends no rows (its problem waits for the
     /// step's agreement).
     virtual detail::RouteLane& plan_push(CommStats::Shared& route, bool validate) = 0;
+    virtual std::uint64_t identity() const = 0;
+    virtual std::string describe(bool detailed) const = 0;
     /// Marks table t ready; true when every table of the group is.
     bool mark_ready(std::size_t t) {
       if (ready_.size() <= t) ready_.resize(t + 1, false);
@@ -300,6 +341,8 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
       state.reset(*opt_, tables.shard().size());
     }
     std::size_t tables_count() const override { return members.size(); }
+    std::uint64_t identity() const override { return tables.identity(); }
+    std::string describe(bool detailed) const override { return tables.describe(detailed); }
     detail::RouteLane& plan_push(CommStats::Shared& route, bool validate) override {
       pushes_.clear();
       for (std::size_t t = 0; t < members.size(); ++t) {

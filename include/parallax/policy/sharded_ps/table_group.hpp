@@ -17,6 +17,7 @@
 /// across tables, and an owner finds the row from the key alone.
 
 #include <parallax/comm_stats.hpp>
+#include <parallax/detail/agreement.hpp>
 #include <parallax/detail/algorithms.hpp>
 #include <parallax/detail/shared_window.hpp>
 #include <parallax/engine/engine.hpp>
@@ -164,6 +165,21 @@ struct shares_host_memory<Engine, std::void_t<decltype(std::declval<Engine&>().c
     : std::bool_constant<std::is_same_v<engine::space_of_t<Engine>, HostSpace> &&
                          std::is_same_v<decltype(std::declval<Engine&>().comm()), MPI_Comm>> {};
 
+/// The shapes of ShardedPS's routes (see CallShape): a batched lookup's word
+/// covers its requests' (group identity, table) in order, a push's every
+/// group's identity, so ranks that look up other variables, or hold their
+/// tables grouped or partitioned otherwise, are named at the route.
+inline CallShape lookup_shape(std::uint64_t word) {
+  return {word, "batched lookups",
+          "Every rank must look up the same sparse variables, in the same order, in each batched lookup (the ids "
+          "may differ, and may be none)."};
+}
+inline CallShape push_shape(std::uint64_t word) {
+  return {word, "pushes of sparse gradients",
+          "Every rank must hold the same sharded variables, grouped and partitioned alike (give every rank the same "
+          "TrainerOptions)."};
+}
+
 /// The lane of a lookup that reads its rows from the owners' shards in
 /// shared memory: its route carries only the headers (how many rows this
 /// rank will read of each owner, and its status), which are the
@@ -298,6 +314,10 @@ class TableGroup {
         route[static_cast<std::size_t>(o)] = topo.same_host(o) ? o : mates[static_cast<std::size_t>(o) % mates.size()];
       first_hop_ = Buffer<std::int32_t, space>::from_host(route);
     }
+    detail::Fingerprint id;
+    id.add(static_cast<std::uint64_t>(data_type_of_v<T>)).add(cols_).add(reads_directly() ? 1 : 0).add(aggregate_ ? 1 : 0);
+    for (const Table& t : tables_) id.add(t.name).add(t.map.rows).add(static_cast<std::uint64_t>(t.map.parts));
+    identity_ = id.value();
   }
 
   std::size_t tables() const noexcept { return tables_.size(); }
@@ -323,6 +343,31 @@ class TableGroup {
   /// Whether lookups read every row where it lies: shared shards, or one
   /// rank (which owns every row). Their route carries headers alone.
   bool reads_directly() const noexcept { return shared() || engine_->size() == 1; }
+
+  /// What every rank's group must share for the routes it takes part in to
+  /// match (the word their shapes are made of): the element type, the
+  /// width, how lookups read, and each table's name, rows and partitions.
+  /// Set by build().
+  std::uint64_t identity() const noexcept { return identity_; }
+  /// Table t, for a message: 'name', or with `detailed` its rows and
+  /// partitions too.
+  std::string label(std::size_t t, bool detailed) const {
+    const Table& tb = tables_[t];
+    return detailed ? detail::concat("'", tb.name, "' (", tb.map.rows, " rows, ", tb.map.parts, " partitions)")
+                    : detail::concat("'", tb.name, "'");
+  }
+  /// The group's tables, for a message: ['a', 'b'], or with `detailed`
+  /// each table's rows and partitions, the element type and width, and how
+  /// lookups read.
+  std::string describe(bool detailed) const {
+    std::string out = "[";
+    for (std::size_t t = 0; t < tables_.size(); ++t) out += (t ? ", " : "") + label(t, detailed);
+    out += "]";
+    if (detailed)
+      out += detail::concat(" of ", cols_, " x ", to_string(data_type_of_v<T>),
+                            reads_directly() ? ", rows read in place" : ", rows asked of their owners");
+    return out;
+  }
 
   /// Fills table t's rows on this rank: fill(global rows (in space), k, out).
   template <class Fill>
@@ -510,7 +555,9 @@ class TableGroup {
     }
     // Hop 1, inside the host: to the owner, or to this host's aggregator
     // for it, which sums what its host sends; then on to the owners.
-    aggregate_exchange_.route(push_keys_.data(), rows, dest_.data(), k, cols_);
+    aggregate_exchange_.route(push_keys_.data(), rows, dest_.data(), k, cols_,
+                              detail::push_shape(detail::Fingerprint().add("aggregate").add(identity_).value()),
+                              [&](bool detailed) { return "groups " + describe(detailed); });
     const std::size_t hop_k =
         detail::coalesce_rows(ex, aggregate_exchange_.received_ids(), aggregate_exchange_.received_values(),
                               aggregate_exchange_.received(), cols_, hop_keys_, hop_values_, scratch_);
@@ -621,6 +668,7 @@ class TableGroup {
   bool want_aggregate_, want_shared_;
   bool built_ = false, aggregate_ = false;
   std::vector<Table> tables_;
+  std::uint64_t identity_ = 0;          // see identity()
   std::size_t span_ = 0;                // rows of every table: bounds any group shard
   std::vector<index_t> host_base_;      // [table][owner]: where the table starts in the owner's group shard
   std::vector<std::size_t> shard_rows_;  // [owner]: rows of its group shard
