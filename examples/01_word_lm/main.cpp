@@ -71,7 +71,6 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
   // batch words) is examples [first, first + batch).
   const examples::Shard shard(o, ctx);
   // example-end
-  const std::size_t ranks = static_cast<std::size_t>(ctx.size());
   const lm::Windows windows(tokens, cfg.context, o.seed);
   const examples::LogUniformSampler sampler(cfg.vocab);
 
@@ -117,17 +116,15 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
   // Perplexity with the full softmax on held-out words, split over the ranks.
   double perplexity = 0;
   if (a.eval_examples) {
-    const std::size_t e0 = a.eval_examples * static_cast<std::size_t>(ctx.rank()) / ranks;
-    const std::size_t e1 = a.eval_examples * static_cast<std::size_t>(ctx.rank() + 1) / ranks;
-    const lm::Batch held = windows.held_out(e0, e1 - e0);
+    const px::BatchShare share = px::share_of(a.eval_examples, ctx);  // every rank evaluates its share
+    const lm::Batch held = windows.held_out(share.first, share.count);
     const auto rows = trainer.lookup(model.emb, held.context);
     std::vector<float> emb_rows(rows.size());
     px::space_traits<Space>::copy_to_host(emb_rows.data(), rows.data, rows.size() * sizeof(float));
     const std::vector<float> table = trainer.fetch(model.softmax);
-    double loss = lm::full_softmax_loss(cfg, held, emb_rows, model.hidden.w.value().to_host(),
-                                        model.hidden.b.value().to_host(), table) *
-                  static_cast<double>(held.rows);
-    MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, ctx.comm());
+    const double loss = ctx.sum(lm::full_softmax_loss(cfg, held, emb_rows, model.hidden.w.value().to_host(),
+                                                      model.hidden.b.value().to_host(), table) *
+                                static_cast<double>(held.rows));
     perplexity = std::exp(loss / static_cast<double>(a.eval_examples));
     if (ctx.is_root())
       std::printf("  held-out perplexity (full softmax over %zu words, %zu examples): %.1f (a uniform guess: %zu)\n",

@@ -129,7 +129,6 @@ template <class Arch>
 int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
   using Space = examples::DefaultSpace;
   const auto& o = a.common;
-  const std::size_t ranks = static_cast<std::size_t>(ctx.size());
   const examples::Shard shard(o, ctx);  // --batch examples per rank
 
   // example-begin ctr_trainer
@@ -158,13 +157,12 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
   const examples::Summary s = progress.finish();
 
   // Held-out log loss and accuracy, against the best constant prediction.
-  double sums[3] = {0, 0, 0};  // loss, correct, positives
-  const std::size_t e0 = a.eval_examples * static_cast<std::size_t>(ctx.rank()) / ranks;
-  const std::size_t e1 = a.eval_examples * static_cast<std::size_t>(ctx.rank() + 1) / ranks;
-  clicks.held_out(e0, e1 - e0, batch);
+  std::vector<double> sums(3, 0.0);  // loss, correct, positives
+  const px::BatchShare share = px::share_of(a.eval_examples, ctx);  // every rank evaluates its share
+  clicks.held_out(share.first, share.count, batch);
   std::tie(sums[0], sums[1]) = model.evaluate(trainer, batch);
   for (auto y : batch.labels) sums[2] += y;
-  MPI_Allreduce(MPI_IN_PLACE, sums, 3, MPI_DOUBLE, MPI_SUM, ctx.comm());
+  sums = ctx.sum(std::move(sums));
   const double n = static_cast<double>(a.eval_examples);
   const double loss = sums[0] / n, accuracy = sums[1] / n, p = sums[2] / n;
   const double constant_loss = (p <= 0 || p >= 1) ? 0.0 : -(p * std::log(p) + (1 - p) * std::log(1 - p));

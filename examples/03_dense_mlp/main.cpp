@@ -57,7 +57,6 @@ template <class Arch>
 int train(px::Context& ctx, const Args& a) {
   using Space = examples::DefaultSpace;
   const auto& o = a.common;
-  const std::size_t ranks = static_cast<std::size_t>(ctx.size());
   const examples::Shard shard(o, ctx);  // --batch examples per rank
   const examples::TeacherData data(a.model.inputs, a.model.classes, o.seed);
 
@@ -84,13 +83,12 @@ int train(px::Context& ctx, const Args& a) {
   const examples::Summary s = progress.finish();
 
   // Held-out accuracy against the majority class.
-  const std::size_t e0 = a.eval_examples * static_cast<std::size_t>(ctx.rank()) / ranks;
-  const std::size_t e1 = a.eval_examples * static_cast<std::size_t>(ctx.rank() + 1) / ranks;
-  const mlp::Batch held = make_batch(data, std::uint64_t{1} << 40, e0, e1 - e0);
+  const px::BatchShare share = px::share_of(a.eval_examples, ctx);  // every rank evaluates its share
+  const mlp::Batch held = make_batch(data, std::uint64_t{1} << 40, share.first, share.count);
   std::vector<double> sums(2 + a.model.classes, 0.0);  // loss, correct, count per class
   std::tie(sums[0], sums[1]) = model.evaluate(trainer, held);
   for (auto y : held.labels) sums[2 + static_cast<std::size_t>(y)] += 1;
-  MPI_Allreduce(MPI_IN_PLACE, sums.data(), static_cast<int>(sums.size()), MPI_DOUBLE, MPI_SUM, ctx.comm());
+  sums = ctx.sum(std::move(sums));
   const double n = static_cast<double>(a.eval_examples);
   const double accuracy = sums[1] / n, majority = *std::max_element(sums.begin() + 2, sums.end()) / n;
   if (ctx.is_root()) {

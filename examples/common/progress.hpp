@@ -13,13 +13,12 @@
 
 #include <parallax/parallax.hpp>
 
-#include <mpi.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace examples {
 
@@ -80,7 +79,7 @@ class Progress {
   /// Construct right before the training loop (bytes count from here).
   Progress(Trainer& trainer, std::size_t global_batch, std::size_t every, const char* unit = "samples",
            std::size_t warmup = 1)
-      : trainer_(&trainer), comm_(trainer.context().comm()), batch_(global_batch), every_(std::max<std::size_t>(every, 1)),
+      : trainer_(&trainer), ctx_(&trainer.context()), batch_(global_batch), every_(std::max<std::size_t>(every, 1)),
         warmup_(warmup), unit_(unit), root_(trainer.context().is_root()), scope_(profile_) {
     summary_.ranks = trainer.context().size();
     summary_.warmup = warmup;
@@ -105,16 +104,15 @@ class Progress {
     s.seconds = measured ? std::chrono::duration<double>(last_flush_ - steady_start_).count() : 0;
     s.samples_per_s = measured && s.seconds > 0 ? static_cast<double>(measured * batch_) / s.seconds : 0;
     double bytes[2] = {static_cast<double>(sent() - sent_at_start_) / static_cast<double>(std::max<std::uint64_t>(steps_, 1)), 0};
-    bytes[1] = bytes[0];
-    MPI_Allreduce(MPI_IN_PLACE, &bytes[0], 1, MPI_DOUBLE, MPI_SUM, comm_);
-    MPI_Allreduce(MPI_IN_PLACE, &bytes[1], 1, MPI_DOUBLE, MPI_MAX, comm_);
+    bytes[1] = ctx_->max(bytes[0]);
+    bytes[0] = ctx_->sum(bytes[0]);
     s.bytes_per_step = bytes[0] / s.ranks;
     s.bytes_per_step_max = bytes[1];
-    double parts[part_count];
+    std::vector<double> parts(part_count);
     for (int p = 0; p < part_count; ++p)
       parts[p] = s.seconds > 0 ? (profile_.seconds(Part(p)) - at_steady_[p]) / s.seconds / s.ranks : 0;
-    MPI_Allreduce(MPI_IN_PLACE, parts, part_count, MPI_DOUBLE, MPI_SUM, comm_);
-    std::copy(parts, parts + part_count, s.share);
+    parts = ctx_->sum(std::move(parts));
+    std::copy(parts.begin(), parts.end(), s.share);
     if (root_) {
       std::printf("summary: %llu steps of %zu %s on %d rank%s\n", static_cast<unsigned long long>(s.steps), batch_, unit_,
                   s.ranks, s.ranks == 1 ? "" : "s");
@@ -144,8 +142,7 @@ class Progress {
   std::uint64_t sent() const { return trainer_->stats().total().sent(); }
 
   void flush() {
-    double loss = window_loss_;
-    MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_DOUBLE, MPI_SUM, comm_);  // also lines the ranks up for the clock
+    double loss = ctx_->sum(window_loss_);  // also lines the ranks up for the clock
     loss /= static_cast<double>(window_steps_) * summary_.ranks;
     const auto now = clock::now();
     const double secs = std::chrono::duration<double>(now - window_start_).count();
@@ -171,7 +168,7 @@ class Progress {
   }
 
   Trainer* trainer_;
-  MPI_Comm comm_;
+  const px::Context* ctx_;
   std::size_t batch_, every_, warmup_;
   const char* unit_;
   bool root_;
