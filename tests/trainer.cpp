@@ -829,10 +829,14 @@ TEMPLATE_TEST_CASE("AdamW, warm-up then cosine decay and global-norm clipping ma
   using Arch = TestType;
   auto& ctx = test::world();
   const std::size_t steps = 6;
+  // example-begin training_loop_options
+  // AdamW: Adam with decoupled weight decay (the fifth field).
   const px::optim::Adam opt{0.1f, 0.9f, 0.999f, 1e-8f, 0.05f};
   px::TrainerOptions o;
+  // Two steps of linear warm-up, then a cosine decay to 0.1 over four.
   o.schedule = px::schedule::Warmup<px::schedule::Cosine>{2, {4, 0.1}};
-  o.clip_norm = 0.05;  // below the first steps' norms: clipping acts
+  o.clip_norm = 0.05;  // every gradient scaled so their global L2 norm is at most 0.05
+  // example-end
   const Model initial = train<Arch>(ctx, opt, {}, 0);
 
   // train(), with the options, recording each step's norm and learning rate.
@@ -896,10 +900,12 @@ TEST_CASE("the learning rate can be read and set between steps", "[trainer][opti
 TEST_CASE("a collection of variables trains as the same variables listed one by one", "[trainer][collections]") {
   auto& ctx = test::world();
   auto train_tables = [&](bool collection) {
+    // example-begin variable_collection
     px::Variables<px::Variable<px::Sparse, float>> tables;
     for (int t = 0; t < 12; ++t)
       tables.emplace_back(ctx, "t" + std::to_string(t), px::Shape{static_cast<std::size_t>(9 + t), 2},
                           px::init::Uniform{-1.f, 1.f, static_cast<std::uint64_t>(t)});
+    // example-end
     px::Variable<px::Dense, float> w(ctx, "w", {2});
     auto run = [&](auto& trainer) {
       std::vector<std::vector<px::index_t>> ids(tables.size());
@@ -922,7 +928,9 @@ TEST_CASE("a collection of variables trains as the same variables listed one by 
       return out;
     };
     if (collection) {
+      // example-begin variable_collection_trainer
       px::Trainer<px::arch::Hybrid, px::optim::Adagrad> trainer(ctx, px::optim::Adagrad{0.1f}, tables, w);
+      // example-end
       CHECK(trainer.policy_of(tables[11]) == "ShardedPS");
       return run(trainer);
     }
