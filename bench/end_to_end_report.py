@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Turns bench_end_to_end's JSON (one file per rank count) into the
-"End to end (issue 5)" section of docs/benchmarks.md and a plot.
+"End to end" section of docs/benchmarks.md and a plot.
 
     bench/end_to_end_report.py --doc docs/benchmarks.md --plot docs/end_to_end.png \
         --command "bench/run_end_to_end.sh" e2e_np1.json e2e_np2.json ...
@@ -17,7 +17,7 @@ import re
 import statistics
 import sys
 
-SECTION = "## End to end (issue 5)"
+SECTION = "## End to end"
 ARCHS = ["hybrid", "allreduce", "ps"]
 MODELS = ["word_lm", "word_lm_1024", "ctr", "ctr_2048", "dense_mlp", "dense_mlp_1024"]
 

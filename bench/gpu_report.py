@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Turns scripts/gpu-check.sh's results (build/cuda/gpu-results/) into the
-"GPU (issue 4)" section of docs/benchmarks.md.
+"GPU" section of docs/benchmarks.md.
 
     bench/gpu_report.py --doc docs/benchmarks.md --command "scripts/gpu-check.sh" build/cuda/gpu-results
 
@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from end_to_end_report import produced_by, write_doc  # noqa: E402  (shared with the end-to-end report)
 
-SECTION = "## GPU (issue 4)"
+SECTION = "## GPU"
 KERNEL_BAR = 0.40  # issue 4: coalesce and lookup reach >= 40% of the copy bandwidth
 
 

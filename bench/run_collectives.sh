@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs bench_collectives at 2 and 4 ranks, several times each, keeps the JSON
-# of every run, and prints the tables of docs/benchmarks.md ("Collectives
-# (issue 2)") from them: medians over the runs, ratios to the MPI baselines in
+# of every run, and prints the tables behind docs/benchmarks.md ("Collectives")
+# from them: medians over the runs, ratios to the MPI baselines in
 # the same run, and which items of the issue-2 bar are met.
 #
 #   bench/run_collectives.sh [build-dir]          # default build dir: build

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end benchmarks of issue 5 at 1, 2, 3 and 4 ranks: builds
 # bench_end_to_end in build/host, runs it under mpiexec with JSON output, and
-# writes the "End to end (issue 5)" section of docs/benchmarks.md and the plot
+# writes the "End to end" section of docs/benchmarks.md and the plot
 # docs/end_to_end.png (matplotlib, Debian's python3-matplotlib).
 #
 #   bench/run_end_to_end.sh              # 1..4 ranks, 3 repetitions each (median)
@@ -49,4 +49,4 @@ py=python3
 if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then py=/usr/bin/python3; fi
 "$py" "$root/bench/end_to_end_report.py" --doc "$root/docs/benchmarks.md" --plot "$root/docs/end_to_end.png" \
   --command "RANKS=\"$ranks\" REPETITIONS=$repetitions ROUNDS=$rounds bench/run_end_to_end.sh" "${files[@]}"
-echo "== wrote docs/benchmarks.md (section \"End to end (issue 5)\") and docs/end_to_end.png"
+echo "== wrote docs/benchmarks.md (section \"End to end\") and docs/end_to_end.png"

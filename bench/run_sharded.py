@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Runs bench_sharded at 2 and 4 ranks and prints the "Sharded PS (issue 3)"
-tables of docs/benchmarks.md: one step of each architecture (time, bytes per
-rank against the DESIGN.md formula, inter-host bytes with two emulated hosts)
+"""Runs bench_sharded at 2 and 4 ranks and prints the tables behind
+docs/benchmarks.md ("Sharded PS and the partition count"): one step of each
+architecture (time, bytes per rank against the DESIGN.md formula, inter-host
+bytes with two emulated hosts)
 and the partition count (measured t(P), the fit t(P) = b/P + a(P-1) + c of
 Parallax, and the P that plan_partitions chose).
 

@@ -25,8 +25,8 @@ include(CheckCXXCompilerFlag)
 # a 32-byte boundary out of the decoded-instruction cache, so the speed of a
 # tight loop changes with where unrelated code moves it. GNU as can pad those
 # jumps; parallax's own programs ask for it where the toolchain can (x86 with
-# GNU as). docs/benchmarks.md: word_lm's logits kernel took 9.5% of a
-# 4-rank step instead of 7% when an edit elsewhere moved it.
+# GNU as). docs/benchmarks.md, "Build flags": word_lm's logits kernel took
+# 9.5% of a 4-rank step instead of 7% when an edit elsewhere moved it.
 # With GCC's default loop alignment (16 bytes) where a short hot loop falls
 # against the cache's 32-byte windows and 64-byte lines moves with unrelated
 # code: the logits kernel's 28-byte dot-product loop took 13% of a 4-rank

@@ -20,17 +20,17 @@ enum class Reduction {
   sum,   ///< plain sum over ranks (for gradients already scaled by the global batch)
 };
 
-/// Settings of RingAllReduce. The defaults are what docs/benchmarks.md
-/// measured best on the machines there.
+/// Settings of RingAllReduce. The defaults follow docs/benchmarks.md,
+/// "Collectives".
 struct RingOptions {
   /// ring, native (the engine's all-reduce), or automatic: native with one
   /// rank, below `native_below_bytes`, on an oversubscribed host (see
   /// `adapt_to_oversubscription`) and for engines over device memory (NCCL,
   /// MpiStaged); ring otherwise.
   engine::Algorithm algorithm = engine::Algorithm::automatic;
-  /// Buffers smaller than this go to the engine's all-reduce under automatic.
-  /// The ring beat MPICH's all-reduce at every size measured (4 KiB up, two
-  /// ranks); smaller buffers, not measured, stay with the engine.
+  /// Buffers smaller than this go to the engine's all-reduce under automatic:
+  /// 4 KiB is the smallest size the ring has been benchmarked at
+  /// (docs/benchmarks.md, "Collectives"), and nothing below it speaks for it.
   std::size_t native_below_bytes = std::size_t{4} << 10;
   /// The ring moves each chunk in segments of at most this many bytes, two
   /// in flight, so a segment is reduced while the next one travels and

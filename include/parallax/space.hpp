@@ -174,9 +174,8 @@ namespace detail {
 /// calling thread: an OpenMP team costs more than it saves on small loops.
 inline constexpr std::size_t host_parallel_threshold = std::size_t{1} << 15;
 /// Thrust calls on the host over fewer elements than this run sequentially.
-/// Thrust's OpenMP sorts open several parallel regions per call: a stable
-/// sort by key of 240 ids took 74 us on 2 threads against 4 us sequential,
-/// and the sequential one was as fast up to 33,000 ids (bench of this task).
+/// Thrust's OpenMP sorts open several parallel regions per call, which cost
+/// more than a small sort itself (docs/benchmarks.md, "Kernel choices").
 inline constexpr std::size_t thrust_parallel_threshold = std::size_t{1} << 16;
 }  // namespace detail
 
@@ -259,10 +258,8 @@ struct has_prefetch<F, std::void_t<decltype(std::declval<const F&>().prefetch(st
 /// large table) may have a host member `void prefetch(std::size_t r) const`
 /// that names that memory with prefetch_bytes(). The host calls it for row
 /// r + 1 before it runs row r, so the next row's cache misses overlap this
-/// row's copy: a gather of 8,192 scattered rows of 128 floats ran 1.2x
-/// faster from a 100 MB table in cache, 1.3-1.4x from a 1 GB table in DRAM.
-/// Updates of scattered rows in place (the sparse optimizer rules) gained
-/// nothing from it (0.99-1.01x) and have none (docs/benchmarks.md, "Row
+/// row's copy. Updates of scattered rows in place (the sparse optimizer
+/// rules) gain nothing from it and have none (docs/benchmarks.md, "Row
 /// kernels"). A GPU ignores it.
 template <class Space, class F>
 void for_each_rows(const Exec<Space>& ex, std::size_t rows, std::size_t cols, F f) {

@@ -62,9 +62,8 @@ struct alignas(16) RowPack {
 };
 
 /// SumSegments over 16-byte packs of columns: a thread keeps 16 bytes in
-/// flight per row instead of one element, which the H100 needs to approach
-/// its memory bandwidth (the whole coalesce of 1M rows of 64 floats on an
-/// H100: 0.60 ms with one element per thread, 0.37 ms with packs).
+/// flight per row instead of one element, so that the sum approaches the
+/// device's memory bandwidth (docs/benchmarks.md, "Kernel choices").
 /// Each element is still summed in the order of its segment: same bits.
 template <class T>
 struct SumSegmentsPacked {

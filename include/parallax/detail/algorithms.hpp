@@ -110,9 +110,9 @@ class ReceivedRows {
 /// grouped by key(i) in [0, groups), in input order within a group. Writes
 /// first[g], where group g starts (groups + 1 entries, first[groups] = k),
 /// and calls place(i, at) with each item's place. Two passes over the items,
-/// O(k + groups): what grouping rows by their destination rank takes (for
-/// 8,192 ids about 35 us, against 375 us for a sort, unique and binary
-/// search of their keys).
+/// O(k + groups): what grouping rows by their destination rank takes, where
+/// a sort of the keys would be O(k log k) (docs/benchmarks.md,
+/// "Kernel choices").
 template <class Key, class Place>
 void group_stably(std::size_t k, std::size_t groups, Key&& key, index_t* first, Place&& place) {
   std::fill(first, first + groups + 1, index_t{0});

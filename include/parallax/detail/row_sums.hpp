@@ -93,8 +93,9 @@ struct SumSegments {
 /// SumSegments by whole segments, for the host: a task per segment adds its
 /// rows one at a time, each a loop along the row that vectorises. The same
 /// additions in the same order as SumSegments (starting from zero), so the
-/// same bits; 3-4x faster on the host than SumSegments' element per index
-/// with its own inner loop (rows of 257 floats, bench of this task).
+/// same bits. Why not SumSegments' element per index on the host: its inner
+/// loop runs down a segment and does not vectorise (docs/benchmarks.md,
+/// "Kernel choices").
 template <class T>
 struct SumSegmentRows : SumSegments<T> {
   void operator()(std::size_t seg) const {

@@ -166,9 +166,9 @@ class RingAllReducer {
     if (engine_->size() == 1 || bytes < options_.native_below_bytes) return engine::Algorithm::native;
     if (options_.adapt_to_oversubscription && oversubscribed_) return engine::Algorithm::native;
     // Device memory: NCCL's all-reduce is its own ring on the GPUs' links,
-    // and MpiStaged's stages the buffer once around one MPI_Allreduce, which
-    // measured 2-7x faster than this ring's staged segments (H100,
-    // docs/benchmarks.md).
+    // and MpiStaged's stages the buffer once around one MPI_Allreduce, where
+    // this ring would stage every segment through pinned memory
+    // (docs/benchmarks.md, "All-reduce of a device buffer").
     if constexpr (!std::is_same_v<space, HostSpace>) return engine::Algorithm::native;
     return engine::Algorithm::ring;
   }
