@@ -458,3 +458,35 @@ TEST_CASE("restore_latest finds nothing in an empty directory and changes nothin
   CHECK(job.trainer.steps() == 0);
   CHECK(job.snapshot() == before);
 }
+
+TEST_CASE("a checkpoint keeps the base learning rate and the schedule's position", "[checkpoint][optim]") {
+  auto& ctx = test::world();
+  TempDir dir;
+  px::TrainerOptions o;
+  o.schedule = px::schedule::StepDecay{2, 0.5};
+  auto make = [&](px::Variable<px::Dense, float>& w) {
+    return px::Trainer<px::arch::Hybrid, px::optim::Sgd>(ctx, o, px::optim::Sgd{0.5f}, w);
+  };
+  px::Variable<px::Dense, float> w(ctx, "w", {2}, px::init::Constant{1.0});
+  auto trainer = make(w);
+  for (int s = 0; s < 3; ++s) {
+    w.grad()[0] = 1.f;
+    trainer.step();
+  }
+  trainer.set_learning_rate(0.3);  // a rate the user chose mid-run (a plateau rule, say)
+  const double rate = trainer.learning_rate();
+  CHECK(rate == Approx(0.3 * 0.5));  // step 4: one decay
+  const std::string saved = trainer.save(dir.path);
+
+  px::Variable<px::Dense, float> w2(ctx, "w", {2}, px::init::Constant{1.0});
+  auto resumed = make(w2);
+  CHECK(resumed.learning_rate() == 0.5);
+  resumed.restore(saved);
+  CHECK(resumed.steps() == 3);
+  CHECK(resumed.learning_rate() == rate);  // exact: the manifest holds the rate as a hexadecimal float
+  w.grad()[0] = 1.f;
+  w2.grad()[0] = 1.f;
+  trainer.step();
+  resumed.step();
+  CHECK(w2.value()[0] == w.value()[0]);
+}

@@ -161,8 +161,10 @@ class Checkpoints {
   /// beyond the newest `keep_last` are removed (each renamed out of the
   /// listed names first). A kill at any instant leaves complete checkpoints
   /// and unlisted leftovers, which the next save removes first
-  /// (docs/design.md, "Checkpoints"). Returns the checkpoint's path.
-  std::string save(const std::string& dir, std::uint64_t step) {
+  /// (docs/design.md, "Checkpoints"). `learning_rate`, when given, is
+  /// recorded in the manifest (restored_learning_rate() reads it back).
+  /// Returns the checkpoint's path.
+  std::string save(const std::string& dir, std::uint64_t step, std::optional<double> learning_rate = std::nullopt) {
     namespace fs = std::filesystem;
     auto scope = engine_->stats().scope("", "checkpoint");
     const int me = engine_->rank(), n = engine_->size();
@@ -203,6 +205,7 @@ class Checkpoints {
       try {
         detail::Manifest m = manifest_of_model();
         m.step = step;
+        m.learning_rate = learning_rate;
         m.ranks = n;
         for (int r = 0; r < n; ++r)
           m.files.push_back({detail::rank_file_name(r), metas[2 * r], static_cast<std::uint32_t>(metas[2 * r + 1])});
@@ -289,12 +292,16 @@ class Checkpoints {
     }
     damaged_ = false;
     last_save_ = std::chrono::steady_clock::now();
+    restored_learning_rate_ = m.learning_rate;
     return m.step;
   }
 
   /// True when the last restore() failed while loading: the variables may
   /// be half-loaded.
   bool damaged() const noexcept { return damaged_; }
+  /// The learning rate recorded by the checkpoint the last restore() loaded,
+  /// if it recorded one.
+  std::optional<double> restored_learning_rate() const noexcept { return restored_learning_rate_; }
 
   /// The step of the newest complete checkpoint under `dir` (rank 0 looks),
   /// if any.
@@ -378,6 +385,7 @@ class Checkpoints {
   std::vector<policy::Member*> members_;
   std::chrono::steady_clock::time_point last_save_ = std::chrono::steady_clock::now();
   bool damaged_ = false;
+  std::optional<double> restored_learning_rate_;
 };
 
 }  // namespace parallax

@@ -271,13 +271,15 @@ class Trainer {
     if (checkpoints_->due(steps_, save_requested)) save(options_.checkpoint.dir);
   }
 
-  /// Saves every variable and its optimizer state as checkpoint
-  /// `dir/step-<steps()>` (see Checkpoints::save). Collective; returns the
-  /// checkpoint's path.
+  /// Saves every variable, its optimizer state, the step count and the base
+  /// learning rate as checkpoint `dir/step-<steps()>` (see
+  /// Checkpoints::save). Collective; returns the checkpoint's path.
   std::string save(const std::string& dir) {
     ensure_usable();
     finish_background();
-    return checkpoints_->save(dir, steps_);
+    std::optional<double> lr;
+    if constexpr (optim::has_learning_rate_v<Optimizer>) lr = base_lr_;
+    return checkpoints_->save(dir, steps_, lr);
   }
   /// save() into checkpoint.dir.
   std::string save() {
@@ -285,7 +287,8 @@ class Trainer {
     return save(options_.checkpoint.dir);
   }
 
-  /// Restores every variable, its optimizer state and the step count from
+  /// Restores every variable, its optimizer state, the step count and the
+  /// base learning rate (when the checkpoint recorded one) from
   /// the checkpoint directory `path`, onto any number of ranks (sharded
   /// variables are cut again). Everything is checked first (manifest, model,
   /// every file's size and CRC-32C) and a problem found by any rank is thrown
@@ -301,6 +304,8 @@ class Trainer {
     }
     clear();
     steps_ = step;
+    if constexpr (optim::has_learning_rate_v<Optimizer>)
+      if (auto lr = checkpoints_->restored_learning_rate()) base_lr_ = *lr;
     unusable_.clear();
   }
 

@@ -23,13 +23,16 @@
 
 #include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -219,6 +222,9 @@ struct Manifest {
   std::uint64_t step = 0;
   int ranks = 0;
   std::string optimizer;
+  /// The trainer's base learning rate (Trainer::set_learning_rate), for
+  /// optimizers that have one; exact (written as a hexadecimal float).
+  std::optional<double> learning_rate;
   int slots = 0;
   std::vector<ManifestVariable> variables;
   std::vector<ManifestFile> files;
@@ -229,6 +235,11 @@ struct Manifest {
        << "step " << step << "\n"
        << "ranks " << ranks << "\n"
        << "optimizer " << optimizer << " " << slots << "\n";
+    if (learning_rate) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%a", *learning_rate);
+      os << "learning_rate " << buf << "\n";
+    }
     for (const auto& v : variables)
       os << "variable " << v.name << " " << (v.sparse ? "sparse" : "dense") << " " << v.type << " " << v.rows << " "
          << v.cols << " " << v.partitions << "\n";
@@ -275,6 +286,13 @@ struct Manifest {
         need(static_cast<bool>(ls >> m.ranks) && m.ranks > 0 && m.ranks <= (1 << 24));
       } else if (key == "optimizer") {
         need(static_cast<bool>(ls >> m.optimizer >> m.slots) && m.slots >= 0 && m.slots <= 2);
+      } else if (key == "learning_rate") {
+        std::string word;
+        ls >> word;
+        char* end = nullptr;
+        const double lr = std::strtod(word.c_str(), &end);
+        need(!word.empty() && end == word.c_str() + word.size() && std::isfinite(lr) && lr >= 0);
+        m.learning_rate = lr;
       } else if (key == "variable") {
         ManifestVariable v;
         std::string kind;
