@@ -80,20 +80,29 @@ class Compute {
     for (std::size_t i = 0; i < n; ++i) grad[i] = buf_[i & 4095] * 1e-3f;
   }
   /// Sweeps that take `us` microseconds on this rank while every rank runs
-  /// them (the figure rank 0 measures, so every rank does the same work).
+  /// them (the figure rank 0 measures, so every rank does the same work):
+  /// the median of 7 timings, each of at least 20 ms once warmed up.
   long calibrate(double us, MPI_Comm comm) {
     long reps = 64;
-    double per_rep = 0;
-    for (int attempt = 0; attempt < 5; ++attempt) {
+    for (;;) {  // sweeps that take 20 ms on rank 0 (every rank runs them, and agrees)
       MPI_Barrier(comm);
       const auto t0 = Clock::now();
       run(reps);
-      const double took = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-      const double p = took / static_cast<double>(reps);
-      per_rep = attempt == 0 ? p : std::min(per_rep, p);
-      if (took < 20000) reps *= 2;
+      int enough = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() >= 20000;
+      MPI_Bcast(&enough, 1, MPI_INT, 0, comm);
+      if (enough) break;
+      reps *= 2;
     }
-    long out = std::max(1L, static_cast<long>(us / per_rep + 0.5));
+    std::vector<double> per_rep;
+    for (int attempt = 0; attempt < 7; ++attempt) {
+      MPI_Barrier(comm);
+      const auto t0 = Clock::now();
+      run(reps);
+      per_rep.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
+                        static_cast<double>(reps));
+    }
+    std::sort(per_rep.begin(), per_rep.end());
+    long out = std::max(1L, static_cast<long>(us / per_rep[per_rep.size() / 2] + 0.5));
     MPI_Bcast(&out, 1, MPI_LONG, 0, comm);
     return out;
   }
