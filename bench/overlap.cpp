@@ -23,7 +23,12 @@
 // bench/run_overlap.sh tabulates them.
 //
 //   mpiexec -n 2 build/host/bench/bench_overlap [--layers 8] [--grad-kib 256,2048]
-//       [--ratios 0.25,0.5,1,2,4] [--steps 8] [--rounds 3]
+//       [--ratios 0.25,0.5,1,2,4] [--steps 8] [--rounds 3] [--compute arithmetic|sleep]
+//
+// --compute sleep is a diagnostic, not the benchmark: each layer sleeps for
+// its compute time, so the communication thread has a core to itself (as
+// beside a GPU kernel, or on a host with a spare core per rank). It tells
+// whether ready() overlaps at all where a core is free.
 
 #include <parallax/parallax.hpp>
 
@@ -37,6 +42,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -68,8 +74,15 @@ std::vector<double> parse_list(const char* s) {
 /// the compiler cannot drop it.
 class Compute {
  public:
-  Compute() : buf_(4096, 1.0f) {}
+  /// `sleeping`: the diagnostic --compute sleep, where a layer's "compute"
+  /// sleeps for its time instead (reps are then microseconds), leaving the
+  /// core to the communication thread as a GPU kernel would.
+  explicit Compute(bool sleeping = false) : buf_(4096, 1.0f), sleeping_(sleeping) {}
   void run(long reps) {
+    if (sleeping_) {
+      std::this_thread::sleep_for(std::chrono::microseconds(reps));
+      return;
+    }
     float* b = buf_.data();
     const std::size_t n = buf_.size();
     for (long r = 0; r < reps; ++r)
@@ -83,6 +96,7 @@ class Compute {
   /// them (the figure rank 0 measures, so every rank does the same work):
   /// the median of 7 timings, each of at least 20 ms once warmed up.
   long calibrate(double us, MPI_Comm comm) {
+    if (sleeping_) return std::max(1L, static_cast<long>(us + 0.5));
     long reps = 64;
     for (;;) {  // sweeps that take 20 ms on rank 0 (every rank runs them, and agrees)
       MPI_Barrier(comm);
@@ -109,6 +123,7 @@ class Compute {
 
  private:
   std::vector<float> buf_;
+  bool sleeping_;
 };
 
 double median(std::vector<double> v) {
@@ -167,6 +182,7 @@ int main(int argc, char** argv) {
   std::vector<double> grad_kib = {256, 2048};
   std::vector<double> ratios = {0.25, 0.5, 1, 2, 4};
   int steps = 8, rounds = 3;
+  bool sleeping = false;
   for (int i = 1; i < argc; ++i) {
     auto arg = [&](const char* name) -> const char* {
       const std::size_t n = std::strlen(name);
@@ -179,6 +195,14 @@ int main(int argc, char** argv) {
     else if (const char* v3 = arg("--ratios")) ratios = parse_list(v3);
     else if (const char* v4 = arg("--steps")) steps = std::atoi(v4);
     else if (const char* v5 = arg("--rounds")) rounds = std::atoi(v5);
+    else if (const char* v6 = arg("--compute")) {
+      if (std::strcmp(v6, "arithmetic") == 0) sleeping = false;
+      else if (std::strcmp(v6, "sleep") == 0) sleeping = true;
+      else {
+        if (ctx.is_root()) std::fprintf(stderr, "bench_overlap: --compute is arithmetic or sleep, not %s\n", v6);
+        return 2;
+      }
+    }
     else {
       if (ctx.is_root()) std::fprintf(stderr, "bench_overlap: unknown argument %s\n", argv[i]);
       return 2;
@@ -191,11 +215,12 @@ int main(int argc, char** argv) {
   const MPI_Comm comm = ctx.comm();
   const char* async = std::getenv("MPIR_CVAR_ASYNC_PROGRESS");
   if (ctx.is_root()) {
-    std::printf("bench_overlap: %d ranks, %zu layers, MPIR_CVAR_ASYNC_PROGRESS=%s, communication thread: %s\n",
-                ctx.size(), layers, async ? async : "(unset)", ctx.serialized_threads() ? "available" : "unavailable");
+    std::printf("bench_overlap: %d ranks, %zu layers, compute: %s, MPIR_CVAR_ASYNC_PROGRESS=%s, communication thread: %s\n",
+                ctx.size(), layers, sleeping ? "sleep" : "arithmetic", async ? async : "(unset)",
+                ctx.serialized_threads() ? "available" : "unavailable");
     std::fflush(stdout);
   }
-  Compute compute;
+  Compute compute(sleeping);
   for (double kib : grad_kib) {
     const std::size_t floats = static_cast<std::size_t>(kib * 1024 / sizeof(float));
     Model threaded(ctx, "t", layers, floats, true);
@@ -255,8 +280,9 @@ int main(int argc, char** argv) {
         const double bound = std::max(c, comm_alone) + last_bucket;
         const double bar = 1.2 * std::max(c, comm_alone) + last_bucket;
         std::printf("point grad_kib=%g layers=%zu ratio=%g compute_us=%.1f comm_us=%.1f last_us=%.1f overlap_us=%.1f "
-                    "plain_us=%.1f caller_us=%.1f bound_us=%.1f bar_us=%.1f async=%s\n",
-                    kib, layers, ratio, c, comm_alone, last_bucket, o, p, q, bound, bar, async ? async : "0");
+                    "plain_us=%.1f caller_us=%.1f bound_us=%.1f bar_us=%.1f async=%s compute=%s\n",
+                    kib, layers, ratio, c, comm_alone, last_bucket, o, p, q, bound, bar, async ? async : "0",
+                    sleeping ? "sleep" : "arithmetic");
         std::fflush(stdout);
       }
     }

@@ -5,7 +5,8 @@
 #      layer on the communication thread (overlap), without ready() (plain),
 #      and ready() moving each bucket in the caller (TrainerOptions::overlap
 #      off); then again under MPICH's asynchronous progress thread
-#      (MPIR_CVAR_ASYNC_PROGRESS=1).
+#      (MPIR_CVAR_ASYNC_PROGRESS=1); and, as a diagnostic, with each layer's
+#      compute a sleep (a core left free for the communication thread).
 #   2. 03_dense_mlp and 01_word_lm with --overlap on and off, runs
 #      alternating, medians of samples/s.
 #   3. The timeline's cost: 01_word_lm with PARALLAX_TIMELINE unset and set,
@@ -46,6 +47,10 @@ echo "== bench_overlap" >&2
 "${bench[@]}" | tee "$out/synthetic.txt" >&2
 echo "== bench_overlap, MPIR_CVAR_ASYNC_PROGRESS=1" >&2
 MPIR_CVAR_ASYNC_PROGRESS=1 "${bench[@]}" | tee "$out/synthetic_async.txt" >&2
+# The diagnostic: a layer's compute sleeps, leaving the core to the
+# communication thread (as beside a GPU kernel, or with a spare core per rank).
+echo "== bench_overlap --compute sleep" >&2
+"${bench[@]}" --compute sleep | tee "$out/synthetic_sleep.txt" >&2
 
 # 2. The examples, --overlap on and off, alternating.
 mlp_args=(--hidden 512 --batch 512 --steps 80 --warmup 10 --log-every 1000 --eval-examples 512 --margin -1)
@@ -101,16 +106,22 @@ def ms(us):
 print(f"Machine: `{open('/proc/cpuinfo').read().split('model name')[1].split(':')[1].splitlines()[0].strip()}`, "
       f"{os.cpu_count()} hardware threads; MPICH; commit `{commit}`; 2 ranks.\n")
 print(f"### Synthetic backward pass ({layers} layers, a fusion bucket per layer; medians, ms)\n")
-print("| gradient / layer | compute | comm | compute / comm | last bucket | overlap (ready, comm. thread) "
-      "| plain (no ready) | ready, in caller | bound max(c, comm) + last | overlap / bound | bar 1.2 max + last "
-      "| met | plain / (c + comm) |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-for p in points("synthetic.txt"):
-    c, m, last = float(p["compute_us"]), float(p["comm_us"]), float(p["last_us"])
-    o, pl, q = float(p["overlap_us"]), float(p["plain_us"]), float(p["caller_us"])
-    bound, bar = float(p["bound_us"]), float(p["bar_us"])
-    print(f"| {float(p['grad_kib']):g} KiB | {ms(c)} | {ms(m)} | {c / m:.2f} | {ms(last)} | {ms(o)} | {ms(pl)} | {ms(q)} "
-          f"| {ms(bound)} | {o / bound:.2f} | {ms(bar)} | {'yes' if o <= bar else 'no'} | {pl / (c + m):.2f} |")
+def synthetic_table(name):
+    print("| gradient / layer | compute | comm | compute / comm | last bucket | overlap (ready, comm. thread) "
+          "| plain (no ready) | ready, in caller | bound max(c, comm) + last | overlap / bound | bar 1.2 max + last "
+          "| met | plain / (c + comm) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for p in points(name):
+        c, m, last = float(p["compute_us"]), float(p["comm_us"]), float(p["last_us"])
+        o, pl, q = float(p["overlap_us"]), float(p["plain_us"]), float(p["caller_us"])
+        bound, bar = float(p["bound_us"]), float(p["bar_us"])
+        print(f"| {float(p['grad_kib']):g} KiB | {ms(c)} | {ms(m)} | {c / m:.2f} | {ms(last)} | {ms(o)} | {ms(pl)} "
+              f"| {ms(q)} | {ms(bound)} | {o / bound:.2f} | {ms(bar)} | {'yes' if o <= bar else 'no'} "
+              f"| {pl / (c + m):.2f} |")
+
+synthetic_table("synthetic.txt")
+print(f"\n### Diagnostic: the same with each layer's compute a sleep (a core free for the communication thread)\n")
+synthetic_table("synthetic_sleep.txt")
 print("\n### Progress options (the same points; step time, ms)\n")
 print("| gradient / layer | compute:comm asked | (a) comm. thread | (b) ready, overlap off | (c) async progress + comm. thread "
       "| (c) async progress + ready, overlap off | (c) async progress, no ready |")
