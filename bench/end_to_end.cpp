@@ -181,9 +181,7 @@ static void run(benchmark::State& st, pb::Session& s) {
   const std::size_t first = local * static_cast<std::size_t>(s.rank());
 
   ctr::Model<Space> model(ctx, cfg);
-  auto trainer = std::apply(
-      [&](auto&... vars) { return px::Trainer<Arch, px::optim::Adagrad>(ctx, px::optim::Adagrad{0.2f}, vars...); },
-      model.variables());
+  px::Trainer<Arch, px::optim::Adagrad> trainer(ctx, px::optim::Adagrad{0.2f}, model.tables, model.mlp);
   run_steps<decltype(trainer), ctr::Batch>(
       st, s, trainer, global,
       [&](std::uint64_t step, ctr::Batch& b) {
@@ -214,11 +212,7 @@ static void run(benchmark::State& st, pb::Session& s) {
   const std::size_t first = local * static_cast<std::size_t>(s.rank());
 
   mlp::Model<Space> model(ctx, cfg);
-  auto trainer = std::apply(
-      [&](auto&... vars) {
-        return px::Trainer<Arch, px::optim::Momentum>(ctx, px::optim::Momentum{0.05f, 0.9f}, vars...);
-      },
-      model.variables());
+  px::Trainer<Arch, px::optim::Momentum> trainer(ctx, px::optim::Momentum{0.05f, 0.9f}, model.variables());
   run_steps<decltype(trainer), mlp::Batch>(
       st, s, trainer, global,
       [&](std::uint64_t step, mlp::Batch& b) {

@@ -85,7 +85,7 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
 
   // example-begin word_lm_trainer
   lm::Model<Space> model(ctx, cfg);
-  px::TrainerOptions options;
+  px::TrainerOptions options = o.trainer_options();  // --overlap
   options.partitions["emb"] = plan(ctx, cfg.vocab, emb_sample, a.partitions);
   options.partitions["softmax"] = plan(ctx, cfg.vocab, softmax_sample, a.partitions);
   px::Trainer<Arch, px::optim::Adagrad, examples::DefaultEngine> trainer(
@@ -108,7 +108,7 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
       lm::Candidates c = lm::make_candidates(sampler, cfg.sampled, o.seed, step, b);
       return std::make_pair(std::move(b), std::move(c));
     });
-    progress.record(model.train_step(trainer, batch, cand));
+    progress.record(model.train_step(trainer, batch, cand, o.overlapped()));
   }
   const examples::Summary s = progress.finish();
   // example-end

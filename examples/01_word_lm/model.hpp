@@ -286,8 +286,11 @@ class Model {
   /// One training step on this rank's share of the batch; returns the mean
   /// sampled-softmax loss over this rank's rows. Collective (lookups, step).
   /// parallax's calls are charged to Part::parallax of the current profile.
+  /// With `overlap`, the backward pass marks each gradient ready as soon as
+  /// it is final (Trainer::ready), so the trainer moves it while the rest
+  /// of the backward pass computes.
   template <class Trainer>
-  double train_step(Trainer& trainer, const Batch& batch, const Candidates& cand) {
+  double train_step(Trainer& trainer, const Batch& batch, const Candidates& cand, bool overlap = false) {
     const std::size_t rows = batch.rows, dim = cfg_.dim, s = cand.sampled, width = 1 + s;
     const std::size_t n_ctx = rows * cfg_.context, n_cand = cand.ids.size();
     auto& ex = trainer.engine().exec();  // the trainer's stream: our kernels and its own run in order
@@ -326,15 +329,19 @@ class Model {
     // Backward: rows of the softmax table, written straight into the
     // variable's gradient (add_rows: no copy), the hidden layer, the context
     // words' embedding rows. Gradients are means over this rank's rows; the
-    // trainer averages them over the ranks.
+    // trainer averages them over the ranks. Each is marked ready once final
+    // (--overlap on): the trainer starts moving it while the rest computes.
     const auto grad_w = timed(ex, Part::parallax, [&] { return softmax.grad().add_rows(n_cand); });
     ex.copy(grad_w.ids, candidate_ids_.data(), n_cand * sizeof(px::index_t));
     sampled_softmax_.backward(ex, w.data, in, grad_w.values.data, hidden.output_grad());
+    ready(trainer, overlap, softmax);
     grad_x_.resize_discard(n_ctx * dim);
     hidden.backward(ex, x.data, rows, grad_x_.data());
+    ready(trainer, overlap, hidden.w, hidden.b);
     ex.synchronize();
+    timed(ex, Part::parallax, [&] { emb.grad().add(context_ids_.data(), grad_x_.data(), n_ctx); });
+    ready(trainer, overlap, emb);
     timed(ex, Part::parallax, [&] {
-      emb.grad().add(context_ids_.data(), grad_x_.data(), n_ctx);
       trainer.step();  // dense: all-reduce; sparse: push rows to their owners; then the optimizer
     });
     // example-end

@@ -133,12 +133,10 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
 
   // example-begin ctr_trainer
   ctr::Model<Space> model(ctx, a.model);
-  // 34 variables: std::apply hands the model's tuple of references to the trainer.
-  auto trainer = std::apply(
-      [&](auto&... vars) {
-        return px::Trainer<Arch, px::optim::Adagrad, examples::DefaultEngine>(ctx, px::optim::Adagrad{o.lr}, vars...);
-      },
-      model.variables());
+  // 34 variables in two collections: the 26 tables, then the MLPs' 8.
+  px::Trainer<Arch, px::optim::Adagrad, examples::DefaultEngine> trainer(ctx, o.trainer_options(),
+                                                                         px::optim::Adagrad{o.lr}, model.tables,
+                                                                         model.mlp);
   // example-end
   if (ctx.is_root()) {
     std::printf("architecture %s on %d ranks (%s space): tables -> %s, MLPs -> %s%s\n", Arch::name, ctx.size(),
@@ -152,7 +150,7 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
   ctr::Batch batch;
   for (std::uint64_t step = 0; step < o.steps; ++step) {
     examples::timed(examples::Part::input, [&] { clicks.training(step, shard.global, shard.first, shard.batch, batch); });
-    progress.record(model.train_step(trainer, batch));
+    progress.record(model.train_step(trainer, batch, o.overlapped()));
   }
   const examples::Summary s = progress.finish();
 

@@ -26,7 +26,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -132,29 +131,25 @@ struct SplitBlocks {
 
 // ---------------------------------------------------------------- the model
 
-/// The variables and the per-step computation. variables() lists them for the trainer.
+/// The variables and the per-step computation. The trainer takes the two
+/// collections: `tables`, then `mlp`.
 template <class Space>
 class Model {
  public:
   using T = float;
   using Table = px::Variable<px::Sparse, T, Space>;
+  using Dense = typename DenseLayer<Space, T>::Var;
 
   Model(const px::Context& ctx, const Config& cfg)
-      : tables(make_tables(ctx, cfg, std::make_index_sequence<features>{})),
+      : tables(make_tables(ctx, cfg)),
         bottom1(ctx, "bottom1", dense_features, cfg.bottom, Activation::relu, cfg.seed),
         bottom2(ctx, "bottom2", cfg.bottom, cfg.dim, Activation::relu, cfg.seed),
         top1(ctx, "top1", (features + 1) * cfg.dim, cfg.top, Activation::relu, cfg.seed),
         top2(ctx, "top2", cfg.top, 1, Activation::none, cfg.seed),
+        mlp{bottom1.w, bottom1.b, bottom2.w, bottom2.b, top1.w, top1.b, top2.w, top2.b},
         cfg_(cfg) {}
 
   const Config& config() const noexcept { return cfg_; }
-
-  /// Every variable, as a tuple of references: the 26 tables, then the MLPs'.
-  /// `std::apply` hands them to the Trainer's constructor.
-  auto variables() {
-    return std::tuple_cat(std::apply([](auto&... t) { return std::tie(t...); }, tables),
-                          std::tie(bottom1.w, bottom1.b, bottom2.w, bottom2.b, top1.w, top1.b, top2.w, top2.b));
-  }
 
   /// Forward pass on this rank's share of a batch: logits into logits_,
   /// losses and hits into loss_, hits_. Collective (one batched lookup).
@@ -187,29 +182,40 @@ class Model {
     ex.synchronize();
   }
 
-  /// One training step; returns this rank's mean loss. Collective.
+  /// One training step; returns this rank's mean loss. Collective. With
+  /// `overlap`, the backward pass marks each layer's gradient ready as soon
+  /// as it has written it (Trainer::ready), and the tables' once their rows
+  /// are added, so the trainer moves them while the layers below compute.
   template <class Trainer>
-  double train_step(Trainer& trainer, const Batch& batch) {
+  double train_step(Trainer& trainer, const Batch& batch, bool overlap = false) {
     auto& ex = trainer.engine().exec();
     const std::size_t rows = batch.rows, dim = cfg_.dim, width = (features + 1) * dim;
     forward(trainer, batch);
     // forward() left d(loss)/d(logit) in top2's output gradient.
     top2.backward(ex, top1.output(), rows, top1.output_grad());
+    ready(trainer, overlap, top2.w, top2.b);
     grad_concat_.resize_discard(rows * width);
     top1.backward(ex, concat_.data(), rows, grad_concat_.data());
+    ready(trainer, overlap, top1.w, top1.b);
     // The concatenation's gradient split: the bottom MLP's, then each table's rows.
     grad_rows_.resize_discard(features * rows * dim);
     std::vector<T*> targets{bottom2.output_grad()};
     for (std::size_t f = 0; f < features; ++f) targets.push_back(grad_rows_.data() + f * rows * dim);
     targets_.assign_from_host(targets.data(), features + 1);
     px::for_each_rows(ex, rows * (features + 1), dim, SplitBlocks<T>{grad_concat_.data(), targets_.data(), features + 1, dim});
-    bottom2.backward(ex, bottom1.output(), rows, bottom1.output_grad());
-    bottom1.backward(ex, dense_in_.data(), rows, nullptr);
     ex.synchronize();
+    // The tables' gradient rows are final: add them, and (overlap) their
+    // push starts while the bottom MLP computes.
     timed(ex, Part::parallax, [&] {
       for (std::size_t f = 0; f < features; ++f) tables[f].grad().add(ids_[f].data(), grad_rows_.data() + f * rows * dim, rows);
-      trainer.step();
     });
+    ready(trainer, overlap, tables);
+    bottom2.backward(ex, bottom1.output(), rows, bottom1.output_grad());
+    ready(trainer, overlap, bottom2.w, bottom2.b);
+    bottom1.backward(ex, dense_in_.data(), rows, nullptr);
+    ready(trainer, overlap, bottom1.w, bottom1.b);
+    ex.synchronize();
+    timed(ex, Part::parallax, [&] { trainer.step(); });
     return rows ? sum_to_host(loss_, rows) / static_cast<double>(rows) : 0.0;
   }
 
@@ -221,14 +227,18 @@ class Model {
     return {sum_to_host(loss_, batch.rows), sum_to_host(hits_, batch.rows)};
   }
 
-  std::array<Table, features> tables;  ///< "emb00".."emb25"
+  px::Variables<Table> tables;  ///< "emb00".."emb25", one per categorical feature
   DenseLayer<Space, T> bottom1, bottom2, top1, top2;
+  /// Handles to the MLPs' variables (bottom first, weight before bias).
+  px::Variables<Dense> mlp;
 
  private:
-  template <std::size_t... F>
-  static std::array<Table, features> make_tables(const px::Context& ctx, const Config& cfg, std::index_sequence<F...>) {
-    auto name = [](std::size_t f) { return std::string("emb") + (f < 10 ? "0" : "") + std::to_string(f); };
-    return {Table(ctx, name(F), {cfg.table_rows.at(F), cfg.dim}, px::init::Uniform{-0.05f, 0.05f, cfg.seed})...};
+  static px::Variables<Table> make_tables(const px::Context& ctx, const Config& cfg) {
+    px::Variables<Table> out;
+    for (std::size_t f = 0; f < features; ++f)
+      out.emplace_back(ctx, std::string("emb") + (f < 10 ? "0" : "") + std::to_string(f),
+                       px::Shape{cfg.table_rows.at(f), cfg.dim}, px::init::Uniform{-0.05f, 0.05f, cfg.seed});
+    return out;
   }
 
   Config cfg_;

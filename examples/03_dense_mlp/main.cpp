@@ -61,12 +61,9 @@ int train(px::Context& ctx, const Args& a) {
   const examples::TeacherData data(a.model.inputs, a.model.classes, o.seed);
 
   mlp::Model<Space> model(ctx, a.model);
-  auto trainer = std::apply(
-      [&](auto&... vars) {
-        return px::Trainer<Arch, px::optim::Momentum, examples::DefaultEngine>(ctx, px::optim::Momentum{o.lr, 0.9f},
-                                                                                vars...);
-      },
-      model.variables());
+  px::Trainer<Arch, px::optim::Momentum, examples::DefaultEngine> trainer(ctx, o.trainer_options(),
+                                                                          px::optim::Momentum{o.lr, 0.9f},
+                                                                          model.variables());
   if (ctx.is_root()) {
     std::printf("architecture %s on %d ranks (%s space): every variable -> %s\n", Arch::name, ctx.size(),
                 examples::space_name(), trainer.policy_of(model.layer1.w).c_str());
@@ -78,7 +75,7 @@ int train(px::Context& ctx, const Args& a) {
     const mlp::Batch batch = examples::timed(examples::Part::input, [&] {
       return make_batch(data, step * shard.global, shard.first, shard.batch);
     });
-    progress.record(model.train_step(trainer, batch));
+    progress.record(model.train_step(trainer, batch, o.overlapped()));
   }
   const examples::Summary s = progress.finish();
 

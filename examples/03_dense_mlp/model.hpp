@@ -14,7 +14,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -41,16 +40,19 @@ template <class Space>
 class Model {
  public:
   using T = float;
+  using Var = typename DenseLayer<Space, T>::Var;
 
   Model(const px::Context& ctx, const Config& cfg)
       : layer1(ctx, "layer1", cfg.inputs, cfg.hidden, Activation::relu, cfg.seed),
         layer2(ctx, "layer2", cfg.hidden, cfg.hidden, Activation::relu, cfg.seed),
         layer3(ctx, "layer3", cfg.hidden, cfg.classes, Activation::none, cfg.seed),
+        variables_{layer1.w, layer1.b, layer2.w, layer2.b, layer3.w, layer3.b},
         cfg_(cfg) {}
 
   const Config& config() const noexcept { return cfg_; }
-  /// Every variable, for the trainer.
-  auto variables() { return std::tie(layer1.w, layer1.b, layer2.w, layer2.b, layer3.w, layer3.b); }
+  /// Every variable, first layer first, for the trainer: a collection of
+  /// handles to the layers' variables.
+  px::Variables<Var>& variables() noexcept { return variables_; }
 
   /// Forward pass: losses into loss_, hits into hits_, the gradient of the
   /// mean loss w.r.t. the logits into layer3's output gradient.
@@ -72,15 +74,21 @@ class Model {
     ex.synchronize();
   }
 
-  /// One training step; returns this rank's mean loss. Collective.
+  /// One training step; returns this rank's mean loss. Collective. With
+  /// `overlap`, the backward pass marks each layer's gradient ready as soon
+  /// as it has written it (Trainer::ready), so the trainer all-reduces it
+  /// while the layers below compute.
   template <class Trainer>
-  double train_step(Trainer& trainer, const Batch& batch) {
+  double train_step(Trainer& trainer, const Batch& batch, bool overlap = false) {
     auto& ex = trainer.engine().exec();
     const std::size_t rows = batch.rows;
     forward(trainer, batch);
     layer3.backward(ex, layer2.output(), rows, layer2.output_grad());
+    ready(trainer, overlap, layer3.w, layer3.b);
     layer2.backward(ex, layer1.output(), rows, layer1.output_grad());
+    ready(trainer, overlap, layer2.w, layer2.b);
     layer1.backward(ex, x_.data(), rows, nullptr);
+    ready(trainer, overlap, layer1.w, layer1.b);
     ex.synchronize();
     timed(ex, Part::parallax, [&] { trainer.step(); });
     return rows ? sum_to_host(loss_, rows) / static_cast<double>(rows) : 0.0;
@@ -96,6 +104,7 @@ class Model {
   DenseLayer<Space, T> layer1, layer2, layer3;
 
  private:
+  px::Variables<Var> variables_;  // handles: the layers' own variables
   Config cfg_;
   px::Buffer<T, Space> x_, loss_, hits_;
   px::Buffer<std::int32_t, Space> labels_;

@@ -182,10 +182,19 @@ struct Model {
 
 /// One step on this rank's rows; returns their mean loss. Collective.
 template <class Trainer>
-double train_step(Trainer& trainer, Model& m, const lm::Config& cfg, const lm::Batch& batch, const lm::Candidates& cand) {
+double train_step(Trainer& trainer, Model& m, const lm::Config& cfg, const lm::Batch& batch, const lm::Candidates& cand,
+                  bool overlap) {
   const int rows = static_cast<int>(batch.rows), dim = static_cast<int>(cfg.dim), s = static_cast<int>(cand.sampled);
   const int in = static_cast<int>(cfg.context) * dim, n_cand = static_cast<int>(cand.ids.size()), width = 1 + s;
   const cudaStream_t stream = trainer.engine().exec().stream();
+  // --overlap on: a gradient is marked ready (trainer.ready) once the kernel
+  // that writes it has finished, so the trainer moves it while the later
+  // kernels run.
+  auto ready = [&](auto&... vars) {
+    if (!overlap) return;
+    PARALLAX_CUDA_CHECK(cudaStreamSynchronize(stream));
+    trainer.ready(vars...);
+  };
 
   // example-begin cuda_step
   m.context_ids.assign_from_host(batch.context.data(), batch.context.size());
@@ -216,10 +225,12 @@ double train_step(Trainer& trainer, Model& m, const lm::Config& cfg, const lm::B
   softmax_cross_entropy<<<rows, kThreads, 0, stream>>>(m.logits.data(), m.loss.data(), width, 1.f / rows);
   candidate_grad<<<blocks_for(grad_w.values.size()), kThreads, 0, stream>>>(
       m.h.data(), m.logits.data(), m.column.data(), m.label_row.data(), grad_w.values.data, n_cand, rows, dim, s);
+  ready(m.softmax);
   hidden_grad<<<blocks_for(m.dpre.size()), kThreads, 0, stream>>>(
       w.data, m.logits.data(), m.sampled_row.data(), m.label_row.data(), m.h.data(), m.dpre.data(), rows, dim, s);
   weight_grad<<<blocks_for(static_cast<std::size_t>(in + 1) * dim), kThreads, 0, stream>>>(
       x.data, m.dpre.data(), m.hidden_w.grad().data(), m.hidden_b.grad().data(), rows, in, dim);
+  ready(m.hidden_w, m.hidden_b);
   input_grad<<<blocks_for(m.grad_x.size()), kThreads, 0, stream>>>(m.dpre.data(), m.hidden_w.value().data(),
                                                                    m.grad_x.data(), rows, in, dim);
   PARALLAX_CUDA_CHECK(cudaGetLastError());
@@ -227,6 +238,7 @@ double train_step(Trainer& trainer, Model& m, const lm::Config& cfg, const lm::B
 
   // The embedding's gradient as (device ids, device rows); the dense ones were written in place.
   m.emb.grad().add(m.context_ids.data(), m.grad_x.data(), batch.context.size());
+  ready(m.emb);
   trainer.step();
   // example-end
 
@@ -245,13 +257,13 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
   const examples::LogUniformSampler sampler(cfg.vocab);
 
   Model m(ctx, cfg);
-  px::Trainer<Arch, px::optim::Adagrad, Engine> trainer(ctx, px::optim::Adagrad{o.lr}, m.emb, m.hidden_w, m.hidden_b,
-                                                        m.softmax);
+  px::Trainer<Arch, px::optim::Adagrad, Engine> trainer(ctx, o.trainer_options(), px::optim::Adagrad{o.lr}, m.emb,
+                                                        m.hidden_w, m.hidden_b, m.softmax);
   examples::Progress progress(trainer, shard.global, o.log_every, "words", o.warmup);
   for (std::uint64_t step = 0; step < o.steps; ++step) {
     const lm::Batch batch = windows.training(step, shard.global, shard.first, shard.batch);
     const lm::Candidates cand = lm::make_candidates(sampler, cfg.sampled, o.seed, step, batch);
-    progress.record(train_step(trainer, m, cfg, batch, cand));
+    progress.record(train_step(trainer, m, cfg, batch, cand, o.overlapped()));
   }
   const examples::Summary s = progress.finish();
   if (ctx.is_root())

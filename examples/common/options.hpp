@@ -30,6 +30,18 @@ struct CommonOptions {
   std::size_t log_every = 20;
   std::size_t warmup = 1;  ///< first steps left out of samples/s
   int threads = 0;  ///< OpenMP and BLAS threads per rank (host build); 0: share the cores
+  /// on: the backward pass marks each layer's gradient ready (Trainer::ready)
+  /// as it finishes it, and the trainer's communication thread moves it while
+  /// the layers below compute; off: no ready() calls, TrainerOptions::overlap
+  /// false (step() moves everything). The losses are the same bit for bit.
+  std::string overlap = "on";
+
+  bool overlapped() const noexcept { return overlap == "on"; }
+  /// `t` with TrainerOptions::overlap set from --overlap.
+  px::TrainerOptions trainer_options(px::TrainerOptions t = {}) const {
+    t.overlap = overlapped();
+    return t;
+  }
 
   px::ContextOptions context() const {
     px::ContextOptions c;
@@ -59,7 +71,11 @@ inline void add_common_options(po::options_description& desc, CommonOptions& o) 
      "first steps left out of samples/s (they touch fresh buffers once)")
     ("threads", po::value(&o.threads)->default_value(o.threads),
      "threads per rank for the host's kernels and matrix products (OpenMP and BLAS; 0: the host's cores "
-     "divided among its ranks)");
+     "divided among its ranks)")
+    ("overlap", po::value(&o.overlap)->default_value(o.overlap),
+     "on: the backward pass marks each layer's gradient ready as it finishes it (trainer.ready) and the "
+     "trainer's communication thread sends it while the layers below compute; off: no ready() calls, the "
+     "trainer moves every gradient in step(). The losses are bit-identical either way");
 }
 
 /// The outcome of parsing, decided before MPI starts and reported after.
@@ -92,6 +108,7 @@ inline std::string check_common(const CommonOptions& o) {
   if (o.steps == 0) return "--steps must be at least 1";
   if (o.log_every == 0) return "--log-every must be at least 1";
   if (o.batch == 0) return "--batch must be at least 1 (examples per rank per step)";
+  if (o.overlap != "on" && o.overlap != "off") return "--overlap must be on or off, not '" + o.overlap + "'";
   return "";
 }
 

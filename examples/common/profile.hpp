@@ -106,4 +106,16 @@ auto timed(const px::Exec<Space>& ex, Part part, F&& f) -> decltype(std::forward
   });
 }
 
+/// Says the gradients of `vars` are final (Trainer::ready) when `on`
+/// (--overlap on), charged to Part::parallax. The stream is synchronised
+/// first: ready() may hand the gradients to the communication thread at
+/// once, so the kernels that write them must have finished.
+template <class Trainer, class... Vars>
+void ready(Trainer& trainer, bool on, Vars&... vars) {
+  if (!on) return;
+  auto& ex = trainer.engine().exec();
+  ex.synchronize();
+  timed(Part::parallax, [&] { trainer.ready(vars...); });
+}
+
 }  // namespace examples

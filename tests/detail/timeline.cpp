@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -19,11 +20,8 @@ std::size_t count(const std::string& text, const std::string& what) {
   return n;
 }
 
-}  // namespace
-
-TEST_CASE("a trainer's timeline holds every rank's phases in one Chrome trace", "[timeline]") {
-  auto& ctx = test::world();
-  const int n = ctx.size();
+/// A fresh file name made by rank 0, known to every rank.
+std::string temp_path(const px::Context& ctx) {
   char name[] = "/tmp/parallax-timeline-XXXXXX";
   std::string path;
   if (ctx.rank() == 0) {
@@ -36,6 +34,23 @@ TEST_CASE("a trainer's timeline holds every rank's phases in one Chrome trace", 
   MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
   path.resize(static_cast<std::size_t>(length));
   MPI_Bcast(path.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return path;
+}
+
+std::string read_and_remove(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::filesystem::remove(path);
+  return text.str();
+}
+
+}  // namespace
+
+TEST_CASE("a trainer's timeline holds every rank's phases in one Chrome trace", "[timeline]") {
+  auto& ctx = test::world();
+  const int n = ctx.size();
+  const std::string path = temp_path(ctx);
   {
     px::Variable<px::Sparse, float> emb(ctx, "emb", {20, 4});
     px::Variable<px::Dense, float> w(ctx, "w", {4});
@@ -52,11 +67,7 @@ TEST_CASE("a trainer's timeline holds every rank's phases in one Chrome trace", 
   }  // written here
   MPI_Barrier(MPI_COMM_WORLD);
   if (ctx.rank() == 0) {
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    const std::string trace = text.str();
-    std::filesystem::remove(path);
+    const std::string trace = read_and_remove(path);
     CHECK(trace.rfind("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[", 0) == 0);
     CHECK(trace.substr(trace.size() - 4) == "\n]}\n");
     for (int r = 0; r < n; ++r) {
@@ -74,6 +85,45 @@ TEST_CASE("a trainer's timeline holds every rank's phases in one Chrome trace", 
     CHECK(count(trace, "\"name\":\"push: route\"") == static_cast<std::size_t>(3 * n));
     CHECK(count(trace, "\"name\":\"update: ShardedPS\"") == static_cast<std::size_t>(3 * n));
     if (n > 1) CHECK(count(trace, "\"name\":\"all-reduce bucket 0 (16 B)\"") == static_cast<std::size_t>(3 * n));
+  }
+  CHECK_FALSE(px::detail::Timeline::get().on());
+}
+
+// Work that ready() starts runs on the trainer's communication thread while
+// the caller records its own spans: both land in the trace, the
+// communication thread's on its own row (tid 1) of the rank's track.
+TEST_CASE("the communication thread's spans land on their own row of the timeline", "[timeline]") {
+  auto& ctx = test::world();
+  const int n = ctx.size();
+  const std::string path = temp_path(ctx);
+  constexpr int steps = 50;
+  {
+    std::vector<px::Variable<px::Dense, float>> layers;
+    for (int l = 0; l < 4; ++l) layers.emplace_back(ctx, "layer" + std::to_string(l), px::Shape{256});
+    px::TrainerOptions o;
+    o.timeline = path;
+    o.ring.bucket_bytes = 256 * sizeof(float);  // a bucket per layer
+    px::Trainer<px::arch::Hybrid, px::optim::Sgd> trainer(ctx, o, px::optim::Sgd{0.1f}, layers);
+    for (int s = 0; s < steps; ++s) {
+      for (int l = 3; l >= 0; --l) {
+        layers[static_cast<std::size_t>(l)].grad()[0] = 1.f;
+        trainer.ready(layers[static_cast<std::size_t>(l)]);  // spans on both threads at once
+      }
+      trainer.step();
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (ctx.rank() == 0) {
+    const std::string trace = read_and_remove(path);
+    CHECK(trace.substr(trace.size() - 4) == "\n]}\n");
+    CHECK(count(trace, "\"name\":\"ready\"") == static_cast<std::size_t>(4 * steps * n));
+    CHECK(count(trace, "\"name\":\"step\"") == static_cast<std::size_t>(steps * n));
+    CHECK(count(trace, "\"name\":\"communication thread\"") == static_cast<std::size_t>(n));
+    if (n > 1 && ctx.serialized_threads()) {
+      // Every bucket's all-reduce ran on the communication thread.
+      CHECK(count(trace, "\"tid\":1,") == static_cast<std::size_t>(4 * steps * n) + static_cast<std::size_t>(n));
+      CHECK(count(trace, "\"name\":\"all-reduce bucket 3 (1024 B)\"") == static_cast<std::size_t>(steps * n));
+    }
   }
   CHECK_FALSE(px::detail::Timeline::get().on());
 }

@@ -8,7 +8,11 @@
 // One recorder per process. Spans are recorded only while it is on, so
 // when it is off a span is one test of a flag. The ranks' clocks start
 // together at a barrier; a rank's spans are kept in memory and written by
-// rank 0 when the trainer that turned it on is destroyed.
+// rank 0 when the trainer that turned it on is destroyed. Spans come from
+// two threads (the caller's, and a trainer's communication thread running
+// what ready() started): recording takes a lock, and each rank's track has
+// a row per thread (tid 0: the thread that started the timeline, tid 1:
+// any other).
 
 #include <parallax/config.hpp>
 #include <parallax/detail/mpi.hpp>
@@ -22,7 +26,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -34,6 +40,7 @@ class Timeline {
     std::string name;
     const char* category;
     double start_us, duration_us;
+    int thread;  // 0: the thread that started the timeline; 1: another
   };
 
   /// The process's recorder.
@@ -49,6 +56,7 @@ class Timeline {
     PARALLAX_MPI_CHECK(MPI_Barrier(comm));
     comm_ = comm;
     path_ = std::move(path);
+    owner_ = std::this_thread::get_id();
     events_.clear();
     events_.reserve(1 << 14);
     origin_ = std::chrono::steady_clock::now();
@@ -59,8 +67,12 @@ class Timeline {
   double now_us() const noexcept {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - origin_).count();
   }
+  /// Thread-safe while on (a communication thread records beside the caller).
   void record(std::string name, const char* category, double start_us, double end_us) {
-    if (on_) events_.push_back(Event{std::move(name), category, start_us, end_us - start_us});
+    if (!on_) return;
+    const int thread = std::this_thread::get_id() == owner_ ? 0 : 1;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    events_.push_back(Event{std::move(name), category, start_us, end_us - start_us, thread});
   }
 
   /// Stops recording; rank 0 gathers every rank's spans and writes the
@@ -75,8 +87,8 @@ class Timeline {
     std::string mine;
     for (const Event& e : events_) {
       char head[160];
-      std::snprintf(head, sizeof head, "{\"ph\":\"X\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"dur\":%.3f,\"cat\":\"%s\",\"name\":\"",
-                    me, e.start_us, e.duration_us, e.category);
+      std::snprintf(head, sizeof head, "{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"cat\":\"%s\",\"name\":\"",
+                    me, e.thread, e.start_us, e.duration_us, e.category);
       mine += head;
       for (char c : e.name) {  // a JSON string
         if (c == '"' || c == '\\') mine += '\\';
@@ -101,8 +113,12 @@ class Timeline {
                                    0, comm_));
     if (me != 0) return 0;
     std::string text = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-    for (int r = 0; r < n; ++r)  // name each rank's track
+    for (int r = 0; r < n; ++r) {  // name each rank's track and its threads' rows
       text += concat("{\"ph\":\"M\",\"pid\":", r, ",\"name\":\"process_name\",\"args\":{\"name\":\"rank ", r, "\"}},\n");
+      text += concat("{\"ph\":\"M\",\"pid\":", r, ",\"tid\":0,\"name\":\"thread_name\",\"args\":{\"name\":\"caller\"}},\n");
+      text += concat("{\"ph\":\"M\",\"pid\":", r,
+                     ",\"tid\":1,\"name\":\"thread_name\",\"args\":{\"name\":\"communication thread\"}},\n");
+    }
     text += all;
     if (text.size() >= 2 && text.compare(text.size() - 2, 2, ",\n") == 0) text.resize(text.size() - 2);
     text += "\n]}\n";
@@ -119,6 +135,8 @@ class Timeline {
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::string path_;
   std::chrono::steady_clock::time_point origin_;
+  std::thread::id owner_;  // the thread that called start()
+  std::mutex mutex_;       // guards events_ while on
   std::vector<Event> events_;
 };
 
