@@ -187,7 +187,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
     gather(b, batch, count, false);
     // One booking for the whole lookup: its route and its replies.
     auto shared = engine_->stats().shared(ShardedPS::name);
-    for (const auto& [name, weight] : b.parts) shared.part(name, weight);
+    for (const auto& [name, weight] : b.parts) shared.part(*name, weight);
     route(b);
     return serve(b);
   }
@@ -212,7 +212,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
     background.post([this, &b] {
       try {
         auto shared = engine_->stats().shared(ShardedPS::name);
-        for (const auto& [name, weight] : b.parts) shared.part(name, weight);
+        for (const auto& [name, weight] : b.parts) shared.part(*name, weight);
         route(b);
       } catch (...) {
         b.failure = std::current_exception();  // rows() throws it, on every rank alike
@@ -233,7 +233,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
     PARALLAX_EXPECTS(b->routed, "the prefetch's route never ran: the communication thread failed before it (see the "
                                 "error the trainer threw then); prefetch the batch again");
     auto shared = engine_->stats().shared(ShardedPS::name);
-    for (const auto& [name, weight] : b->parts) shared.part(name, weight);
+    for (const auto& [name, weight] : b->parts) shared.part(*name, weight);
     // Rows read in place: the route came before this step's update, so the
     // owners say they are done writing once more (a route of headers alone).
     bool direct = false;
@@ -450,7 +450,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
     std::vector<Group<T>*> groups;  // in the order the batch first names them
     std::vector<std::vector<Request>> requests;  // per group
     std::vector<std::size_t> request_group, request_at;  // per request of the batch: its group, its place there
-    std::vector<std::pair<std::string, std::uint64_t>> parts;  // per request: its table's share of the bytes
+    std::vector<std::pair<const std::string*, std::uint64_t>> parts;  // per request: its table's name, share of the bytes
     std::vector<detail::RouteLane*> lanes;
     std::uint64_t word = 0;  // the route's shape: each request's (group, table), in order
     Buffer<index_t, space> ids;  // a lookup ahead's copy of the ids
@@ -498,7 +498,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
       b.request_group[i] = gi;
       b.request_at[i] = b.requests[gi].size();
       b.requests[gi].push_back(typename Batch<T>::Request{t.index(), ids, batch[i].n, nullptr});
-      b.parts.emplace_back(t.name(), g.weight(batch[i].n));
+      b.parts.emplace_back(&t.name(), g.weight(batch[i].n));
     }
     detail::Fingerprint word;
     word.add(ahead ? "prefetch" : "lookup");
