@@ -86,7 +86,8 @@ class Prefetched {
 /// @tparam Optimizer optim::Sgd, Momentum, Adagrad or Adam
 /// @tparam Engine    the transport (engine::Mpi for HostSpace variables)
 ///
-/// Per step, every rank calls lookup() for the sparse rows it needs, writes
+/// Per step, every rank calls lookup() for the sparse rows it needs (or
+/// takes with rows() those it prefetch()ed during the previous step), writes
 /// gradients (`dense.grad()`, `sparse.grad().add(ids, rows)`), and calls
 /// step(). Every call is collective: all ranks make the same calls in the
 /// same order.
