@@ -160,25 +160,30 @@ TEST_CASE("a sparse variable all-reduced as a replica prefetches too", "[prefetc
 namespace {
 
 /// The loop docs/tutorial.md quotes ("Lookups ahead"), and the same loop
-/// with plain lookups: a table and a dense layer, mean squared error.
-template <class Arch>
+/// with plain lookups: a table and a dense layer in `Space`, mean squared
+/// error computed on the host.
+template <class Arch, class Space>
 std::vector<float> tutorial_loop(px::Context& ctx, bool ahead) {
-  Table emb(ctx, "emb", {50, 4}, px::init::Uniform{-1.f, 1.f, 11});
-  px::Variable<px::Dense, float> w(ctx, "w", {4}, px::init::Constant{0.5});
-  px::Trainer<Arch, px::optim::Adagrad> trainer(ctx, px::optim::Adagrad{0.2f}, emb, w);
+  px::Variable<px::Sparse, float, Space> emb(ctx, "emb", {50, 4}, px::init::Uniform{-1.f, 1.f, 11});
+  px::Variable<px::Dense, float, Space> w(ctx, "w", {4}, px::init::Constant{0.5});
+  px::Trainer<Arch, px::optim::Adagrad, test::engine_for<Space>> trainer(ctx, px::optim::Adagrad{0.2f}, emb, w);
   const std::size_t steps = 4;
-  auto batch_ids = [&](std::size_t s) { return ids_of(0, s, ctx.rank(), 50); };
+  auto batch_ids = [&](std::size_t s) { return px::Buffer<px::index_t, Space>::from_host(ids_of(0, s, ctx.rank(), 50)); };
   std::size_t step = 0;
-  auto forward_backward = [&](const std::vector<px::Rows<float>>& rows) {
-    const auto ids = batch_ids(step++);
-    std::vector<float> grad(rows[0].size());
+  auto forward_backward = [&](const auto& rows) {
+    const auto ids = ids_of(0, step++, ctx.rank(), 50);
+    const auto x = test::to_host(rows[0]);
+    const auto wv = w.value().to_host();
+    auto dw = w.grad().to_host();
+    std::vector<float> grad(x.size());
     for (std::size_t i = 0; i < rows[0].rows; ++i)
       for (std::size_t d = 0; d < 4; ++d) {
-        const float err = rows[0].data[i * 4 + d] * w.value()[d] - 0.25f * static_cast<float>(d);
-        grad[i * 4 + d] = err * w.value()[d];
-        w.grad()[d] += err * rows[0].data[i * 4 + d];
+        const float err = x[i * 4 + d] * wv[d] - 0.25f * static_cast<float>(d);
+        grad[i * 4 + d] = err * wv[d];
+        dw[d] += err * x[i * 4 + d];
       }
     emb.grad().add(ids, grad);
+    test::copy_from_host<Space>(w.grad().data(), dw);
   };
   if (!ahead) {
     for (std::size_t s = 0; s < steps; ++s) {
@@ -205,13 +210,22 @@ std::vector<float> tutorial_loop(px::Context& ctx, bool ahead) {
   return out;
 }
 
+template <class Space>
+void check_tutorial_loop() {
+  auto& ctx = test::world();
+  const auto hybrid = tutorial_loop<px::arch::Hybrid, Space>(ctx, false);
+  CHECK(test::all_ranks(tutorial_loop<px::arch::Hybrid, Space>(ctx, true) == hybrid));
+  const auto allreduce = tutorial_loop<px::arch::AllReduce, Space>(ctx, false);
+  CHECK(test::all_ranks(tutorial_loop<px::arch::AllReduce, Space>(ctx, true) == allreduce));
+  const auto ps = tutorial_loop<px::arch::PS, Space>(ctx, false);
+  CHECK(test::all_ranks(tutorial_loop<px::arch::PS, Space>(ctx, true) == ps));
+}
+
 }  // namespace
 
-TEMPLATE_TEST_CASE("the tutorial's loop ahead trains as its loop of lookups", "[prefetch][docs]", px::arch::Hybrid,
-                   px::arch::AllReduce, px::arch::PS) {
-  auto& ctx = test::world();
-  const auto plain = tutorial_loop<TestType>(ctx, false);
-  CHECK(test::all_ranks(tutorial_loop<TestType>(ctx, true) == plain));
+TEMPLATE_TEST_CASE("the tutorial's loop ahead trains as its loop of lookups, in every memory space",
+                   "[prefetch][docs]", PARALLAX_TEST_SPACES) {
+  check_tutorial_loop<TestType>();
 }
 
 // ---------------------------------------------------------------- errors
