@@ -44,6 +44,41 @@ template <class T>
 inline constexpr char type_key = 0;
 }  // namespace detail
 
+template <class Arch, class Optimizer, class Engine>
+class Trainer;
+
+/// A batched lookup of sparse variables of type V started ahead by
+/// Trainer::prefetch(), whose rows Trainer::rows() takes, once. Move-only;
+/// empty when default-made or moved from.
+template <class V>
+class Prefetched {
+ public:
+  Prefetched() = default;
+  Prefetched(Prefetched&& o) noexcept
+      : trainer_(std::exchange(o.trainer_, nullptr)), serial_(std::exchange(o.serial_, 0)),
+        taken_(std::exchange(o.taken_, false)) {}
+  Prefetched& operator=(Prefetched&& o) noexcept {
+    trainer_ = std::exchange(o.trainer_, nullptr);
+    serial_ = std::exchange(o.serial_, 0);
+    taken_ = std::exchange(o.taken_, false);
+    return *this;
+  }
+  Prefetched(const Prefetched&) = delete;
+  Prefetched& operator=(const Prefetched&) = delete;
+
+  /// Whether it holds a prefetch whose rows have not been taken.
+  bool pending() const noexcept { return trainer_ != nullptr && !taken_; }
+
+ private:
+  template <class A, class O, class E>
+  friend class Trainer;
+  Prefetched(const void* trainer, std::uint64_t serial) : trainer_(trainer), serial_(serial) {}
+
+  const void* trainer_ = nullptr;  // the trainer that made it
+  std::uint64_t serial_ = 0;       // its number among that trainer's prefetches
+  bool taken_ = false;
+};
+
 /// Synchronous data-parallel training of a set of variables.
 ///
 /// @tparam Arch      arch::Hybrid, arch::AllReduce or arch::PS: which policy
@@ -51,7 +86,8 @@ inline constexpr char type_key = 0;
 /// @tparam Optimizer optim::Sgd, Momentum, Adagrad or Adam
 /// @tparam Engine    the transport (engine::Mpi for HostSpace variables)
 ///
-/// Per step, every rank calls lookup() for the sparse rows it needs, writes
+/// Per step, every rank calls lookup() for the sparse rows it needs (or
+/// takes with rows() those it prefetch()ed during the previous step), writes
 /// gradients (`dense.grad()`, `sparse.grad().add(ids, rows)`), and calls
 /// step(). Every call is collective: all ranks make the same calls in the
 /// same order.
@@ -173,12 +209,7 @@ class Trainer {
     const Call call(*this, "lookup");
     finish_background();
     engine_->set_step(static_cast<std::int64_t>(steps_ + 1));
-    for (std::size_t i = 0; i < count; ++i) {
-      member_of(*batch[i].var);  // throws for a variable this trainer does not hold
-      for (std::size_t j = 0; j < i; ++j)
-        PARALLAX_EXPECTS(!batch[j].var->same_as(*batch[i].var), "variable '", batch[i].var->name(),
-                         "' appears twice in one batched lookup; give it all its ids in one request");
-    }
+    check_batch(batch, count, "lookup");
     return synchronizer_of<policy_for_t<Arch, V>>().lookup(batch, count);
   }
   template <class V>
@@ -188,6 +219,76 @@ class Trainer {
   template <class V>
   std::vector<Rows<typename V::value_type, space>> lookup(std::initializer_list<Lookup<V>> batch) {
     return lookup(batch.begin(), batch.size());
+  }
+
+  /// Starts the batched lookup of the next batch while this one computes:
+  /// what does not read the tables (the ids are copied, validated, keyed,
+  /// sorted, de-duplicated and routed to their owners) runs now, on the
+  /// communication thread (TrainerOptions::overlap) or at once; rows()
+  /// takes the rows later, typically after this step's step(), and they
+  /// equal what lookup() of the same batch would return at that moment, bit
+  /// for bit. The ids may be reused once prefetch() returns. A policy that
+  /// replicates its tables has nothing to route: it keeps the ids and
+  /// gathers the rows in rows().
+  ///
+  /// Collective: every rank prefetches the same variables in the same
+  /// order, where the others do. One prefetch at a time (a second one
+  /// before rows() throws). The prefetch survives step() (also one that
+  /// throws), plain lookups and save(); restore() cancels it. A bad id, or
+  /// ranks that prefetch different variables, throw from rows() on every
+  /// rank, naming the variable and the rank, as lookup() would.
+  template <class V>
+  Prefetched<V> prefetch(const Lookup<V>* batch, std::size_t count) {
+    static_assert(V::is_sparse(), "prefetch() is for sparse variables; read a dense variable's value() directly");
+    using Policy = policy_for_t<Arch, V>;
+    static_assert(policy::looks_up_ahead_v<Policy, V, Engine, Optimizer>,
+                  "prefetch(): this variable's policy cannot look up ahead (its synchronizer has no "
+                  "start_lookup / finish_lookup); use lookup()");
+    ensure_usable();
+    const Call call(*this, "prefetch");
+    PARALLAX_EXPECTS(in_flight_ == 0, "prefetch(): the prefetch of ", in_flight_what_,
+                     " is in flight; take its rows with rows() first (one prefetch at a time)");
+    check_batch(batch, count, "prefetch");
+    synchronizer_of<Policy>().start_lookup(batch, count, background_);
+    in_flight_ = ++prefetches_;
+    in_flight_synchronizer_ = synchronizer_index_of<Policy>();
+    in_flight_what_.clear();
+    for (std::size_t i = 0; i < count; ++i) in_flight_what_ += detail::concat(i ? ", '" : "'", batch[i].var->name(), "'");
+    if (count == 0) in_flight_what_ = "no variables";
+    return Prefetched<V>(this, in_flight_);
+  }
+  template <class V>
+  Prefetched<V> prefetch(const std::vector<Lookup<V>>& batch) {
+    return prefetch(batch.data(), batch.size());
+  }
+  template <class V>
+  Prefetched<V> prefetch(std::initializer_list<Lookup<V>> batch) {
+    return prefetch(batch.begin(), batch.size());
+  }
+
+  /// The rows of a prefetch, `result[i]` for its `batch[i]`: what lookup()
+  /// of its batch would return now, valid until step(). Takes the prefetch
+  /// (once), whether it returns or throws. Collective.
+  template <class V>
+  std::vector<Rows<typename V::value_type, space>> rows(Prefetched<V>& p) {
+    ensure_usable();
+    const Call call(*this, "rows");
+    PARALLAX_EXPECTS(p.trainer_ != nullptr, "rows(): this Prefetched holds no prefetch (it was made empty, or moved from)");
+    PARALLAX_EXPECTS(p.trainer_ == this, "rows(): this prefetch was made by another Trainer");
+    PARALLAX_EXPECTS(!p.taken_, "rows(): the rows of this prefetch were taken already; rows() takes them once "
+                                "(prefetch again, or look up)");
+    PARALLAX_EXPECTS(p.serial_ != cancelled_, "rows(): this prefetch (of ", cancelled_what_, ") was cancelled by ",
+                     cancelled_by_, "; prefetch its batch again");
+    PARALLAX_EXPECTS(p.serial_ == in_flight_, "rows(): this prefetch is no longer in flight");
+    p.taken_ = true;
+    in_flight_ = 0;
+    finish_background();
+    engine_->set_step(static_cast<std::int64_t>(steps_ + 1));
+    return synchronizer_of<policy_for_t<Arch, V>>().template finish_lookup<V>();
+  }
+  template <class V>
+  std::vector<Rows<typename V::value_type, space>> rows(Prefetched<V>&& p) {
+    return rows(p);
   }
 
   /// Says the gradients of `vars` (variables or collections) are final for
@@ -295,6 +396,15 @@ class Trainer {
   /// on every rank before anything is loaded. Collective.
   void restore(const std::string& path) {
     finish_background();
+    // The trainer goes back to another step, whose next batch is not the
+    // one prefetched: the prefetch is cancelled, whether or not the restore
+    // succeeds.
+    if (in_flight_ != 0) {
+      synchronizers_[in_flight_synchronizer_].second->cancel_lookup();
+      cancelled_ = std::exchange(in_flight_, 0);
+      cancelled_what_ = in_flight_what_;
+      cancelled_by_ = "restore(\"" + path + "\")";
+    }
     std::uint64_t step = 0;
     try {
       step = checkpoints_->restore(path);
@@ -439,6 +549,23 @@ class Trainer {
     throw error(detail::concat("this Trainer has no variable synchronised by ", Policy::name));
   }
 
+  /// A batched lookup's variables: held by this trainer, each once.
+  template <class V>
+  void check_batch(const Lookup<V>* batch, std::size_t count, const char* call) {
+    for (std::size_t i = 0; i < count; ++i) {
+      member_of(*batch[i].var);  // throws for a variable this trainer does not hold
+      for (std::size_t j = 0; j < i; ++j)
+        PARALLAX_EXPECTS(!batch[j].var->same_as(*batch[i].var), "variable '", batch[i].var->name(),
+                         "' appears twice in one batched ", call, "; give it all its ids in one request");
+    }
+  }
+  template <class Policy>
+  std::size_t synchronizer_index_of() const {
+    for (std::size_t i = 0; i < synchronizers_.size(); ++i)
+      if (synchronizers_[i].first == &detail::type_key<Policy>) return i;
+    return 0;
+  }
+
   template <class V>
   void check_unregistered(const V& var) {
     PARALLAX_EXPECTS(var.state().trainer == nullptr, "variable '", var.name(),
@@ -519,6 +646,11 @@ class Trainer {
   bool records_timeline_ = false;
   double last_call_end_ = -1;  // on the timeline, microseconds
   std::string unusable_;  // why the trainer refuses work, if it does
+  // Prefetches (numbered from 1): the one in flight (0: none), its
+  // synchronizer and variables; the last one cancelled, what and by what.
+  std::uint64_t prefetches_ = 0, in_flight_ = 0, cancelled_ = 0;
+  std::size_t in_flight_synchronizer_ = 0;
+  std::string in_flight_what_, cancelled_what_, cancelled_by_;
 };
 
 }  // namespace parallax

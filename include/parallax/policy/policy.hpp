@@ -25,6 +25,24 @@
 ///     template <class V>
 ///     std::vector<Rows<typename V::value_type, space>> lookup(const Lookup<V>* batch, std::size_t n);
 ///
+/// To look up ahead (Trainer::prefetch), a sparse variable's synchronizer
+/// splits that lookup in two phases:
+///
+///     template <class V>
+///     void start_lookup(const Lookup<V>* batch, std::size_t n, Background& background);
+///     template <class V>
+///     std::vector<Rows<typename V::value_type, space>> finish_lookup();
+///
+/// start_lookup() is collective and does what reads no row (copies the ids,
+/// which the caller may reuse at once; validates them; plans and routes
+/// them), posting what communicates to `background`; it keeps that state
+/// apart from plain lookups' and from the step's, which may come between.
+/// finish_lookup() (collective) returns the rows lookup() would return at
+/// that moment, or throws, on every rank alike, what the first phase found
+/// (a bad id, ranks that disagree). One lookup ahead at a time;
+/// cancel_lookup() forgets it. Without these two, a policy's variables
+/// cannot be prefetched (a compile error names it).
+///
 /// policy::check<Policy, Var, Engine, Optimizer>() names what a policy lacks.
 /// Before a step, the user may say a variable's gradient is final
 /// (Trainer::ready): its synchronizer's ready() may start moving it, on the
@@ -175,8 +193,12 @@ class Synchronizer {
   /// Applies the optimizer to what this rank stores; afterwards every value
   /// a lookup or value() reads is current. May communicate (collective).
   virtual void update(const StepInfo&) = 0;
-  /// Forgets this step's gradients and lookups (after a step, or a failed one).
+  /// Forgets this step's gradients and lookups (after a step, or a failed
+  /// one); not a lookup ahead, which outlives the step it was started in.
   virtual void clear() = 0;
+  /// Forgets the lookup start_lookup() began, if any (after the background
+  /// work it posted has run). Default: nothing kept.
+  virtual void cancel_lookup() {}
 };
 
 /// The synchronizer of Policy for this engine and optimizer.
@@ -209,6 +231,15 @@ template <class S, class V>
 struct looks_up<S, V, std::void_t<decltype(std::declval<S&>().lookup(std::declval<const Lookup<V>*>(), std::size_t{}))>>
     : std::true_type {};
 
+template <class S, class V, class = void>
+struct looks_up_ahead : std::false_type {};
+template <class S, class V>
+struct looks_up_ahead<
+    S, V,
+    std::void_t<decltype(std::declval<S&>().start_lookup(std::declval<const Lookup<V>*>(), std::size_t{},
+                                                         std::declval<Background&>())),
+                decltype(std::declval<S&>().template finish_lookup<V>())>> : std::true_type {};
+
 template <class P, class E, class O>
 constexpr bool synchronizer_ok() {
   if constexpr (names_synchronizer<P, E, O>::value) {
@@ -229,6 +260,11 @@ constexpr bool lookup_ok() {
   else return true;
 }
 }  // namespace contract
+
+/// Whether Policy's synchronizer can look up variables of type Var ahead
+/// (start_lookup / finish_lookup; see the file comment).
+template <class Policy, class Var, class Engine, class Optimizer>
+inline constexpr bool looks_up_ahead_v = contract::looks_up_ahead<synchronizer_t<Policy, Engine, Optimizer>, Var>::value;
 
 /// Whether Policy can synchronise variables of type Var in a trainer over
 /// Engine with Optimizer (see check()).

@@ -7,14 +7,17 @@
 /// policy decides how gradients are summed before apply().
 
 #include <parallax/detail/algorithms.hpp>
+#include <parallax/error.hpp>
 #include <parallax/optim/optimizer.hpp>
 #include <parallax/policy/policy.hpp>
 #include <parallax/space.hpp>
 #include <parallax/types.hpp>
 
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace parallax::detail {
@@ -200,5 +203,46 @@ std::vector<Rows<typename V::value_type, Space>> lookup_replicas(const Lookup<V>
   for (std::size_t i = 0; i < n; ++i) rows.push_back(member_of(*batch[i].var).lookup(batch[i].ids, batch[i].n));
   return rows;
 }
+
+/// A batched lookup of replicated variables started ahead (Trainer::
+/// prefetch): with nothing to route, it keeps a copy of the ids and
+/// gathers the rows when they are taken, as lookup_replicas() then would
+/// (a bad id is reported by the step() after, like a plain lookup's).
+template <class Space>
+class ReplicaLookupsAhead {
+ public:
+  /// Copies the batch's ids (the caller may reuse them at once).
+  template <class V>
+  void start(const Lookup<V>* batch, std::size_t n) {
+    auto kept = std::make_unique<Kept<V>>();
+    kept->ids.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      kept->ids[i].resize_discard(batch[i].n);
+      space_traits<Space>::copy(kept->ids[i].data(), batch[i].ids, batch[i].n * sizeof(index_t));
+      kept->batch.push_back(Lookup<V>(*batch[i].var, kept->ids[i].data(), batch[i].n));
+    }
+    kept_ = std::move(kept);
+  }
+  /// The rows, gathered now (see lookup_replicas()).
+  template <class V, class Find>
+  std::vector<Rows<typename V::value_type, Space>> finish(Find&& member_of) {
+    std::unique_ptr<Base> taken = std::move(kept_);
+    auto* kept = dynamic_cast<Kept<V>*>(taken.get());
+    PARALLAX_EXPECTS(kept != nullptr, "finish_lookup() without a start_lookup() of this variable type");
+    return lookup_replicas<V, Space>(kept->batch.data(), kept->batch.size(), std::forward<Find>(member_of));
+  }
+  void cancel() noexcept { kept_.reset(); }
+
+ private:
+  struct Base {
+    virtual ~Base() = default;
+  };
+  template <class V>
+  struct Kept final : Base {
+    std::vector<Buffer<index_t, Space>> ids;
+    std::vector<Lookup<V>> batch;
+  };
+  std::unique_ptr<Base> kept_;
+};
 
 }  // namespace parallax::policy

@@ -67,12 +67,19 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
 
   template <class V>
   std::vector<Rows<typename V::value_type, space>> lookup(const Lookup<V>* batch, std::size_t n) {
-    return lookup_replicas<V, space>(batch, n, [&](V& var) -> Of<V>& {
-      for (auto& m : members_)
-        if (m->identity() == &var.state()) return static_cast<Of<V>&>(*m);
-      throw error(detail::concat("variable '", var.name(), "' is not synchronised by AllGatherv"));
-    });
+    return lookup_replicas<V, space>(batch, n, [&](V& var) -> Of<V>& { return member_of(var); });
   }
+  /// Trainer::prefetch: replicas have nothing to route; the ids are kept
+  /// and the rows gathered by finish_lookup().
+  template <class V>
+  void start_lookup(const Lookup<V>* batch, std::size_t n, Background&) {
+    ahead_.start(batch, n);
+  }
+  template <class V>
+  std::vector<Rows<typename V::value_type, space>> finish_lookup() {
+    return ahead_.template finish<V>([&](V& var) -> Of<V>& { return member_of(var); });
+  }
+  void cancel_lookup() override { ahead_.cancel(); }
 
  private:
   class Entry {
@@ -115,9 +122,17 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
     std::size_t rows_ = 0;
   };
 
+  template <class V>
+  Of<V>& member_of(V& var) {
+    for (auto& m : members_)
+      if (m->identity() == &var.state()) return static_cast<Of<V>&>(*m);
+    throw error(detail::concat("variable '", var.name(), "' is not synchronised by AllGatherv"));
+  }
+
   Engine* engine_;
   const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
   std::vector<std::unique_ptr<Entry>> members_;
+  ReplicaLookupsAhead<space> ahead_;  // start_lookup() to finish_lookup()
 };
 
 }  // namespace parallax::policy

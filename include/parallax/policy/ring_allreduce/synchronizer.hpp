@@ -138,12 +138,19 @@ class RingSynchronizer final : public Synchronizer<Engine> {
 
   template <class V>
   std::vector<Rows<typename V::value_type, space>> lookup(const Lookup<V>* batch, std::size_t n) {
-    return lookup_replicas<V, space>(batch, n, [&](V& var) -> SparseOf<V>& {
-      for (Sparse* s : sparse_)
-        if (s->identity() == &var.state()) return static_cast<SparseOf<V>&>(*s);
-      throw error(detail::concat("variable '", var.name(), "' is not synchronised by RingAllReduce"));
-    });
+    return lookup_replicas<V, space>(batch, n, [&](V& var) -> SparseOf<V>& { return sparse_of(var); });
   }
+  /// Trainer::prefetch: replicas have nothing to route; the ids are kept
+  /// and the rows gathered by finish_lookup().
+  template <class V>
+  void start_lookup(const Lookup<V>* batch, std::size_t n, Background&) {
+    ahead_.start(batch, n);
+  }
+  template <class V>
+  std::vector<Rows<typename V::value_type, space>> finish_lookup() {
+    return ahead_.template finish<V>([&](V& var) -> SparseOf<V>& { return sparse_of(var); });
+  }
+  void cancel_lookup() override { ahead_.cancel(); }
 
   /// The fusion plan (its buckets), for tests and benchmarks.
   const FusedAllReducer<Engine>& fusion() const noexcept { return *fusion_; }
@@ -251,6 +258,13 @@ class RingSynchronizer final : public Synchronizer<Engine> {
     Buffer<T, space> dense_grad_;
   };
 
+  template <class V>
+  SparseOf<V>& sparse_of(V& var) {
+    for (Sparse* s : sparse_)
+      if (s->identity() == &var.state()) return static_cast<SparseOf<V>&>(*s);
+    throw error(detail::concat("variable '", var.name(), "' is not synchronised by RingAllReduce"));
+  }
+
   Engine* engine_;
   const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
   RingAllReducer<Engine> reducer_;
@@ -262,6 +276,7 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   std::vector<bool> ready_;            // per dense member: ready() this step
   std::vector<std::size_t> waiting_;   // per bucket: gradients not ready yet
   std::size_t started_ = 0;            // buckets started this step (in order)
+  ReplicaLookupsAhead<space> ahead_;   // start_lookup() to finish_lookup()
 };
 
 }  // namespace parallax::policy

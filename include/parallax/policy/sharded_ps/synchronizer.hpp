@@ -28,12 +28,14 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
 namespace parallax::policy {
@@ -181,93 +183,72 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   template <class V>
   std::vector<Rows<typename V::value_type, space>> lookup(const Lookup<V>* batch, std::size_t count) {
     using T = typename V::value_type;
-    using Request = typename TableGroup<T, Engine>::Request;
-    // The groups in the order the batch first names them, and each one's requests.
-    std::vector<Group<T>*> groups;
-    std::vector<std::vector<Request>> requests;
-    std::vector<std::size_t> request_group(count), request_at(count);
+    Batch<T> b;
+    gather(b, batch, count, false);
+    // One booking for the whole lookup: its route and its replies.
     auto shared = engine_->stats().shared(ShardedPS::name);
-    for (std::size_t i = 0; i < count; ++i) {
-      TableOf<V>& t = table_of(*batch[i].var);
-      Group<T>& g = static_cast<Group<T>&>(t.group());
-      auto at = std::find(groups.begin(), groups.end(), &g);
-      if (at == groups.end()) {
-        groups.push_back(&g);
-        requests.emplace_back();
-        at = groups.end() - 1;
-      }
-      const auto gi = static_cast<std::size_t>(at - groups.begin());
-      request_group[i] = gi;
-      request_at[i] = requests[gi].size();
-      requests[gi].push_back(Request{t.index(), batch[i].ids, batch[i].n, nullptr});
-      shared.part(t.name(), g.weight(batch[i].n));
-    }
-    // Each group's rows land in one buffer, request after request.
-    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
-      std::size_t total = 0;
-      for (const Request& r : requests[gi]) total += r.n;
-      T* out = groups[gi]->outputs.next(total * groups[gi]->tables.cols()).data();
-      for (Request& r : requests[gi]) {
-        r.out = out;
-        out += r.n * groups[gi]->tables.cols();
-      }
-    }
-    lanes_.clear();
-    index_t bad = detail::no_problem;
-    std::size_t bad_lane = 0, bad_table = 0;
-    detail::Span plan("lookup: plan");
-    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
-      auto& tg = groups[gi]->tables;
-      lanes_.push_back(&tg.plan_lookup(requests[gi].data(), requests[gi].size()));
-      if (bad == detail::no_problem && tg.lookup_problem() != detail::no_problem) {
-        bad = tg.lookup_problem();
-        bad_lane = gi;
-        bad_table = tg.problem_table();
-      }
-    }
-    plan.end();
-    // What the batch carries: each request's (group, table), in order.
-    detail::Fingerprint word;
-    word.add("lookup");
-    for (std::size_t i = 0; i < count; ++i) {
-      const auto& tg = groups[request_group[i]]->tables;
-      word.add(tg.identity()).add(requests[request_group[i]][request_at[i]].table);
-    }
-    auto describe = [&](bool detailed) {
-      std::string out;
-      for (std::size_t i = 0; i < count; ++i)
-        out += (i ? ", " : "") +
-               groups[request_group[i]]->tables.label(requests[request_group[i]][request_at[i]].table, detailed);
-      if (detailed) {
-        out += "; groups ";
-        for (std::size_t gi = 0; gi < groups.size(); ++gi) out += (gi ? ", " : "") + groups[gi]->tables.describe(true);
-      }
-      return out;
-    };
-    // The push's buffers serve too: a lookup's ids are copied out as they
-    // arrive, and pushes route only inside a step.
-    {
-      const detail::Span span("lookup: route");
-      if (auto problem = detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_,
-                                             detail::lookup_shape(word.value()), describe, bad, bad_lane, bad_table))
-        groups[problem->lane]->tables.fail(*problem, "lookup id");
-    }
-    {
-      const detail::Span span("lookup: serve and reply");
-      for (auto* g : groups) g->tables.start_reply();
-      if constexpr (engine::supports_v<Engine, engine::op_start_alltoallv>) engine_->wait_started();
-    }
-    const detail::Span span("lookup: rows in order");
-    for (auto* g : groups) g->tables.finish_lookup();
-
-    std::vector<Rows<T, space>> rows;
-    rows.reserve(count);
-    for (std::size_t i = 0; i < count; ++i) {
-      const Request& r = requests[request_group[i]][request_at[i]];
-      rows.push_back(Rows<T, space>{r.out, r.n, groups[request_group[i]]->tables.cols()});
-    }
-    return rows;
+    for (const auto& [name, weight] : b.parts) shared.part(*name, weight);
+    route(b);
+    return serve(b);
   }
+
+  /// Trainer::prefetch: a batched lookup whose route (validation, keys,
+  /// sort, unique, and the ids to their owners: nothing that reads a row)
+  /// runs now, on `background`, and whose rows are served by
+  /// finish_lookup(). The ids are copied: the caller may reuse them at once.
+  /// Its state (its groups' ahead_pull(), its own route buffers) is apart
+  /// from plain lookups' and pushes', which may come between. One at a
+  /// time. Collective.
+  template <class V>
+  void start_lookup(const Lookup<V>* batch, std::size_t count, Background& background) {
+    using T = typename V::value_type;
+    auto owned = std::make_unique<Batch<T>>();
+    Batch<T>& b = *owned;
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < count; ++i) total += batch[i].n;
+    b.ids.resize_discard(total);
+    gather(b, batch, count, true);
+    ahead_ = std::move(owned);
+    background.post([this, &b] {
+      try {
+        auto shared = engine_->stats().shared(ShardedPS::name);
+        for (const auto& [name, weight] : b.parts) shared.part(*name, weight);
+        route(b);
+      } catch (...) {
+        b.failure = std::current_exception();  // rows() throws it, on every rank alike
+      }
+      b.routed = true;
+    });
+  }
+  /// The rows of the batch start_lookup() began, as lookup() would return
+  /// them now. Throws what its route threw (a bad id, ranks that prefetch
+  /// different variables), on every rank. Collective.
+  template <class V>
+  std::vector<Rows<typename V::value_type, space>> finish_lookup() {
+    using T = typename V::value_type;
+    std::unique_ptr<BatchBase> taken = std::move(ahead_);
+    auto* b = dynamic_cast<Batch<T>*>(taken.get());
+    PARALLAX_EXPECTS(b != nullptr, "ShardedPS: finish_lookup() without a start_lookup() of this element type");
+    if (b->failure) std::rethrow_exception(b->failure);
+    PARALLAX_EXPECTS(b->routed, "the prefetch's route never ran: the communication thread failed before it (see the "
+                                "error the trainer threw then); prefetch the batch again");
+    auto shared = engine_->stats().shared(ShardedPS::name);
+    for (const auto& [name, weight] : b->parts) shared.part(*name, weight);
+    // Rows read in place: the route came before this step's update, so the
+    // owners say they are done writing once more (a route of headers alone).
+    bool direct = false;
+    for (auto* g : b->groups) direct = direct || g->tables.reads_directly();
+    if (direct && engine_->size() > 1) {
+      const detail::Span span("prefetch: owners updated");
+      for (auto* g : b->groups) g->tables.sync_shard();
+      const auto word = detail::Fingerprint().add("prefetch rows").add(b->word).value();
+      detail::route_lanes(*engine_, nullptr, 0, ahead_route_, detail::prefetch_shape(word),
+                          [&](bool detailed) { return b->describe(detailed); });
+    }
+    return serve(*b);
+  }
+  /// Forgets the batch start_lookup() began (its route has run).
+  void cancel_lookup() override { ahead_.reset(); }
 
  private:
   // ---------------------------------------------------------------- sparse tables
@@ -452,6 +433,142 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
     std::size_t index_;
   };
 
+  // ---------------------------------------------------------------- batched lookups
+
+  class BatchBase {
+   public:
+    virtual ~BatchBase() = default;
+  };
+  /// A batched lookup of tables of element type T, from gather() to serve().
+  template <class T>
+  class Batch final : public BatchBase {
+   public:
+    using Request = typename TableGroup<T, Engine>::Request;
+    using Pull = typename TableGroup<T, Engine>::Pull;
+
+    bool ahead = false;  // a lookup ahead (start_lookup): its groups' ahead_pull(), the ahead route
+    std::vector<Group<T>*> groups;  // in the order the batch first names them
+    std::vector<std::vector<Request>> requests;  // per group
+    std::vector<std::size_t> request_group, request_at;  // per request of the batch: its group, its place there
+    std::vector<std::pair<const std::string*, std::uint64_t>> parts;  // per request: its table's name, share of the bytes
+    std::vector<detail::RouteLane*> lanes;
+    std::uint64_t word = 0;  // the route's shape: each request's (group, table), in order
+    Buffer<index_t, space> ids;  // a lookup ahead's copy of the ids
+    std::exception_ptr failure;  // what a lookup ahead's route threw
+    bool routed = false;         // a lookup ahead's route ran
+
+    Pull& pull(Group<T>& g) noexcept { return ahead ? g.tables.ahead_pull() : g.tables.plain_pull(); }
+    /// What the batch carries, for a message about ranks that differ.
+    std::string describe(bool detailed) const {
+      std::string out = ahead ? "prefetch of " : "";
+      for (std::size_t i = 0; i < request_group.size(); ++i)
+        out += (i ? ", " : "") +
+               groups[request_group[i]]->tables.label(requests[request_group[i]][request_at[i]].table, detailed);
+      if (detailed) {
+        out += "; groups ";
+        for (std::size_t gi = 0; gi < groups.size(); ++gi) out += (gi ? ", " : "") + groups[gi]->tables.describe(true);
+      }
+      return out;
+    }
+  };
+
+  /// Sorts a batch's requests into their groups (and, ahead, copies the ids).
+  template <class V, class T = typename V::value_type>
+  void gather(Batch<T>& b, const Lookup<V>* batch, std::size_t count, bool ahead) {
+    b.ahead = ahead;
+    b.request_group.resize(count);
+    b.request_at.resize(count);
+    std::size_t copied = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      TableOf<V>& t = table_of(*batch[i].var);
+      Group<T>& g = static_cast<Group<T>&>(t.group());
+      auto at = std::find(b.groups.begin(), b.groups.end(), &g);
+      if (at == b.groups.end()) {
+        b.groups.push_back(&g);
+        b.requests.emplace_back();
+        at = b.groups.end() - 1;
+      }
+      const auto gi = static_cast<std::size_t>(at - b.groups.begin());
+      const index_t* ids = batch[i].ids;
+      if (ahead && batch[i].n) {
+        space_traits<space>::copy(b.ids.data() + copied, ids, batch[i].n * sizeof(index_t));
+        ids = b.ids.data() + copied;
+        copied += batch[i].n;
+      }
+      b.request_group[i] = gi;
+      b.request_at[i] = b.requests[gi].size();
+      b.requests[gi].push_back(typename Batch<T>::Request{t.index(), ids, batch[i].n, nullptr});
+      b.parts.emplace_back(&t.name(), g.weight(batch[i].n));
+    }
+    detail::Fingerprint word;
+    word.add(ahead ? "prefetch" : "lookup");
+    for (std::size_t i = 0; i < count; ++i)
+      word.add(b.groups[b.request_group[i]]->tables.identity()).add(b.requests[b.request_group[i]][b.request_at[i]].table);
+    b.word = word.value();
+  }
+
+  /// Plans every group's lookups and routes their keys, all groups in one
+  /// route. A bad id throws on every rank, naming its variable. Reads no row.
+  template <class T>
+  void route(Batch<T>& b) {
+    b.lanes.clear();
+    index_t bad = detail::no_problem;
+    std::size_t bad_lane = 0, bad_table = 0;
+    detail::Span plan(b.ahead ? "prefetch: plan" : "lookup: plan");
+    for (std::size_t gi = 0; gi < b.groups.size(); ++gi) {
+      auto& p = b.pull(*b.groups[gi]);
+      b.lanes.push_back(&b.groups[gi]->tables.plan_lookup(b.requests[gi].data(), b.requests[gi].size(), p));
+      if (bad == detail::no_problem && p.problem() != detail::no_problem) {
+        bad = p.problem();
+        bad_lane = gi;
+        bad_table = p.problem_table();
+      }
+    }
+    plan.end();
+    // A plain lookup's route shares the push's buffers (its ids are copied
+    // out as they arrive, and pushes route only inside a step); a lookup
+    // ahead has its own, since a step's push comes between.
+    const detail::Span span(b.ahead ? "prefetch: route" : "lookup: route");
+    if (auto problem = detail::route_lanes(*engine_, b.lanes.data(), b.lanes.size(), b.ahead ? ahead_route_ : route_,
+                                           b.ahead ? detail::prefetch_shape(b.word) : detail::lookup_shape(b.word),
+                                           [&](bool detailed) { return b.describe(detailed); }, bad, bad_lane,
+                                           bad_table))
+      b.groups[problem->lane]->tables.fail(*problem, "lookup id");
+  }
+
+  /// The owners serve a routed batch's rows as their shards hold them now;
+  /// each group's rows land in one buffer, request after request, valid
+  /// until the step's clear().
+  template <class T>
+  std::vector<Rows<T, space>> serve(Batch<T>& b) {
+    for (std::size_t gi = 0; gi < b.groups.size(); ++gi) {
+      Group<T>& g = *b.groups[gi];
+      std::size_t total = 0;
+      for (const auto& r : b.requests[gi]) total += r.n;
+      T* out = g.outputs.next(total * g.tables.cols()).data();
+      for (std::size_t r = 0; r < b.requests[gi].size(); ++r) {
+        b.requests[gi][r].out = out;
+        g.tables.place(b.pull(g), r, out);
+        out += b.requests[gi][r].n * g.tables.cols();
+      }
+    }
+    {
+      const detail::Span span("lookup: serve and reply");
+      for (auto* g : b.groups) g->tables.start_reply(b.pull(*g));
+      if constexpr (engine::supports_v<Engine, engine::op_start_alltoallv>) engine_->wait_started();
+    }
+    const detail::Span span("lookup: rows in order");
+    for (auto* g : b.groups) g->tables.finish_lookup(b.pull(*g));
+
+    std::vector<Rows<T, space>> rows;
+    rows.reserve(b.request_group.size());
+    for (std::size_t i = 0; i < b.request_group.size(); ++i) {
+      const auto& r = b.requests[b.request_group[i]][b.request_at[i]];
+      rows.push_back(Rows<T, space>{r.out, r.n, b.groups[b.request_group[i]]->tables.cols()});
+    }
+    return rows;
+  }
+
   /// The group that stores sparse variables of type T and `cols` columns
   /// (a new one per table when grouping is off).
   template <class T>
@@ -558,6 +675,8 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   std::vector<Dense*> dense_;
   std::vector<detail::RouteLane*> lanes_;
   detail::RouteBuffers<space> route_;  // the push's route, and batched lookups'
+  detail::RouteBuffers<space> ahead_route_;  // a lookup ahead's route (start_lookup)
+  std::unique_ptr<BatchBase> ahead_;         // the lookup ahead, from start_lookup() to finish_lookup()
 };
 
 }  // namespace parallax::policy

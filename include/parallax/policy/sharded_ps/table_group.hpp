@@ -174,6 +174,11 @@ inline CallShape lookup_shape(std::uint64_t word) {
           "Every rank must look up the same sparse variables, in the same order, in each batched lookup (the ids "
           "may differ, and may be none)."};
 }
+/// A lookup ahead's routes (Trainer::prefetch, then its rows() when they
+/// are read in place): their words are apart from a plain lookup's, so a
+/// rank that prefetches while another looks up is named at the route; the
+/// rule is the same, so every rank throws the same sentence.
+inline CallShape prefetch_shape(std::uint64_t word) { return lookup_shape(word); }
 inline CallShape push_shape(std::uint64_t word) {
   return {word, "pushes of sparse gradients",
           "Every rank must hold the same sharded variables, grouped and partitioned alike (give every rank the same "
@@ -260,7 +265,7 @@ class TableGroup {
   ///                  read it (ShardedOptions::shared_memory)
   TableGroup(Engine& engine, std::size_t cols, bool aggregate = true, bool shared = true)
       : engine_(&engine), cols_(cols), want_aggregate_(aggregate), want_shared_(shared),
-        reads_(engine.stats(), engine.topology(), cols * sizeof(T)), lookup_exchange_(engine), exchange_(engine),
+        plain_(engine, cols * sizeof(T)), ahead_(engine, cols * sizeof(T)), exchange_(engine),
         aggregate_exchange_(engine) {}
   TableGroup(const TableGroup&) = delete;
   TableGroup& operator=(const TableGroup&) = delete;
@@ -382,28 +387,74 @@ class TableGroup {
   // ---------------------------------------------------------------- lookup
   //
   // plan_lookup() (local), then detail::route_lanes() over the returned lane
-  // and any others, passing lookup_problem() and problem_table() of the
-  // first lane that has one (fail() when the route reports a problem), then
-  // start_reply() (serves and starts the reply, one collective), the
-  // engine's wait_started() where it has one, and finish_lookup().
+  // and any others, passing the problem() and problem_table() of the first
+  // Pull that has one (fail() when the route reports a problem), then
+  // place() of any request planned without an output, start_reply() (serves
+  // and starts the reply, one collective), the engine's wait_started() where
+  // it has one, and finish_lookup(). The route reads no row, so it may run
+  // long before start_reply() (Trainer::prefetch), with other routes in
+  // between; start_reply() reads the shards as they are then.
+
+  /// One lookup's state from plan_lookup() to finish_lookup(): its
+  /// requests, keys, lane and reply. A group keeps two, so that a lookup
+  /// ahead (Trainer::prefetch) whose ids were routed survives plain lookups
+  /// and pushes until its rows are taken: plain_pull() and ahead_pull().
+  class Pull {
+   public:
+    Pull(Engine& engine, std::size_t row_bytes) : reads_(engine.stats(), engine.topology(), row_bytes), exchange_(engine) {}
+    Pull(const Pull&) = delete;
+    Pull& operator=(const Pull&) = delete;
+    /// The id outside its table's [0, rows) that the last plan_lookup()
+    /// found on this rank (detail::no_problem if none), and the table.
+    index_t problem() const noexcept { return problem_; }
+    std::size_t problem_table() const noexcept { return problem_table_; }
+    /// True when the last plan_lookup() was one request whose keys were
+    /// strictly ascending, so its rows land in place (no sort, no reordering).
+    bool in_order() const noexcept { return single_in_order_; }
+
+   private:
+    friend class TableGroup;
+    // Its requests, where each one's ids start among all (first_) and its
+    // unique keys among all unique keys (unique_first_).
+    std::vector<Request> requests_;
+    std::vector<std::size_t> first_, unique_first_;
+    std::vector<bool> in_order_;
+    bool single_in_order_ = false;
+    index_t problem_ = detail::no_problem;
+    std::size_t problem_table_ = 0;
+    std::vector<index_t> group_first_;  // group_ascending_ids(): where each owner's keys start
+    Buffer<index_t, space> keys_, unique_, inverse_, where_;
+    Buffer<std::int32_t, space> dest_;
+    Buffer<T, space> served_;
+    const T* by_unique_ = nullptr;      // where the last start_reply()'s rows land
+    Buffer<const T*, space> reads_at_;  // where each looked-up row lies, when read directly
+    detail::SharedReads reads_;         // the lane, when read directly
+    detail::RowExchange<T, Engine> exchange_;  // the lane otherwise
+  };
+  Pull& plain_pull() noexcept { return plain_; }
+  Pull& ahead_pull() noexcept { return ahead_; }
 
   /// Plans a batch's lookups of this group's tables: validates every id,
-  /// makes the keys, and de-duplicates them per request. Local.
+  /// makes the keys, and de-duplicates them per request. Local. The ids are
+  /// read here and not after.
   detail::RouteLane& plan_lookup(const Request* requests, std::size_t count) {
+    return plan_lookup(requests, count, plain_);
+  }
+  detail::RouteLane& plan_lookup(const Request* requests, std::size_t count, Pull& p) {
     auto& ex = engine_->exec();
-    requests_.assign(requests, requests + count);
-    problem_ = detail::no_problem;
-    problem_table_ = 0;
-    first_.resize(count + 1);
-    first_[0] = 0;
-    for (std::size_t r = 0; r < count; ++r) first_[r + 1] = first_[r] + requests_[r].n;
-    for (const Request& q : requests_)
+    p.requests_.assign(requests, requests + count);
+    p.problem_ = detail::no_problem;
+    p.problem_table_ = 0;
+    p.first_.resize(count + 1);
+    p.first_[0] = 0;
+    for (std::size_t r = 0; r < count; ++r) p.first_[r + 1] = p.first_[r] + p.requests_[r].n;
+    for (const Request& q : p.requests_)
       if (auto at = detail::find_out_of_range(ex, q.ids, q.n, tables_[q.table].map.rows)) {
-        problem_ = detail::read_one<index_t, space>(q.ids + *at);
-        problem_table_ = q.table;
+        p.problem_ = detail::read_one<index_t, space>(q.ids + *at);
+        p.problem_table_ = q.table;
         break;
       }
-    if (reads_directly()) return plan_direct_reads();
+    if (reads_directly()) return plan_direct_reads(p);
 
     // Each request's keys are made unique on their own (keys of different
     // tables never meet): keys already strictly ascending are their own
@@ -411,27 +462,27 @@ class TableGroup {
     // strictly ascending over more partitions than ranks have keys that
     // ascend within each owner, so grouping them by owner sorts them (a
     // counting sort on the host); anything else is sorted.
-    const std::size_t total = first_[count];
-    keys_.resize_discard(total);
-    unique_.resize_discard(total);
-    inverse_.resize_discard(total);
-    unique_first_.assign(count + 1, 0);
-    in_order_.assign(count, false);
+    const std::size_t total = p.first_[count];
+    p.keys_.resize_discard(total);
+    p.unique_.resize_discard(total);
+    p.inverse_.resize_discard(total);
+    p.unique_first_.assign(count + 1, 0);
+    p.in_order_.assign(count, false);
     std::size_t u = 0;
-    if (problem_ == detail::no_problem) {
+    if (p.problem_ == detail::no_problem) {
       for (std::size_t r = 0; r < count; ++r) {
-        const Request& q = requests_[r];
-        index_t* keys = keys_.data() + first_[r];
-        index_t* unique = unique_.data() + u;
-        index_t* inverse = inverse_.data() + first_[r];
-        unique_first_[r] = u;
+        const Request& q = p.requests_[r];
+        index_t* keys = p.keys_.data() + p.first_[r];
+        index_t* unique = p.unique_.data() + u;
+        index_t* inverse = p.inverse_.data() + p.first_[r];
+        p.unique_first_[r] = u;
         if (q.n == 0) continue;
         for_each(ex, q.n, detail::GroupKeyOf{tables_[q.table].map, base_of(q.table), span_, q.ids, keys});
         if (detail::strictly_ascending(ex, keys, q.n)) {
-          in_order_[r] = true;
+          p.in_order_[r] = true;
           if (count > 1) ex.copy(unique, keys, q.n * sizeof(index_t));
           u += q.n;
-        } else if (group_ascending_ids(q.ids, keys, q.n, unique, inverse)) {
+        } else if (group_ascending_ids(q.ids, keys, q.n, unique, inverse, p.group_first_)) {
           u += q.n;
         } else {
           ex.copy(unique, keys, q.n * sizeof(index_t));
@@ -446,73 +497,86 @@ class TableGroup {
         }
       }
     }
-    unique_first_[count] = u;
+    p.unique_first_[count] = u;
     // One request in order: its keys are the unique set, and the rows can
     // land straight in its output.
-    single_in_order_ = count == 1 && in_order_[0];
-    const index_t* unique = single_in_order_ ? keys_.data() : unique_.data();
-    dest_.resize_discard(u);
-    if (u) for_each(ex, u, detail::OwnerOfKey{span_, unique, dest_.data()});
+    p.single_in_order_ = count == 1 && p.in_order_[0];
+    const index_t* unique = p.single_in_order_ ? p.keys_.data() : p.unique_.data();
+    p.dest_.resize_discard(u);
+    if (u) for_each(ex, u, detail::OwnerOfKey{span_, unique, p.dest_.data()});
     ex.synchronize();
-    lookup_exchange_.plan(unique, nullptr, dest_.data(), u, 0);
-    return lookup_exchange_;
+    p.exchange_.plan(unique, nullptr, p.dest_.data(), u, 0);
+    return p.exchange_;
   }
 
-  /// The id outside its table's [0, rows) that the last plan_lookup() found
-  /// on this rank (detail::no_problem if none), and the table.
-  index_t lookup_problem() const noexcept { return problem_; }
-  std::size_t problem_table() const noexcept { return problem_table_; }
-  /// True when the last plan_lookup() was one request whose keys were
-  /// strictly ascending, so its rows land in place (no sort, no reordering).
-  bool lookup_in_order() const noexcept { return single_in_order_; }
+  /// The problem() and problem_table() of the plain lookups' Pull.
+  index_t lookup_problem() const noexcept { return plain_.problem_; }
+  std::size_t problem_table() const noexcept { return plain_.problem_table_; }
+  /// The in_order() of the plain lookups' Pull.
+  bool lookup_in_order() const noexcept { return plain_.single_in_order_; }
+
+  /// Where request r of `p` puts its rows (room for n x cols, in space),
+  /// when plan_lookup() was given none: before start_reply().
+  void place(Pull& p, std::size_t r, T* out) noexcept { p.requests_[r].out = out; }
+
+  /// Makes this rank's writes to its shard visible to the peers that read
+  /// it (shared memory), before a collective that tells them they may.
+  void sync_shard() {
+    if constexpr (detail::shares_host_memory<Engine>::value)
+      if (window_) window_.sync();
+  }
 
   /// Serves the keys the route brought this rank and starts the reply (or,
-  /// when reading directly, reads every row from its owner's shard). Collective.
-  void start_reply() {
+  /// when reading directly, reads every row from its owner's shard): the
+  /// rows as the shards hold them now. When reading directly from peers'
+  /// shards, a collective since their last update must come between (the
+  /// route does, for a plain lookup). Collective.
+  void start_reply() { start_reply(plain_); }
+  void start_reply(Pull& p) {
     auto& ex = engine_->exec();
     if (reads_directly()) {
-      // The route's headers came from every rank after its last update of
+      // The last collective came from every rank after its last update of
       // its shard: the rows are final. Read them where they lie.
-      if constexpr (detail::shares_host_memory<Engine>::value)
-        if (window_) window_.sync();
-      if (problem_ == detail::no_problem)
-        for (std::size_t r = 0; r < requests_.size(); ++r)
-          if (requests_[r].n)
-            for_each_rows(ex, requests_[r].n, cols_,
-                          detail::GatherAt<T>{reads_at_.data() + first_[r], requests_[r].out, cols_});
+      sync_shard();
+      if (p.problem_ == detail::no_problem)
+        for (std::size_t r = 0; r < p.requests_.size(); ++r)
+          if (p.requests_[r].n)
+            for_each_rows(ex, p.requests_[r].n, cols_,
+                          detail::GatherAt<T>{p.reads_at_.data() + p.first_[r], p.requests_[r].out, cols_});
       ex.synchronize();
       return;
     }
-    const std::size_t asked = lookup_exchange_.received();
-    served_.resize_discard(asked * cols_);
+    const std::size_t asked = p.exchange_.received();
+    p.served_.resize_discard(asked * cols_);
     const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * span_);
     if (asked)
       for_each_rows(ex, asked, cols_,
-                    detail::GatherKeyedRows<T>{shard_.data(), lookup_exchange_.received_ids(), base, served_.data(), cols_});
+                    detail::GatherKeyedRows<T>{shard_.data(), p.exchange_.received_ids(), base, p.served_.data(), cols_});
     ex.synchronize();
-    by_unique_ = lookup_exchange_.start_reply(served_.data(), cols_, single_in_order_ ? requests_[0].out : nullptr);
+    p.by_unique_ = p.exchange_.start_reply(p.served_.data(), cols_, p.single_in_order_ ? p.requests_[0].out : nullptr);
   }
 
   /// Puts every request's rows in its caller's order (after the engine's
   /// wait_started(), where it has one).
-  void finish_lookup() {
-    if (reads_directly() || single_in_order_) return;
+  void finish_lookup() { finish_lookup(plain_); }
+  void finish_lookup(Pull& p) {
+    if (reads_directly() || p.single_in_order_) return;
     auto& ex = engine_->exec();
-    const std::size_t count = requests_.size(), u = unique_first_[count];
+    const std::size_t count = p.requests_.size(), u = p.unique_first_[count];
     // One request: its unique keys were sorted, so they went out in their
     // own order. Several: the route grouped them by owner.
     const index_t* where = nullptr;
     if (count > 1 && u) {
-      where_.resize_discard(u);
-      for_each(ex, u, detail::InvertOrder{lookup_exchange_.sent_order(), where_.data()});
-      where = where_.data();
+      p.where_.resize_discard(u);
+      for_each(ex, u, detail::InvertOrder{p.exchange_.sent_order(), p.where_.data()});
+      where = p.where_.data();
     }
     for (std::size_t r = 0; r < count; ++r) {
-      const Request& q = requests_[r];
+      const Request& q = p.requests_[r];
       if (q.n == 0) continue;
       for_each_rows(ex, q.n, cols_,
-                    detail::GatherReply<T>{by_unique_, where, in_order_[r] ? nullptr : inverse_.data() + first_[r],
-                                           static_cast<index_t>(unique_first_[r]), q.out, cols_});
+                    detail::GatherReply<T>{p.by_unique_, where, p.in_order_[r] ? nullptr : p.inverse_.data() + p.first_[r],
+                                           static_cast<index_t>(p.unique_first_[r]), q.out, cols_});
     }
     ex.synchronize();
   }
@@ -597,24 +661,24 @@ class TableGroup {
   /// plan_lookup() when every row can be read where it lies: where each one
   /// lies, and how many rows of each owner this rank will read (the route's
   /// headers).
-  detail::RouteLane& plan_direct_reads() {
+  detail::RouteLane& plan_direct_reads(Pull& p) {
     // A bad id reads nothing: the route reports it on every rank.
-    const std::size_t total = problem_ == detail::no_problem ? first_.back() : 0;
-    reads_at_.resize_discard(total);
-    auto& counts = reads_.counts();
+    const std::size_t total = p.problem_ == detail::no_problem ? p.first_.back() : 0;
+    p.reads_at_.resize_discard(total);
+    auto& counts = p.reads_.counts();
     counts.assign(static_cast<std::size_t>(engine_->size()), 0);
-    single_in_order_ = false;
+    p.single_in_order_ = false;
     if (!window_) {
       // One rank: every row is in its own shard.
       auto& ex = engine_->exec();
-      for (std::size_t r = 0; r < requests_.size() && total; ++r) {
-        const Request& q = requests_[r];
+      for (std::size_t r = 0; r < p.requests_.size() && total; ++r) {
+        const Request& q = p.requests_[r];
         if (q.n)
           for_each(ex, q.n, detail::LocalRowAt<T>{tables_[q.table].map, base_of(q.table), shard_.data(), cols_, q.ids,
-                                                  reads_at_.data() + first_[r]});
+                                                  p.reads_at_.data() + p.first_[r]});
       }
       ex.synchronize();
-      return reads_;
+      return p.reads_;
     }
     if constexpr (detail::shares_host_memory<Engine>::value) {
       // Our last writes to our shard before the headers that tell peers
@@ -622,11 +686,11 @@ class TableGroup {
       window_.sync();
       const T* const* bases = window_.bases();
       const auto un = static_cast<std::size_t>(engine_->size());
-      for (std::size_t r = 0; r < requests_.size() && total; ++r) {
-        const Request& q = requests_[r];
+      for (std::size_t r = 0; r < p.requests_.size() && total; ++r) {
+        const Request& q = p.requests_[r];
         const PartitionMap& map = tables_[q.table].map;
         const index_t* base = host_base_.data() + q.table * un;
-        const T** at = reads_at_.data() + first_[r];
+        const T** at = p.reads_at_.data() + p.first_[r];
         for (std::size_t j = 0; j < q.n; ++j) {
           const int o = map.owner(q.ids[j]);
           const auto uo = static_cast<std::size_t>(o);
@@ -635,7 +699,7 @@ class TableGroup {
         }
       }
     }
-    return reads_;
+    return p.reads_;
   }
 
   /// Host memory, ids strictly ascending but owners interleaved (more
@@ -644,21 +708,22 @@ class TableGroup {
   /// them by owner (a counting sort) sorts them, and they are unique
   /// already. Writes the sorted keys and each id's place among them as a
   /// sort would; false (nothing done) otherwise.
-  bool group_ascending_ids(const index_t* ids, const index_t* keys, std::size_t n, index_t* unique, index_t* inverse) {
+  bool group_ascending_ids(const index_t* ids, const index_t* keys, std::size_t n, index_t* unique, index_t* inverse,
+                           std::vector<index_t>& group_first) {
     if constexpr (std::is_same_v<space, HostSpace>) {
       if (!detail::strictly_ascending(engine_->exec(), ids, n)) return false;
       const std::size_t span = span_;
-      group_first_.resize(static_cast<std::size_t>(engine_->size()) + 1);
+      group_first.resize(static_cast<std::size_t>(engine_->size()) + 1);
       detail::group_stably(
           n, static_cast<std::size_t>(engine_->size()),
-          [&](std::size_t i) { return static_cast<std::size_t>(keys[i]) / span; }, group_first_.data(),
+          [&](std::size_t i) { return static_cast<std::size_t>(keys[i]) / span; }, group_first.data(),
           [&](std::size_t i, index_t at) {
             unique[at] = keys[i];
             inverse[i] = at;
           });
       return true;
     } else {
-      (void)ids, (void)keys, (void)n, (void)unique, (void)inverse;
+      (void)ids, (void)keys, (void)n, (void)unique, (void)inverse, (void)group_first;
       return false;
     }
   }
@@ -677,22 +742,7 @@ class TableGroup {
   Buffer<T, space> shard_;
   Buffer<std::int32_t, space> first_hop_, dest_;
 
-  // The last lookup: its requests, where each one's ids start among all
-  // (first_) and its unique keys among all unique keys (unique_first_).
-  std::vector<Request> requests_;
-  std::vector<std::size_t> first_, unique_first_;
-  std::vector<bool> in_order_;
-  bool single_in_order_ = false;
-  index_t problem_ = detail::no_problem;
-  std::size_t problem_table_ = 0;
-  std::vector<index_t> group_first_;  // group_ascending_ids(): where each owner's keys start
-  Buffer<index_t, space> keys_, unique_, inverse_, where_;
-  Buffer<T, space> served_;
-  const T* by_unique_ = nullptr;    // where the last start_reply()'s rows land
-  Buffer<const T*, space> reads_at_;  // where each looked-up row lies, when read directly
-  detail::SharedReads reads_;         // the lookup's lane, when read directly
-  detail::RowExchange<T, Engine> lookup_exchange_;  // the lookup's lane otherwise (apart from the push's,
-                                                    // which a lookup may come between)
+  Pull plain_, ahead_;  // plain lookups', and lookups ahead (see Pull)
 
   // The push.
   Buffer<index_t, space> push_keys_, hop_keys_, owned_keys_;
