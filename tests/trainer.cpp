@@ -587,7 +587,7 @@ namespace {
 
 /// Bytes of one step of a sparse variable, by architecture: rank i touches t
 /// rows in each of the N partitions (k = N t rows, owned uniformly), so the
-/// DESIGN.md formulas hold exactly.
+/// formulas of docs/design.md, "Byte accounting", hold exactly.
 template <class Arch>
 px::Traffic sparse_step_traffic(px::Context& ctx, std::size_t t, std::size_t cols, bool* shared = nullptr) {
   const std::size_t n = static_cast<std::size_t>(ctx.size()), m = 8 * t;  // rows per partition
@@ -605,7 +605,8 @@ px::Traffic sparse_step_traffic(px::Context& ctx, std::size_t t, std::size_t col
 
 }  // namespace
 
-TEST_CASE("the hybrid's bytes per step follow DESIGN.md and undercut AllGatherv from 3 ranks", "[trainer][bytes]") {
+TEST_CASE("the hybrid's bytes per step follow docs/design.md and undercut AllGatherv from 3 ranks",
+          "[trainer][bytes]") {
   auto& ctx = test::world();
   const std::uint64_t n = static_cast<std::uint64_t>(ctx.size()), t = 5, cols = 16, b = 4;
   const std::uint64_t k = n * t;

@@ -1,7 +1,7 @@
 // RingAllReduce: the ring and the native path give the exact sum for every
-// size class, identical bits on every rank, and the bytes of DESIGN.md §4,
-// in host and device memory; tensor fusion plans buckets as documented and
-// changes no result.
+// size class, identical bits on every rank, and the bytes of docs/design.md,
+// "Byte accounting", in host and device memory; tensor fusion plans buckets
+// as documented and changes no result.
 #include "support.hpp"
 
 #include <cstring>

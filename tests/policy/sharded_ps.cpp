@@ -1,7 +1,7 @@
 // ShardedPS machinery: lookups return exact rows, pushes reach the owners
-// summed by row then rank (bit-exact), bytes match DESIGN.md §4 exactly (in
-// host and device memory), and local aggregation sends each row across
-// hosts once per host.
+// summed by row then rank (bit-exact), bytes match docs/design.md, "Byte
+// accounting", exactly (in host and device memory), and local aggregation
+// sends each row across hosts once per host.
 #include "support.hpp"
 
 #include <algorithm>
