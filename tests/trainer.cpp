@@ -144,16 +144,29 @@ TEST_CASE("shared shards and messages train the same model, bit for bit", "[trai
   CHECK(ps.emb == pm.emb);
   CHECK(ps.w == pm.w);
 
-  // Which runs read shared memory: the default one, where it can.
+  // Which runs read shared memory: at most the default one, where it can
+  // (that it does: "... read shared memory wherever they can" below).
   auto& ctx = test::world();
   px::Variable<px::Sparse, float> a(ctx, "a", {kRows, kDim}), b(ctx, "b", {kRows, kDim});
   px::Variable<px::Dense, float> d(ctx, "d", {kDim});
   px::Trainer<px::arch::Hybrid, px::optim::Sgd> shared(ctx, px::optim::Sgd{}, a, d);
   px::Trainer<px::arch::Hybrid, px::optim::Sgd> sent(ctx, messages, px::optim::Sgd{}, b);
-  if (test::dev_shm_roomy()) CHECK(shared.in_shared_memory(a) == test::can_share(shared.engine()));
+  CHECK((!shared.in_shared_memory(a) || test::can_share(shared.engine())));
   CHECK(!shared.in_shared_memory(d));
   CHECK(!sent.in_shared_memory(b));
   CHECK((shared.describe().find("(shared memory)") != std::string::npos) == shared.in_shared_memory(a));
+}
+
+// docs/design.md, "One training step, through the code" (shared shards).
+TEST_CASE("a trainer's sparse variables read shared memory wherever they can, given room in /dev/shm",
+          "[trainer][shared][needs-shm]") {
+  if (test::skip_without_shm_room()) return;
+  auto& ctx = test::world();
+  px::Variable<px::Sparse, float> a(ctx, "a", {kRows, kDim});
+  px::Variable<px::Dense, float> d(ctx, "d", {kDim});
+  px::Trainer<px::arch::Hybrid, px::optim::Sgd> trainer(ctx, px::optim::Sgd{}, a, d);
+  CHECK(trainer.in_shared_memory(a) == test::can_share(trainer.engine()));
+  CHECK(!trainer.in_shared_memory(d));
 }
 
 TEST_CASE("summed gradients equal N times the mean with SGD", "[trainer]") {
@@ -622,8 +635,10 @@ TEST_CASE("the hybrid's bytes per step follow docs/design.md and undercut AllGat
   CHECK(hybrid.received() == hybrid.sent());
   // AllGatherv: every row block but the right neighbour's, plus the counts.
   CHECK(allgather.sent() == (n - 1) * k * (8 + cols * b) + 8 * (n - 1));
-  if (n >= 3) CHECK(hybrid.sent() < allgather.sent());
-  if (n == 4) CHECK(double(hybrid.sent()) / double(allgather.sent()) == Approx(2.0 / 4).margin(0.02));
+  // Fewer bytes than AllGatherv from 3 ranks on; at 2 as many (shared
+  // shards) or more, at 1 none either way. (The exact counts above fix the
+  // ratio at every N: at 4, 0.50 with shared shards and 0.53 without.)
+  CHECK((hybrid.sent() < allgather.sent()) == (n >= 3));
 }
 
 // ---------------------------------------------------------------- table groups, overrides

@@ -170,8 +170,9 @@ TEMPLATE_TEST_CASE("ShardedTable::lookup returns the rows of the caller's ids, w
   TableIn<Space> table(mpi, px::PartitionMap(R, parts, n), C, "emb", true, want_shared);
   fill_table(table);
   CHECK(table.shard_rows() == table.map().shard_rows(me));
-  if (test::dev_shm_roomy()) CHECK(table.shared() == (want_shared && test::can_share(mpi)));
-  if (!test::can_share(mpi)) CHECK(!table.shared());
+  // Shared only where asked and possible (that it is shared wherever it can
+  // be: "... wherever it can, given room in /dev/shm" below).
+  CHECK((!table.shared() || (want_shared && test::can_share(mpi))));
 
   // The ids as given (repeats, any order), strictly ascending (with n
   // partitions their keys are in order: the rows land in place), or
@@ -240,7 +241,29 @@ TEST_CASE("PARALLAX_SHARED_SHARDS=0 keeps shards private", "[policy][sharded_ps]
   ::unsetenv("PARALLAX_SHARED_SHARDS");
   Table on(mpi, px::PartitionMap(R, n, n), C, "emb");
   CHECK(!off.shared());
-  if (test::dev_shm_roomy()) CHECK(on.shared() == test::can_share(mpi));
+  CHECK((!on.shared() || test::can_share(mpi)));
+}
+
+// docs/design.md, "One training step, through the code" (shared shards): on
+// wherever every rank of a host-memory engine is on one machine, unless
+// turned off or /dev/shm lacks room, which the skip rules out.
+TEMPLATE_TEST_CASE("ShardedTable keeps its shard in shared memory wherever it can, given room in /dev/shm",
+                   "[policy][sharded_ps][shared][needs-shm]", PARALLAX_TEST_SPACES) {
+  if (test::skip_without_shm_room()) return;
+  test::engine_for<TestType> mpi(test::world());
+  const int n = mpi.size();
+  // Host memory, several ranks, one host (test::can_share): shared unless
+  // asked not to, by the option or by PARALLAX_SHARED_SHARDS=0.
+  TableIn<TestType> asked(mpi, px::PartitionMap(R, n, n), C, "emb", true, true);
+  TableIn<TestType> not_asked(mpi, px::PartitionMap(R, n, n), C, "emb", true, false);
+  CHECK(asked.shared() == test::can_share(mpi));
+  CHECK(!not_asked.shared());
+  ::setenv("PARALLAX_SHARED_SHARDS", "0", 1);
+  TableIn<TestType> off(mpi, px::PartitionMap(R, n, n), C, "emb");
+  ::unsetenv("PARALLAX_SHARED_SHARDS");
+  TableIn<TestType> on(mpi, px::PartitionMap(R, n, n), C, "emb");
+  CHECK(!off.shared());
+  CHECK(on.shared() == test::can_share(mpi));
 }
 
 TEST_CASE("a lookup reads what the owners wrote after the last push, shared or not", "[policy][sharded_ps][shared]") {
