@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Runs bench_sharded at 2 and 4 ranks and prints the tables behind
 docs/benchmarks.md ("Sharded PS and the partition count"): one step of each
-architecture (time, bytes per rank against the DESIGN.md formula, inter-host
-bytes with two emulated hosts)
-and the partition count (measured t(P), the fit t(P) = b/P + a(P-1) + c of
-Parallax, and the P that plan_partitions chose).
+architecture (time, bytes per rank against the formula of docs/design.md,
+"Byte accounting", inter-host bytes with two emulated hosts) and the
+partition count (measured t(P), the fit t(P) = b/P + a(P-1) + c of Parallax,
+and the P that plan_partitions chose).
 
     bench/run_sharded.py [--build build/host] [--ranks 2 4] [--json-dir DIR]
     bench/run_sharded.py --from DIR        # tables from JSON already written
@@ -88,7 +88,7 @@ def tables(runs):
         out.append(f"### {n} ranks\n")
         out.append("One step: 1,000,000 x 64 float embedding, 20,000 distinct rows (2%) per rank, "
                    "plus a 256 x 256 dense layer. Bytes are the embedding's, per step, busiest rank.\n")
-        out.append("| architecture | step (ms) | sparse bytes sent/rank (MiB) | DESIGN.md formula (MiB) | "
+        out.append("| architecture | step (ms) | sparse bytes sent/rank (MiB) | docs/design.md formula (MiB) | "
                    "sent / formula | inter-host sent (MiB) | wrong |")
         out.append("|---|---:|---:|---:|---:|---:|---:|")
         for arch in ("hybrid", "hybrid_messages", "allreduce", "ps", "hybrid_2hosts"):

@@ -12,7 +12,8 @@
 // and asks the owners for the rows. Counters per step and rank, from the
 // trainer's CommStats (exact, the busiest rank):
 //   sparse_sent      bytes the embedding's policy sent
-//   formula          DESIGN.md section 4 for that policy with this step's k_i
+//   formula          docs/design.md, "Byte accounting", for that policy with
+//                    this step's k_i
 //   sparse_vs_formula  sparse_sent / formula
 //   inter_host_sent  bytes sent to other hosts (hosts emulated with
 //                    ranks_per_host = 2 in Step/hybrid_2hosts)
@@ -76,8 +77,8 @@ std::size_t distinct(std::vector<px::index_t> v) {
   return static_cast<std::size_t>(std::unique(v.begin(), v.end()) - v.begin());
 }
 
-/// DESIGN.md section 4, bytes a rank sends per step for the sparse variable:
-/// k_mine distinct ids of n_ids looked up. Shared shards: no ids go out for
+/// docs/design.md, "Byte accounting": bytes a rank sends per step for the
+/// sparse variable, k_mine distinct ids of n_ids looked up. Shared shards: no ids go out for
 /// a lookup, and every id read (repeats too) is a row from its owner.
 double formula(const std::string& policy, bool shared, int n, std::size_t n_ids, std::size_t k_mine,
                std::size_t k_all) {

@@ -1,7 +1,10 @@
 #pragma once
 // Helpers shared by the tests: the job's context, verdicts agreed across
-// ranks, the list of memory spaces a test is instantiated for, the engine
-// that moves each space's memory, and copies between the host and a space.
+// ranks, skips (docs/testing.md, "Skipped checks"), the list of memory
+// spaces a test is instantiated for, the engine that moves each space's
+// memory, and copies between the host and a space.
+
+#include "skip.hpp"
 
 #include <parallax/parallax.hpp>
 
@@ -9,6 +12,7 @@
 
 #include <mpi.h>
 
+#include <iostream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -40,10 +44,42 @@ inline bool same_on_every_rank(const std::string& text) {
   return all_ranks(zero == text);
 }
 
+/// Collective. Whether the current case must skip its check because
+/// `can_run` is false on some rank; if so, reports the skip (rank 0 prints
+/// "SKIPPED: <case>: <why>", and the program exits with kSkipExit unless a
+/// check failed) and the case must return at once:
+///
+///   if (test::skip_unless(test::dev_shm_roomy(), "/dev/shm has under 1 GiB free")) return;
+///
+/// A case that can skip carries a [needs-<what>] tag, so that CTest runs it
+/// in an entry of its own (tests/CMakeLists.txt) and a skip hides no other
+/// case's pass. Call it before any GENERATE, so it reports once.
+inline bool skip_unless(bool can_run, const std::string& why) {
+  if (all_ranks(can_run)) return false;
+  ++skipped_cases();
+  if (world().rank() == 0)
+    std::cout << "SKIPPED: " << Catch::getResultCapture().getCurrentTestName() << ": " << why << std::endl;
+  return true;
+}
+
+/// Collective. skip_unless for a case tagged [np<k>+], whose check cannot
+/// fail at fewer than `k` ranks: CTest registers it only at k ranks or more,
+/// so it skips only where someone runs it by hand at fewer.
+inline bool skip_below_ranks(int k) {
+  return skip_unless(world().size() >= k, "needs " + std::to_string(k) + " ranks, runs at " +
+                                              std::to_string(world().size()));
+}
+
 /// Whether /dev/shm has room for shared shards of test sizes with plenty to
 /// spare (SharedWindow needs all of them and 16 MiB): where it does not, a
 /// table keeps its shard private and tests cannot expect shared memory.
 inline bool dev_shm_roomy() { return px::detail::dev_shm_room() >= (std::size_t{1} << 30); }
+
+/// Collective. skip_unless(dev_shm_roomy()), for a case tagged [needs-shm]
+/// whose check needs shared memory to be made.
+inline bool skip_without_shm_room() {
+  return skip_unless(dev_shm_roomy(), "/dev/shm has under 1 GiB free, where shared windows and shards are refused");
+}
 
 /// Whether a ShardedTable over `engine` with shared_memory on may keep its
 /// shard in shared memory: host memory, several ranks, one host. Where

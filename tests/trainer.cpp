@@ -144,16 +144,29 @@ TEST_CASE("shared shards and messages train the same model, bit for bit", "[trai
   CHECK(ps.emb == pm.emb);
   CHECK(ps.w == pm.w);
 
-  // Which runs read shared memory: the default one, where it can.
+  // Which runs read shared memory: at most the default one, where it can
+  // (that it does: "... read shared memory wherever they can" below).
   auto& ctx = test::world();
   px::Variable<px::Sparse, float> a(ctx, "a", {kRows, kDim}), b(ctx, "b", {kRows, kDim});
   px::Variable<px::Dense, float> d(ctx, "d", {kDim});
   px::Trainer<px::arch::Hybrid, px::optim::Sgd> shared(ctx, px::optim::Sgd{}, a, d);
   px::Trainer<px::arch::Hybrid, px::optim::Sgd> sent(ctx, messages, px::optim::Sgd{}, b);
-  if (test::dev_shm_roomy()) CHECK(shared.in_shared_memory(a) == test::can_share(shared.engine()));
+  CHECK((!shared.in_shared_memory(a) || test::can_share(shared.engine())));
   CHECK(!shared.in_shared_memory(d));
   CHECK(!sent.in_shared_memory(b));
   CHECK((shared.describe().find("(shared memory)") != std::string::npos) == shared.in_shared_memory(a));
+}
+
+// docs/design.md, "One training step, through the code" (shared shards).
+TEST_CASE("a trainer's sparse variables read shared memory wherever they can, given room in /dev/shm",
+          "[trainer][shared][needs-shm]") {
+  if (test::skip_without_shm_room()) return;
+  auto& ctx = test::world();
+  px::Variable<px::Sparse, float> a(ctx, "a", {kRows, kDim});
+  px::Variable<px::Dense, float> d(ctx, "d", {kDim});
+  px::Trainer<px::arch::Hybrid, px::optim::Sgd> trainer(ctx, px::optim::Sgd{}, a, d);
+  CHECK(trainer.in_shared_memory(a) == test::can_share(trainer.engine()));
+  CHECK(!trainer.in_shared_memory(d));
 }
 
 TEST_CASE("summed gradients equal N times the mean with SGD", "[trainer]") {
@@ -554,10 +567,11 @@ TEMPLATE_TEST_CASE("check_finite names a NaN or infinite gradient on every rank;
   give_non_finite<px::arch::PS, TestType>(ctx, check, dense, bad);
 }
 
-TEST_CASE("ranks that declare different variables fail together, naming the difference", "[trainer][errors]") {
+// At one rank there is nothing to disagree with.
+TEST_CASE("ranks that declare different variables fail together, naming the difference", "[trainer][errors][np2+]") {
+  if (test::skip_below_ranks(2)) return;
   auto& ctx = test::world();
   const int last = ctx.size() - 1;
-  if (ctx.size() == 1) return;  // nothing to disagree with
   px::Variable<px::Sparse, float> emb(ctx, "emb", {10, 2});
   px::Variable<px::Dense, float> w(ctx, "w", {2, ctx.rank() == last ? std::size_t{5} : std::size_t{3}});
   const std::string msg = test::error_of([&] { px::Trainer<px::arch::Hybrid, px::optim::Sgd> t(ctx, px::optim::Sgd{}, emb, w); });
@@ -587,7 +601,7 @@ namespace {
 
 /// Bytes of one step of a sparse variable, by architecture: rank i touches t
 /// rows in each of the N partitions (k = N t rows, owned uniformly), so the
-/// DESIGN.md formulas hold exactly.
+/// formulas of docs/design.md, "Byte accounting", hold exactly.
 template <class Arch>
 px::Traffic sparse_step_traffic(px::Context& ctx, std::size_t t, std::size_t cols, bool* shared = nullptr) {
   const std::size_t n = static_cast<std::size_t>(ctx.size()), m = 8 * t;  // rows per partition
@@ -605,7 +619,8 @@ px::Traffic sparse_step_traffic(px::Context& ctx, std::size_t t, std::size_t col
 
 }  // namespace
 
-TEST_CASE("the hybrid's bytes per step follow DESIGN.md and undercut AllGatherv from 3 ranks", "[trainer][bytes]") {
+TEST_CASE("the hybrid's bytes per step follow docs/design.md and undercut AllGatherv from 3 ranks",
+          "[trainer][bytes]") {
   auto& ctx = test::world();
   const std::uint64_t n = static_cast<std::uint64_t>(ctx.size()), t = 5, cols = 16, b = 4;
   const std::uint64_t k = n * t;
@@ -621,8 +636,10 @@ TEST_CASE("the hybrid's bytes per step follow DESIGN.md and undercut AllGatherv 
   CHECK(hybrid.received() == hybrid.sent());
   // AllGatherv: every row block but the right neighbour's, plus the counts.
   CHECK(allgather.sent() == (n - 1) * k * (8 + cols * b) + 8 * (n - 1));
-  if (n >= 3) CHECK(hybrid.sent() < allgather.sent());
-  if (n == 4) CHECK(double(hybrid.sent()) / double(allgather.sent()) == Approx(2.0 / 4).margin(0.02));
+  // Fewer bytes than AllGatherv from 3 ranks on; at 2 as many (shared
+  // shards) or more, at 1 none either way. (The exact counts above fix the
+  // ratio at every N: at 4, 0.50 with shared shards and 0.53 without.)
+  CHECK((hybrid.sent() < allgather.sent()) == (n >= 3));
 }
 
 // ---------------------------------------------------------------- table groups, overrides

@@ -1,6 +1,7 @@
 // AllGatherv: every rank ends with the global sparse gradient, summed by row
 // then by rank (bit-exact against a sequential reference), and books the
-// bytes of DESIGN.md §4 exactly, in host and device memory.
+// bytes of docs/design.md, "Byte accounting", exactly, in host and device
+// memory.
 #include "support.hpp"
 
 #include <map>

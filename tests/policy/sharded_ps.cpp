@@ -1,7 +1,7 @@
 // ShardedPS machinery: lookups return exact rows, pushes reach the owners
-// summed by row then rank (bit-exact), bytes match DESIGN.md §4 exactly (in
-// host and device memory), and local aggregation sends each row across
-// hosts once per host.
+// summed by row then rank (bit-exact), bytes match docs/design.md, "Byte
+// accounting", exactly (in host and device memory), and local aggregation
+// sends each row across hosts once per host.
 #include "support.hpp"
 
 #include <algorithm>
@@ -82,12 +82,13 @@ double slowest(std::chrono::steady_clock::time_point since) {
 
 // Ranks whose routes carry different things (other variables, or tables
 // grouped or partitioned otherwise) see each other's shape words in the
-// routes' headers and throw one message, with no PARALLAX_CHECK_CALLS.
+// routes' headers and throw one message, with no PARALLAX_CHECK_CALLS. One
+// rank cannot disagree with itself: these run from 2 ranks.
 TEMPLATE_TEST_CASE("ranks that look up other variables all throw one message naming them, at once",
-                   "[policy][sharded_ps][errors]", px::engine::Mpi, MpiTwoCalls) {
+                   "[policy][sharded_ps][errors][np2+]", px::engine::Mpi, MpiTwoCalls) {
+  if (test::skip_below_ranks(2)) return;
   auto& ctx = test::world();
   const int n = ctx.size(), odd = n - 1;
-  if (n < 2) return;  // one rank cannot disagree with itself
   const bool group = GENERATE(true, false), shared = GENERATE(true, false);
   px::TrainerOptions o;
   o.sharded.group_tables = group;
@@ -118,10 +119,10 @@ TEMPLATE_TEST_CASE("ranks that look up other variables all throw one message nam
 }
 
 TEMPLATE_TEST_CASE("ranks whose tables are grouped or partitioned otherwise all throw one message at the push",
-                   "[policy][sharded_ps][errors]", px::engine::Mpi, MpiTwoCalls) {
+                   "[policy][sharded_ps][errors][np2+]", px::engine::Mpi, MpiTwoCalls) {
+  if (test::skip_below_ranks(2)) return;
   auto& ctx = test::world();
   const int n = ctx.size(), odd = n - 1;
-  if (n < 2) return;
   const bool partitions = GENERATE(true, false);  // what differs on the odd rank
   px::TrainerOptions o;
   // Shared shards are off: a rank with more groups would make more shared
@@ -170,8 +171,9 @@ TEMPLATE_TEST_CASE("ShardedTable::lookup returns the rows of the caller's ids, w
   TableIn<Space> table(mpi, px::PartitionMap(R, parts, n), C, "emb", true, want_shared);
   fill_table(table);
   CHECK(table.shard_rows() == table.map().shard_rows(me));
-  if (test::dev_shm_roomy()) CHECK(table.shared() == (want_shared && test::can_share(mpi)));
-  if (!test::can_share(mpi)) CHECK(!table.shared());
+  // Shared only where asked and possible (that it is shared wherever it can
+  // be: "... wherever it can, given room in /dev/shm" below).
+  CHECK((!table.shared() || (want_shared && test::can_share(mpi))));
 
   // The ids as given (repeats, any order), strictly ascending (with n
   // partitions their keys are in order: the rows land in place), or
@@ -240,7 +242,29 @@ TEST_CASE("PARALLAX_SHARED_SHARDS=0 keeps shards private", "[policy][sharded_ps]
   ::unsetenv("PARALLAX_SHARED_SHARDS");
   Table on(mpi, px::PartitionMap(R, n, n), C, "emb");
   CHECK(!off.shared());
-  if (test::dev_shm_roomy()) CHECK(on.shared() == test::can_share(mpi));
+  CHECK((!on.shared() || test::can_share(mpi)));
+}
+
+// docs/design.md, "One training step, through the code" (shared shards): on
+// wherever every rank of a host-memory engine is on one machine, unless
+// turned off or /dev/shm lacks room, which the skip rules out.
+TEMPLATE_TEST_CASE("ShardedTable keeps its shard in shared memory wherever it can, given room in /dev/shm",
+                   "[policy][sharded_ps][shared][needs-shm]", PARALLAX_TEST_SPACES) {
+  if (test::skip_without_shm_room()) return;
+  test::engine_for<TestType> mpi(test::world());
+  const int n = mpi.size();
+  // Host memory, several ranks, one host (test::can_share): shared unless
+  // asked not to, by the option or by PARALLAX_SHARED_SHARDS=0.
+  TableIn<TestType> asked(mpi, px::PartitionMap(R, n, n), C, "emb", true, true);
+  TableIn<TestType> not_asked(mpi, px::PartitionMap(R, n, n), C, "emb", true, false);
+  CHECK(asked.shared() == test::can_share(mpi));
+  CHECK(!not_asked.shared());
+  ::setenv("PARALLAX_SHARED_SHARDS", "0", 1);
+  TableIn<TestType> off(mpi, px::PartitionMap(R, n, n), C, "emb");
+  ::unsetenv("PARALLAX_SHARED_SHARDS");
+  TableIn<TestType> on(mpi, px::PartitionMap(R, n, n), C, "emb");
+  CHECK(!off.shared());
+  CHECK(on.shared() == test::can_share(mpi));
 }
 
 TEST_CASE("a lookup reads what the owners wrote after the last push, shared or not", "[policy][sharded_ps][shared]") {
