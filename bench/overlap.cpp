@@ -153,6 +153,7 @@ struct Model {
       layers.emplace_back(ctx, std::string(tag) + "_layer" + std::to_string(l), px::Shape{floats, 1});
     px::TrainerOptions o;
     o.overlap = overlap;
+    o.overlap_needs_spare_core = false;  // the thread itself, on any host
     o.ring.bucket_bytes = floats * sizeof(float);  // one bucket per layer
     px::Variables<Var>& all = layers;
     trainer = std::make_unique<Trainer>(ctx, o, px::optim::Sgd{1e-3f}, all);

@@ -53,6 +53,7 @@ Figures measure(px::Context& ctx, std::size_t rows, std::size_t cols, std::size_
   px::TrainerOptions o;
   o.sharded.shared_memory = shared;
   o.overlap = overlap;
+  o.overlap_needs_spare_core = false;  // the thread itself, on any host
   px::Trainer<px::arch::Hybrid, px::optim::Sgd> trainer(ctx, o, px::optim::Sgd{0.01f}, emb);
   // Skewed ids (many repeats), fresh per step and rank.
   std::mt19937_64 gen(17 + static_cast<std::uint64_t>(ctx.rank()));

@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <thread>
 #include <tuple>
 
 namespace {
@@ -989,6 +990,7 @@ std::vector<std::vector<float>> train_ready(px::Context& ctx, bool mark, bool ov
   o.ring.bucket_bytes = 2000;  // every 400-float layer is a bucket of its own...
   o.ring.algorithm = px::engine::Algorithm::ring;
   o.overlap = overlap;
+  o.overlap_needs_spare_core = false;  // the thread itself, on any host
   px::Trainer<Arch, px::optim::Adam> trainer(ctx, o, px::optim::Adam{0.05f}, e, layers, f);
   const auto r = static_cast<std::size_t>(ctx.rank());
   for (std::size_t s = 0; s < 3; ++s) {
@@ -1021,6 +1023,26 @@ TEMPLATE_TEST_CASE("gradients marked ready move early and give the same model, b
   const auto plain = train_ready<Arch>(ctx, false, true);
   CHECK(train_ready<Arch>(ctx, true, true) == plain);    // on the communication thread
   CHECK(train_ready<Arch>(ctx, true, false) == plain);   // at once, in the caller
+}
+
+TEST_CASE("the communication thread runs where it has a core, or where the user asks", "[trainer][overlap]") {
+  auto& ctx = test::world();
+  px::Variable<px::Dense, float> w(ctx, "w", {4});
+  auto overlapping = [&](bool overlap, bool needs_spare_core) {
+    px::TrainerOptions o;
+    o.overlap = overlap;
+    o.overlap_needs_spare_core = needs_spare_core;
+    return px::Trainer<px::arch::Hybrid, px::optim::Sgd>(ctx, o, px::optim::Sgd{0.1f}, w).overlapping();
+  };
+  REQUIRE(ctx.serialized_threads());  // tests/main.cpp asks for MPI_THREAD_SERIALIZED
+  CHECK_FALSE(overlapping(false, false));
+  CHECK(overlapping(true, false));
+  // A spare core: a hardware thread for each local rank's OpenMP team and one more.
+  const long hardware = static_cast<long>(std::thread::hardware_concurrency());
+  const bool spare = hardware >= static_cast<long>(ctx.topology().local_size()) * (ctx.threads() + 1);
+  INFO(hardware << " hardware threads, " << ctx.topology().local_size() << " local ranks of " << ctx.threads()
+                << " threads");
+  CHECK(overlapping(true, true) == spare);
 }
 
 TEST_CASE("a bad gradient marked ready fails the step on every rank, and the next step works", "[trainer][overlap]") {

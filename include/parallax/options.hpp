@@ -118,6 +118,16 @@ struct TrainerOptions {
   /// without that level, ready() moves them at once, in the caller: the
   /// same results, nothing overlapped.
   bool overlap = true;
+  /// With overlap on, the communication thread runs only where it has a
+  /// core of its own: a device space (the user's kernels run on the GPU),
+  /// or a host whose hardware threads cover every local rank's OpenMP team
+  /// and one more thread each. Elsewhere ready() moves each gradient at
+  /// once, in the caller, while it is still in cache: on a host without a
+  /// spare core that measured faster than a thread sharing the rank's core,
+  /// and than the plain step (docs/benchmarks.md, "Overlap of communication
+  /// with compute"). False: the thread runs wherever MPI allows it.
+  /// Trainer::overlapping() says which was chosen.
+  bool overlap_needs_spare_core = true;
   /// Before each step's exchange, look for NaN and infinities in every
   /// gradient this rank gave (one pass over them); the first one found on
   /// any rank fails the step on every rank, naming the variable, the rank,

@@ -32,6 +32,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -113,7 +114,7 @@ class Trainer {
   template <class... Args>
   Trainer(const Context& ctx, TrainerOptions options, Optimizer opt, Args&... vars)
       : ctx_(&ctx), options_(std::move(options)), opt_(opt), engine_(std::make_unique<Engine>(ctx, options_.engine)),
-        worker_(options_.overlap && ctx.serialized_threads()) {
+        worker_(communication_thread(ctx, options_)) {
     static_assert(sizeof...(Args) > 0, "a Trainer needs at least one variable");
     static_assert((is_variable_v<detail::variable_of_t<Args>> && ...),
                   "Trainer takes parallax::Variable arguments, or std::vectors of them (px::Variables<V>)");
@@ -484,6 +485,10 @@ class Trainer {
   }
   Engine& engine() noexcept { return *engine_; }
   const Context& context() const noexcept { return *ctx_; }
+  /// Whether ready() and prefetch() hand their work to a communication
+  /// thread (TrainerOptions::overlap and overlap_needs_spare_core), or do it
+  /// at once, in the caller.
+  bool overlapping() const noexcept { return worker_.threaded(); }
   const TrainerOptions& options() const noexcept { return options_; }
   /// The synchronizer of a policy this trainer uses (for tests and tools).
   template <class Policy>
@@ -597,6 +602,13 @@ class Trainer {
     }
   }
   /// The trainer's Background: its worker.
+  static bool communication_thread(const Context& ctx, const TrainerOptions& o) {
+    if (!o.overlap || !ctx.serialized_threads()) return false;
+    if (!o.overlap_needs_spare_core || !std::is_same_v<space, HostSpace>) return true;
+    const long hardware = static_cast<long>(std::thread::hardware_concurrency());
+    return hardware >= static_cast<long>(ctx.topology().local_size()) * (ctx.threads() + 1);
+  }
+
   class Posting final : public policy::Background {
    public:
     explicit Posting(detail::Worker& w) : worker_(&w) {}

@@ -98,6 +98,7 @@ void check_same_training(bool shared_memory, bool group_tables) {
     for (bool mark : {false, true}) {
       px::TrainerOptions o;
       o.overlap = overlap;
+      o.overlap_needs_spare_core = false;  // the thread itself, on any host
       o.sharded.shared_memory = shared_memory;
       o.sharded.group_tables = group_tables;
       INFO(Arch::name << ", overlap " << overlap << ", ready() " << mark << ", shared memory " << shared_memory
@@ -239,6 +240,7 @@ TEST_CASE("a bad prefetched id fails rows() on every rank; the step between is u
     Table f(ctx, "f", {7, 2});
     px::TrainerOptions o;
     o.overlap = overlap;
+    o.overlap_needs_spare_core = false;  // the thread itself, on any host
     px::Trainer<px::arch::Hybrid, px::optim::Sgd> t(ctx, o, px::optim::Sgd{0.1f}, e, f);
     const std::vector<px::index_t> good{0, 9}, bad{1, ctx.rank() == last ? 7 : 6};
     auto next = t.prefetch({px::Lookup{e, good}, px::Lookup{f, bad}});
@@ -287,6 +289,7 @@ TEST_CASE("ranks that prefetch different variables, or prefetch where others loo
     INFO("overlap " << overlap);
     px::TrainerOptions o;
     o.overlap = overlap;
+    o.overlap_needs_spare_core = false;  // the thread itself, on any host
     o.sharded.shared_memory = false;
     px::Trainer<px::arch::Hybrid, px::optim::Sgd> t(ctx, o, px::optim::Sgd{0.1f}, e, f);
     const std::vector<px::index_t> ids{1};
