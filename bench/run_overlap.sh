@@ -11,7 +11,7 @@
 #      alternating, medians of samples/s.
 #   3. The timeline's cost: 01_word_lm with PARALLAX_TIMELINE unset and set,
 #      alternating, and bench_timeline's cost of one phase's span.
-# Prints markdown tables ready to paste (docs/overlap-section.md's layout),
+# Prints markdown tables ready to paste (docs/benchmarks.md, "Overlap of communication with compute"),
 # and keeps the raw output in $OUT_DIR.
 #
 #   bench/run_overlap.sh                  # about 5-8 minutes on a quiet 2-core machine
