@@ -295,11 +295,11 @@ class Trainer {
   /// Says the gradients of `vars` (variables or collections) are final for
   /// this step, so their policies may start moving them while the caller
   /// computes the others: a backward pass marks each layer's as it finishes
-  /// it, from the last layer to the first. RingAllReduce starts a fusion
-  /// bucket once all its gradients are ready (buckets are cut from the last
-  /// variable backwards, and start in that order); ShardedPS starts a table
-  /// group's push once all its tables are. The work runs on the trainer's
-  /// communication thread (TrainerOptions::overlap) and step() finishes it;
+  /// it, from the last layer to the first. Each policy decides what a ready
+  /// gradient starts (a fusion bucket's all-reduce once all of its gradients
+  /// are ready, a table group's push once all of its tables are: see its
+  /// synchronizer's ready()). The work runs on the trainer's communication
+  /// thread (TrainerOptions::overlap), or at once, and step() finishes it;
   /// the sums are the ones step() alone would make, bit for bit. Optional:
   /// without it, step() moves every gradient. Every rank marks the same
   /// variables in the same order; a gradient must not change once ready.
