@@ -104,7 +104,9 @@ TEST_CASE("the communication thread's spans land on their own row of the timelin
     px::TrainerOptions o;
     o.timeline = path;
     o.ring.bucket_bytes = 256 * sizeof(float);  // a bucket per layer
+    o.overlap_needs_spare_core = false;          // the communication thread, on any host
     px::Trainer<px::arch::Hybrid, px::optim::Sgd> trainer(ctx, o, px::optim::Sgd{0.1f}, layers);
+    REQUIRE(trainer.overlapping());
     for (int s = 0; s < steps; ++s) {
       for (int l = 3; l >= 0; --l) {
         layers[static_cast<std::size_t>(l)].grad()[0] = 1.f;
