@@ -3,6 +3,9 @@
 #include "support.hpp"
 
 #include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -132,4 +135,43 @@ TEST_CASE("schedules give the factor of each step", "[optim][schedule]") {
   CHECK(both(2) == 1.0);
   CHECK(both(3) == Approx(px::schedule::Cosine{10, 0.0}(1)));
   CHECK(both(12) == Approx(0.0).margin(1e-12));
+}
+
+TEMPLATE_TEST_CASE("the row and dense kernels give the rule's bits, with decay or without", "[optim]", px::optim::Sgd,
+                   px::optim::Momentum, px::optim::Adam, px::optim::Adagrad) {
+  // The kernels pick the rule's update<Decay> once per call (so their loops
+  // vectorise); element by element, operator() tests the decay itself.
+  for (const float decay : {0.f, 0.01f}) {
+    TestType opt{};
+    if constexpr (!std::is_same_v<TestType, px::optim::Adagrad>) opt.weight_decay = decay;
+    constexpr std::size_t rows = 6, cols = 37;  // odd columns: vector body and remainder
+    std::vector<float> w(rows * cols), g(rows * cols);
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      w[i] = std::sin(0.3f * static_cast<float>(i)) - (i % 5 == 0 ? 0.f : 0.2f);
+      g[i] = std::cos(0.7f * static_cast<float>(i));
+    }
+    const std::vector<px::index_t> ids{4, 0, 2};
+    std::vector<float> row_w = w, dense_w = w, want_rows = w, want_dense = w;
+    px::optim::State<TestType, float, px::HostSpace> row_state(opt, rows * cols), dense_state(opt, rows * cols);
+    std::vector<float> s0(rows * cols, opt.template slot_initial<float>(0)), s1(rows * cols, opt.template slot_initial<float>(1));
+    std::vector<float> d0 = s0, d1 = s1;
+    const auto rule = opt.template rule<float>(3);
+    for (std::size_t j = 0; j < ids.size(); ++j)
+      for (std::size_t c = 0; c < cols; ++c) {
+        const std::size_t at = static_cast<std::size_t>(ids[j]) * cols + c;
+        rule(want_rows[at], g[j * cols + c], s0[at], s1[at]);
+      }
+    for (std::size_t i = 0; i < w.size(); ++i) rule(want_dense[i], g[i], d0[i], d1[i]);
+    const px::Exec<px::HostSpace> ex;
+    px::optim::apply_rows(ex, opt, 3, row_w.data(), ids.data(), g.data(), ids.size(), cols, row_state, 1.f);
+    px::optim::apply_dense(ex, opt, 3, dense_w.data(), g.data(), w.size(), dense_state, 1.f);
+    INFO(TestType::name << ", decay " << decay);
+    CHECK(std::memcmp(row_w.data(), want_rows.data(), w.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(dense_w.data(), want_dense.data(), w.size() * sizeof(float)) == 0);
+    if (TestType::slots > 0) {
+      std::vector<float> got(rows * cols);
+      std::memcpy(got.data(), row_state.slot(0), got.size() * sizeof(float));
+      CHECK(std::memcmp(got.data(), s0.data(), got.size() * sizeof(float)) == 0);
+    }
+  }
 }

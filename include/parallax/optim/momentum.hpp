@@ -27,11 +27,17 @@ struct Momentum {
   struct Rule {
     T lr, mu, decay;
     bool nesterov;
-    PARALLAX_HOST_DEVICE void operator()(T& w, T g, T& v, T&) const {
+    PARALLAX_HOST_DEVICE void operator()(T& w, T g, T& v, T& s1) const {
+      if (decay != T(0)) update<true>(w, g, v, s1);
+      else update<false>(w, g, v, s1);
+    }
+    /// The rule with the decay known (see optim::detail::Decayed).
+    template <bool Decay>
+    PARALLAX_HOST_DEVICE void update(T& w, T g, T& v, T&) const {
       const T w0 = w;
       v = mu * v + g;
       w -= nesterov ? lr * (g + mu * v) : lr * v;
-      if (decay != T(0)) w -= decay * w0;
+      if constexpr (Decay) w -= decay * w0;
     }
   };
   template <class T>

@@ -13,7 +13,10 @@
 ///
 /// where `Rule<T>` is a PARALLAX_HOST_DEVICE functor
 /// `void operator()(T& w, T g, T& s0, T& s1) const`. `optim::check<O>()`
-/// checks a type against this contract, naming what it lacks.
+/// checks a type against this contract, naming what it lacks. A rule with a
+/// `decay` member may also offer `template <bool Decay> void update(...)`,
+/// the same update with the decay's presence a constant: the kernels then
+/// pick it once per call instead of testing it per element.
 
 #include <parallax/config.hpp>
 #include <parallax/space.hpp>
@@ -99,7 +102,53 @@ struct Fill {
   PARALLAX_HOST_DEVICE void operator()(std::size_t i) const { out[i] = value; }
 };
 
+/// Whether a rule offers `update<bool Decay>` beside operator(): the
+/// update with its weight decay's presence known, chosen once per call.
+template <class Rule, class T, class = void>
+struct has_decay_update : std::false_type {};
 template <class Rule, class T>
+struct has_decay_update<Rule, T,
+                        std::void_t<decltype(std::declval<const Rule&>().template update<true>(
+                            std::declval<T&>(), std::declval<T>(), std::declval<T&>(), std::declval<T&>()))>>
+    : std::true_type {};
+
+/// A rule whose decay is known to be present (Decay) or zero: the kernels'
+/// loops then hold no branch on it, so the host's vectorise.
+template <class Rule, bool Decay>
+struct Decayed {
+  Rule rule;
+  template <class T>
+  PARALLAX_HOST_DEVICE void operator()(T& w, T g, T& s0, T& s1) const {
+    rule.template update<Decay>(w, g, s0, s1);
+  }
+};
+
+/// Calls f(rule) with the rule, or with it as Decayed<Rule, true|false>
+/// when it offers update<Decay>.
+template <class T, class Rule, class F>
+void with_decay_known(const Rule& rule, F&& f) {
+  if constexpr (has_decay_update<Rule, T>::value) {
+    if (rule.decay != T(0)) f(Decayed<Rule, true>{rule});
+    else f(Decayed<Rule, false>{rule});
+  } else {
+    f(rule);
+  }
+}
+
+/// Calls rule(w, g, s0[at], s1[at]) with the optimizer's `Slots` state
+/// values (placeholders for the others), or, for Slots = -1, with those of
+/// s0 and s1 that are not null. Known at compile time, the loops over
+/// elements and rows hold no test of the pointers, so the host's vectorise.
+template <int Slots, class Rule, class T>
+PARALLAX_HOST_DEVICE inline void apply_rule(const Rule& rule, T& w, T g, T* s0, T* s1, std::size_t at) {
+  T unused0 = T(0), unused1 = T(0);
+  if constexpr (Slots == 0) rule(w, g, unused0, unused1);
+  else if constexpr (Slots == 1) rule(w, g, s0[at], unused1);
+  else if constexpr (Slots == 2) rule(w, g, s0[at], s1[at]);
+  else rule(w, g, s0 ? s0[at] : unused0, s1 ? s1[at] : unused1);
+}
+
+template <class Rule, class T, int Slots = -1>
 struct DenseUpdate {
   Rule rule;
   T* w;
@@ -107,13 +156,10 @@ struct DenseUpdate {
   T* s0;
   T* s1;
   T scale;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t i) const {
-    T unused0 = T(0), unused1 = T(0);
-    rule(w[i], g[i] * scale, s0 ? s0[i] : unused0, s1 ? s1[i] : unused1);
-  }
+  PARALLAX_HOST_DEVICE void operator()(std::size_t i) const { apply_rule<Slots>(rule, w[i], g[i] * scale, s0, s1, i); }
 };
 
-template <class Rule, class T>
+template <class Rule, class T, int Slots = -1>
 struct RowUpdate {
   Rule rule;
   T* w;
@@ -125,8 +171,7 @@ struct RowUpdate {
   T scale;
   PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
     const std::size_t at = static_cast<std::size_t>(rows[j]) * cols + c;
-    T unused0 = T(0), unused1 = T(0);
-    rule(w[at], g[j * cols + c] * scale, s0 ? s0[at] : unused0, s1 ? s1[at] : unused1);
+    apply_rule<Slots>(rule, w[at], g[j * cols + c] * scale, s0, s1, at);
   }
 };
 
@@ -163,8 +208,10 @@ template <class Optimizer, class T, class Space>
 void apply_dense(const Exec<Space>& ex, const Optimizer& opt, std::uint64_t step, T* w, const T* g, std::size_t n,
                  State<Optimizer, T, Space>& state, T scale) {
   if (n == 0) return;
-  for_each(ex, n, detail::DenseUpdate<decltype(opt.template rule<T>(step)), T>{opt.template rule<T>(step), w, g,
-                                                                               state.slot(0), state.slot(1), scale});
+  detail::with_decay_known<T>(opt.template rule<T>(step), [&](auto rule) {
+    for_each(ex, n,
+             detail::DenseUpdate<decltype(rule), T, Optimizer::slots>{rule, w, g, state.slot(0), state.slot(1), scale});
+  });
 }
 
 /// For each of the k unique local rows r: w[r, :] <- rule(w[r, :], scale * g[j, :]);
@@ -172,9 +219,11 @@ void apply_dense(const Exec<Space>& ex, const Optimizer& opt, std::uint64_t step
 template <class Optimizer, class T, class Space>
 void apply_rows(const Exec<Space>& ex, const Optimizer& opt, std::uint64_t step, T* w, const index_t* rows,
                 const T* g, std::size_t k, std::size_t cols, State<Optimizer, T, Space>& state, T scale) {
-  for_each_rows(ex, k, cols,
-                detail::RowUpdate<decltype(opt.template rule<T>(step)), T>{opt.template rule<T>(step), w, state.slot(0),
-                                                                           state.slot(1), rows, g, cols, scale});
+  detail::with_decay_known<T>(opt.template rule<T>(step), [&](auto rule) {
+    for_each_rows(ex, k, cols,
+                  detail::RowUpdate<decltype(rule), T, Optimizer::slots>{rule, w, state.slot(0), state.slot(1), rows, g,
+                                                                         cols, scale});
+  });
 }
 
 }  // namespace parallax::optim

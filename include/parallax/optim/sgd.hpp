@@ -23,10 +23,17 @@ struct Sgd {
   template <class T>
   struct Rule {
     T lr, decay;
-    PARALLAX_HOST_DEVICE void operator()(T& w, T g, T&, T&) const {
+    PARALLAX_HOST_DEVICE void operator()(T& w, T g, T& s0, T& s1) const {
+      if (decay != T(0)) update<true>(w, g, s0, s1);
+      else update<false>(w, g, s0, s1);
+    }
+    /// The rule with the decay known (see optim::detail::Decayed): no branch
+    /// inside, so the host's loop over a row vectorises; the same bits.
+    template <bool Decay>
+    PARALLAX_HOST_DEVICE void update(T& w, T g, T&, T&) const {
       const T w0 = w;
       w -= lr * g;
-      if (decay != T(0)) w -= decay * w0;
+      if constexpr (Decay) w -= decay * w0;
     }
   };
   template <class T>
