@@ -211,18 +211,55 @@ struct LogRows {
 };
 }  // namespace
 
-TEST_CASE("for_each_rows on the host prefetches row r + 1 before it runs row r, where the kernel can", "[space]") {
+TEST_CASE("for_each_rows on the host prefetches each row once, rows ahead of it, where the kernel can", "[space]") {
   static_assert(px::detail::has_prefetch<LogRows>::value);
   static_assert(!px::detail::has_prefetch<CountVisit>::value);
   static_assert(px::detail::has_prefetch<px::detail::GatherRows<float>>::value);
-  std::vector<float> table(4 * 8, 1.0f);
+  static_assert(px::detail::has_prefetch<px::optim::detail::RowUpdate<px::optim::Adagrad::Rule<float>, float, 1>>::value);
+  // About 8 KiB of 4-byte elements ahead, at least one row, at most 64.
+  CHECK(px::detail::prefetch_rows_ahead(128) == 16);
+  CHECK(px::detail::prefetch_rows_ahead(1024) == 2);
+  CHECK(px::detail::prefetch_rows_ahead(4096) == 1);
+  CHECK(px::detail::prefetch_rows_ahead(8) == 64);
+  CHECK(px::detail::prefetch_rows_ahead(0) == 64);
+
+  const std::size_t wide = 1024;  // two rows ahead
+  std::vector<float> table(4 * wide, 1.0f);
   std::vector<std::string> log;
-  px::for_each_rows(px::Exec<px::HostSpace>{}, 4, 8, LogRows{&log, table.data(), 8});
-  CHECK(log == std::vector<std::string>{"p 1", "0", "p 2", "1", "p 3", "2", "3"});
+  px::for_each_rows(px::Exec<px::HostSpace>{}, 4, wide, LogRows{&log, table.data(), wide});
+  CHECK(log == std::vector<std::string>{"p 0", "p 1", "p 2", "0", "p 3", "1", "2", "3"});
+  log.clear();
+  px::for_each_rows(px::Exec<px::HostSpace>{}, 4, 8, LogRows{&log, table.data(), 8});  // all rows ahead at once
+  CHECK(log == std::vector<std::string>{"p 0", "p 1", "p 2", "p 3", "0", "1", "2", "3"});
   log.clear();
   px::for_each_rows(px::Exec<px::HostSpace>{}, 1, 8, LogRows{&log, table.data(), 8});
-  CHECK(log == std::vector<std::string>{"0"});  // no row past the end
-  px::prefetch_bytes(nullptr, 0);             // a hint of nothing is no access
+  CHECK(log == std::vector<std::string>{"p 0", "0"});  // no row past the end
+  px::prefetch_bytes(nullptr, 0);                     // a hint of nothing is no access
+}
+
+namespace {
+/// Counts each row's prefetches and runs (a team of threads: atomics).
+struct CountRows {
+  std::atomic<int>* prefetched;
+  std::atomic<int>* ran;
+  void operator()(std::size_t r, std::size_t c) const {
+    if (c == 0) ran[r].fetch_add(1, std::memory_order_relaxed);
+  }
+  void prefetch(std::size_t r) const { prefetched[r].fetch_add(1, std::memory_order_relaxed); }
+};
+}  // namespace
+
+TEST_CASE("for_each_rows over a team prefetches and runs each row once, in blocks of rows", "[space]") {
+  const int saved = omp_get_max_threads();
+  const int threads = GENERATE(1, 3);
+  omp_set_num_threads(threads);
+  const std::size_t rows = GENERATE(std::size_t{1000}, std::size_t{1001}), cols = 64;  // over the team threshold
+  std::vector<std::atomic<int>> prefetched(rows), ran(rows);
+  px::for_each_rows(px::Exec<px::HostSpace>{}, rows, cols, CountRows{prefetched.data(), ran.data()});
+  omp_set_num_threads(saved);
+  INFO(threads << " threads, " << rows << " rows");
+  CHECK(std::all_of(prefetched.begin(), prefetched.end(), [](const std::atomic<int>& n) { return n.load() == 1; }));
+  CHECK(std::all_of(ran.begin(), ran.end(), [](const std::atomic<int>& n) { return n.load() == 1; }));
 }
 
 TEST_CASE("Buffer allocations are 64-byte aligned on the host", "[space]") {

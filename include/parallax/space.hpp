@@ -15,6 +15,10 @@
 
 #include <sys/mman.h>
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -234,11 +238,24 @@ struct FlatRows {
 /// writes: x86 compilers drop a prefetch for writing unless the target has
 /// PREFETCHW (GCC without -mprfchw emits no instruction at all), and a line
 /// fetched for reading is written from L1 just as fast on one core.
+///
+/// The lines go to the second-level cache (locality 2), not to L1: a core
+/// keeps few L1 misses in flight and a prefetch into L1 holds one of them
+/// until its line arrives, so rows prefetched into L1 far enough ahead to
+/// hide DRAM's latency stall the loads of the row being worked on; L2 takes
+/// many more (docs/benchmarks.md, "Row kernels").
 inline void prefetch_bytes([[maybe_unused]] const void* p, [[maybe_unused]] std::size_t bytes) noexcept {
 #if defined(__GNUC__) && !defined(__CUDA_ARCH__)
   constexpr std::size_t line = 64;
   const auto* b = static_cast<const char*>(p);
-  for (std::size_t at = 0; at < bytes; at += line) __builtin_prefetch(b + at);
+  for (std::size_t at = 0; at < bytes; at += line) {
+    __builtin_prefetch(b + at, 0, 2);
+    // A loop whose only effect is a prefetch may be deleted (C++ lets a
+    // compiler assume a loop without side effects ends, and GCC's
+    // -ffinite-loops then drops it whole when `bytes` is not a constant):
+    // the empty volatile asm is a side effect that keeps it.
+    asm volatile("");
+  }
 #endif
 }
 
@@ -247,6 +264,35 @@ template <class F, class = void>
 struct has_prefetch : std::false_type {};
 template <class F>
 struct has_prefetch<F, std::void_t<decltype(std::declval<const F&>().prefetch(std::size_t{}))>> : std::true_type {};
+
+/// How many rows of `cols` elements ahead for_each_rows prefetches: about
+/// 8 KiB of 4-byte elements, enough rows in flight to cover a DRAM round
+/// trip while the current row is worked on, and not so many that the
+/// prefetched lines are evicted before their row comes.
+constexpr std::size_t prefetch_rows_ahead(std::size_t cols) noexcept {
+  const std::size_t rows = 2048 / (cols == 0 ? 1 : cols);
+  return rows < 1 ? 1 : (rows > 64 ? 64 : rows);
+}
+
+/// Rows [begin, end) of a row kernel on one thread, prefetching ahead
+/// within the range where the kernel has a prefetch(r).
+template <class F>
+void run_rows(const F& f, std::size_t begin, std::size_t end, std::size_t cols) {
+  if constexpr (has_prefetch<F>::value) {
+    const std::size_t ahead = prefetch_rows_ahead(cols);
+    for (std::size_t r = begin; r < end && r < begin + ahead; ++r) f.prefetch(r);
+    for (std::size_t r = begin; r < end; ++r) {
+      if (r + ahead < end) f.prefetch(r + ahead);
+#pragma omp simd
+      for (std::size_t c = 0; c < cols; ++c) f(r, c);
+    }
+  } else {
+    for (std::size_t r = begin; r < end; ++r) {
+#pragma omp simd
+      for (std::size_t c = 0; c < cols; ++c) f(r, c);
+    }
+  }
+}
 }  // namespace detail
 
 /// Calls `f(r, c)` for every r in [0, rows) and c in [0, cols), in parallel.
@@ -254,13 +300,13 @@ struct has_prefetch<F, std::void_t<decltype(std::declval<const F&>().prefetch(st
 /// (coalesced), on the host every row is a task with a vectorisable inner
 /// loop over its columns.
 ///
-/// A kernel whose row r reads scattered memory (a gather: row ids[r] of a
-/// large table) may have a host member `void prefetch(std::size_t r) const`
-/// that names that memory with prefetch_bytes(). The host calls it for row
-/// r + 1 before it runs row r, so the next row's cache misses overlap this
-/// row's copy. Updates of scattered rows in place (the sparse optimizer
-/// rules) gain nothing from it and have none (docs/benchmarks.md, "Row
-/// kernels"). A GPU ignores it.
+/// A kernel whose rows are scattered in memory (a gather: row ids[r] of a
+/// large table; the sparse optimizer update of rows ids[r] in place) may
+/// have a host member `void prefetch(std::size_t r) const` that names that
+/// memory with prefetch_bytes(). On the host each thread takes a block of
+/// rows and calls it prefetch_rows_ahead(cols) rows before it runs a row,
+/// so the misses of the rows ahead overlap the work on this one. A GPU
+/// ignores it.
 template <class Space, class F>
 void for_each_rows(const Exec<Space>& ex, std::size_t rows, std::size_t cols, F f) {
   if (rows == 0 || cols == 0) return;
@@ -269,16 +315,19 @@ void for_each_rows(const Exec<Space>& ex, std::size_t rows, std::size_t cols, F 
 
 template <class F>
 void for_each_rows(const Exec<HostSpace>&, std::size_t rows, std::size_t cols, F f) {
-  const auto n = static_cast<std::int64_t>(rows);
-#pragma omp parallel for schedule(static) if (rows * cols >= detail::host_parallel_threshold)
-  for (std::int64_t r = 0; r < n; ++r) {
-    const auto ur = static_cast<std::size_t>(r);
-    if constexpr (detail::has_prefetch<F>::value) {
-      if (r + 1 < n) f.prefetch(ur + 1);
+  if (rows == 0 || cols == 0) return;
+#if defined(_OPENMP)
+  if (rows * cols >= detail::host_parallel_threshold) {
+#pragma omp parallel
+    {
+      const auto threads = static_cast<std::size_t>(omp_get_num_threads());
+      const auto t = static_cast<std::size_t>(omp_get_thread_num());
+      detail::run_rows(f, rows * t / threads, rows * (t + 1) / threads, cols);
     }
-#pragma omp simd
-    for (std::size_t c = 0; c < cols; ++c) f(ur, c);
+    return;
   }
+#endif
+  detail::run_rows(f, 0, rows, cols);
 }
 
 /// A contiguous array of `T` in `Space`, owning its memory unless made by

@@ -173,6 +173,14 @@ struct RowUpdate {
     const std::size_t at = static_cast<std::size_t>(rows[j]) * cols + c;
     apply_rule<Slots>(rule, w[at], g[j * cols + c] * scale, s0, s1, at);
   }
+  /// The rows of w and of the state that entry j updates (for_each_rows on
+  /// the host asks for them ahead: they are scattered over the table).
+  void prefetch(std::size_t j) const {
+    const std::size_t at = static_cast<std::size_t>(rows[j]) * cols;
+    prefetch_bytes(w + at, cols * sizeof(T));
+    if (Slots >= 1 || (Slots < 0 && s0)) prefetch_bytes(s0 + at, cols * sizeof(T));
+    if (Slots >= 2 || (Slots < 0 && s1)) prefetch_bytes(s1 + at, cols * sizeof(T));
+  }
 };
 
 }  // namespace detail
