@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -102,13 +103,22 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
 
   // example-begin word_lm_loop
   examples::Progress progress(trainer, shard.global, o.log_every, "words", o.warmup);
-  for (std::uint64_t step = 0; step < o.steps; ++step) {
-    const auto [batch, cand] = examples::timed(examples::Part::input, [&] {
+  auto inputs = [&](std::uint64_t step) {
+    return examples::timed(examples::Part::input, [&] {
       lm::Batch b = windows.training(step, shard.global, shard.first, shard.batch);  // this rank's share
       lm::Candidates c = lm::make_candidates(sampler, cfg.sampled, o.seed, step, b);
       return std::make_pair(std::move(b), std::move(c));
     });
-    progress.record(model.train_step(trainer, batch, cand, o.overlapped()));
+  };
+  // --overlap on: the inputs a step ahead, so that the next batch's lookups
+  // run while this one computes.
+  std::optional<std::pair<lm::Batch, lm::Candidates>> next;
+  for (std::uint64_t step = 0; step < o.steps; ++step) {
+    const auto [batch, cand] = next ? std::move(*next) : inputs(step);
+    next.reset();
+    if (o.overlapped() && step + 1 < o.steps) next = inputs(step + 1);
+    progress.record(model.train_step(trainer, batch, cand, o.overlapped(), next ? &next->first : nullptr,
+                                     next ? &next->second : nullptr));
   }
   const examples::Summary s = progress.finish();
   // example-end

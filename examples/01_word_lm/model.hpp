@@ -288,16 +288,28 @@ class Model {
   /// parallax's calls are charged to Part::parallax of the current profile.
   /// With `overlap`, the backward pass marks each gradient ready as soon as
   /// it is final (Trainer::ready), so the trainer moves it while the rest
-  /// of the backward pass computes.
+  /// of the backward pass computes; and given the next step's batch
+  /// (`next`, `next_cand`), its lookups start while this batch computes
+  /// (Trainer::prefetch) and the next train_step takes their rows, which
+  /// equal a lookup's then, bit for bit.
   template <class Trainer>
-  double train_step(Trainer& trainer, const Batch& batch, const Candidates& cand, bool overlap = false) {
+  double train_step(Trainer& trainer, const Batch& batch, const Candidates& cand, bool overlap = false,
+                    const Batch* next = nullptr, const Candidates* next_cand = nullptr) {
     const std::size_t rows = batch.rows, dim = cfg_.dim, s = cand.sampled, width = 1 + s;
     const std::size_t n_ctx = rows * cfg_.context, n_cand = cand.ids.size();
     auto& ex = trainer.engine().exec();  // the trainer's stream: our kernels and its own run in order
     // example-begin word_lm_step
-    // Inputs of this rank's rows, in the model's memory space.
-    context_ids_.assign_from_host(batch.context.data(), n_ctx);
-    candidate_ids_.assign_from_host(cand.ids.data(), n_cand);
+    // Inputs of this rank's rows, in the model's memory space (the ids are
+    // there already when the step before prefetched this batch).
+    const bool prefetched = ahead_.held;
+    if (prefetched) {
+      check_prefetched(batch, cand);
+      std::swap(context_ids_, ahead_.context_ids);
+      std::swap(candidate_ids_, ahead_.candidate_ids);
+    } else {
+      context_ids_.assign_from_host(batch.context.data(), n_ctx);
+      candidate_ids_.assign_from_host(cand.ids.data(), n_cand);
+    }
     log_q_.assign_from_host(cand.log_q.data(), n_cand);
     sampled_row_.assign_from_host(cand.sampled_row.data(), s);
     label_row_.assign_from_host(cand.label_row.data(), rows);
@@ -309,8 +321,10 @@ class Model {
     // of the candidates (pulled from their owners under the hybrid, both
     // tables in one round), the hidden layer, the sampled logits.
     const auto looked_up = timed(ex, Part::parallax, [&] {
+      if (prefetched) return trainer.rows(ahead_.take());
       return trainer.lookup({px::Lookup{emb, context_ids_}, px::Lookup{softmax, candidate_ids_}});
     });
+    if (overlap && next && next_cand) prefetch(trainer, *next, *next_cand);
     const auto& x = looked_up[0];
     const auto& w = looked_up[1];
     const T* h = hidden.forward(ex, x.data, rows);
@@ -353,7 +367,40 @@ class Model {
   px::Variable<px::Sparse, T, Space> softmax;  ///< vocab x (dim + 1), last column the bias
 
  private:
+  using Table = px::Variable<px::Sparse, T, Space>;
+  /// The next batch's lookups in flight: its ids (kept until its step
+  /// swaps them in) and a host copy to check that step is given that batch.
+  struct Ahead {
+    bool held = false;
+    px::Prefetched<Table> lookups;
+    px::Buffer<px::index_t, Space> context_ids, candidate_ids;
+    std::vector<px::index_t> context_host, candidate_host;
+    px::Prefetched<Table>& take() {
+      held = false;
+      return lookups;
+    }
+  };
+
+  template <class Trainer>
+  void prefetch(Trainer& trainer, const Batch& next, const Candidates& next_cand) {
+    auto& ex = trainer.engine().exec();
+    ahead_.context_ids.assign_from_host(next.context.data(), next.context.size());
+    ahead_.candidate_ids.assign_from_host(next_cand.ids.data(), next_cand.ids.size());
+    ahead_.context_host = next.context;
+    ahead_.candidate_host = next_cand.ids;
+    ahead_.lookups = timed(ex, Part::parallax, [&] {
+      return trainer.prefetch({px::Lookup{emb, ahead_.context_ids}, px::Lookup{softmax, ahead_.candidate_ids}});
+    });
+    ahead_.held = true;
+  }
+  void check_prefetched(const Batch& batch, const Candidates& cand) const {
+    if (batch.context != ahead_.context_host || cand.ids != ahead_.candidate_host)
+      throw std::invalid_argument("word_lm::Model::train_step: this batch is not the `next` batch the step before "
+                                  "prefetched");
+  }
+
   Config cfg_;
+  Ahead ahead_;
   SampledSoftmax<Space, T> sampled_softmax_;
   px::Buffer<px::index_t, Space> context_ids_, candidate_ids_, sampled_row_, label_row_;
   px::Buffer<float, Space> log_q_;

@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <tuple>
 #include <vector>
 
@@ -147,10 +148,17 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
   }
 
   examples::Progress progress(trainer, shard.global, o.log_every, "samples", o.warmup);
-  ctr::Batch batch;
+  // --overlap on: the inputs a step ahead, so that the next batch's lookup
+  // runs while this one computes.
+  ctr::Batch batch, next;
+  bool have_next = false;
   for (std::uint64_t step = 0; step < o.steps; ++step) {
-    examples::timed(examples::Part::input, [&] { clicks.training(step, shard.global, shard.first, shard.batch, batch); });
-    progress.record(model.train_step(trainer, batch, o.overlapped()));
+    if (have_next) std::swap(batch, next);
+    else examples::timed(examples::Part::input, [&] { clicks.training(step, shard.global, shard.first, shard.batch, batch); });
+    have_next = o.overlapped() && step + 1 < o.steps;
+    if (have_next)
+      examples::timed(examples::Part::input, [&] { clicks.training(step + 1, shard.global, shard.first, shard.batch, next); });
+    progress.record(model.train_step(trainer, batch, o.overlapped(), have_next ? &next : nullptr));
   }
   const examples::Summary s = progress.finish();
 

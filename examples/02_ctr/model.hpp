@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -152,9 +153,11 @@ class Model {
   const Config& config() const noexcept { return cfg_; }
 
   /// Forward pass on this rank's share of a batch: logits into logits_,
-  /// losses and hits into loss_, hits_. Collective (one batched lookup).
+  /// losses and hits into loss_, hits_. Collective (one batched lookup, or
+  /// the rows of the one the step before prefetched). Given the next
+  /// batch, starts its lookup (Trainer::prefetch) once this one's rows are in.
   template <class Trainer>
-  void forward(Trainer& trainer, const Batch& batch) {
+  void forward(Trainer& trainer, const Batch& batch, const Batch* next = nullptr) {
     auto& ex = trainer.engine().exec();
     const std::size_t rows = batch.rows, dim = cfg_.dim, width = (features + 1) * dim;
     dense_in_.assign_from_host(batch.dense.data(), batch.dense.size());
@@ -162,12 +165,22 @@ class Model {
     concat_.resize_discard(rows * width);
     const T* b = bottom2.forward(ex, bottom1.forward(ex, dense_in_.data(), rows), rows);
     // Every table's rows in one batched lookup: one round for all 26 tables.
+    const bool prefetched = ahead_.held;
+    if (prefetched) {
+      if (batch.ids != ahead_.ids_host)
+        throw std::invalid_argument("ctr::Model: this batch is not the `next` batch the step before prefetched");
+      std::swap(ids_, ahead_.ids);  // its ids are on the device already
+    }
     lookups_.clear();
     for (std::size_t f = 0; f < features; ++f) {
-      ids_[f].assign_from_host(batch.ids[f].data(), rows);
+      if (!prefetched) ids_[f].assign_from_host(batch.ids[f].data(), rows);
       lookups_.emplace_back(tables[f], ids_[f]);
     }
-    const auto looked_up = timed(ex, Part::parallax, [&] { return trainer.lookup(lookups_); });
+    const auto looked_up = timed(ex, Part::parallax, [&] {
+      if (prefetched) return trainer.rows(ahead_.take());
+      return trainer.lookup(lookups_);
+    });
+    if (next) prefetch(trainer, *next);
     // The concatenation: the bottom MLP's output, then each table's rows.
     std::vector<const T*> sources{b};
     for (std::size_t f = 0; f < features; ++f) sources.push_back(looked_up[f].data);
@@ -185,12 +198,14 @@ class Model {
   /// One training step; returns this rank's mean loss. Collective. With
   /// `overlap`, the backward pass marks each layer's gradient ready as soon
   /// as it has written it (Trainer::ready), and the tables' once their rows
-  /// are added, so the trainer moves them while the layers below compute.
+  /// are added, so the trainer moves them while the layers below compute;
+  /// and given the next step's batch (`next`), its lookup starts while this
+  /// batch computes (Trainer::prefetch), its rows taken by the next step.
   template <class Trainer>
-  double train_step(Trainer& trainer, const Batch& batch, bool overlap = false) {
+  double train_step(Trainer& trainer, const Batch& batch, bool overlap = false, const Batch* next = nullptr) {
     auto& ex = trainer.engine().exec();
     const std::size_t rows = batch.rows, dim = cfg_.dim, width = (features + 1) * dim;
-    forward(trainer, batch);
+    forward(trainer, batch, overlap ? next : nullptr);
     // forward() left d(loss)/d(logit) in top2's output gradient.
     top2.backward(ex, top1.output(), rows, top1.output_grad());
     ready(trainer, overlap, top2.w, top2.b);
@@ -241,7 +256,33 @@ class Model {
     return out;
   }
 
+  /// The next batch's lookup in flight: its ids (kept until its step swaps
+  /// them in) and a host copy to check that step is given that batch.
+  struct Ahead {
+    bool held = false;
+    px::Prefetched<Table> lookups;
+    std::array<px::Buffer<px::index_t, Space>, features> ids;
+    std::array<std::vector<px::index_t>, features> ids_host;
+    px::Prefetched<Table>& take() {
+      held = false;
+      return lookups;
+    }
+  };
+
+  template <class Trainer>
+  void prefetch(Trainer& trainer, const Batch& next) {
+    std::vector<px::Lookup<Table>> batch;
+    for (std::size_t f = 0; f < features; ++f) {
+      ahead_.ids[f].assign_from_host(next.ids[f].data(), next.rows);
+      batch.emplace_back(tables[f], ahead_.ids[f]);
+    }
+    ahead_.ids_host = next.ids;
+    ahead_.lookups = timed(trainer.engine().exec(), Part::parallax, [&] { return trainer.prefetch(batch); });
+    ahead_.held = true;
+  }
+
   Config cfg_;
+  Ahead ahead_;
   px::Buffer<T, Space> dense_in_, concat_, grad_concat_, grad_rows_, loss_, hits_;
   px::Buffer<std::int32_t, Space> labels_;
   px::Buffer<const T*, Space> sources_;

@@ -25,6 +25,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
+#include <stdexcept>
+#include <utility>
 #include <vector>
 
 namespace px = parallax;
@@ -178,12 +181,21 @@ struct Model {
   px::Buffer<px::index_t, px::CudaSpace> context_ids, candidate_ids, sampled_row, label_row;
   px::Buffer<std::int32_t, px::CudaSpace> column;
   px::Buffer<float, px::CudaSpace> log_q, h, logits, loss, dpre, grad_x;
+  /// --overlap on: the next batch's lookups in flight (Trainer::prefetch),
+  /// its ids on the device and, to check the next step is given that batch,
+  /// on the host.
+  bool ahead_held = false;
+  px::Prefetched<px::Variable<px::Sparse, float, px::CudaSpace>> ahead;
+  px::Buffer<px::index_t, px::CudaSpace> ahead_context_ids, ahead_candidate_ids;
+  std::vector<px::index_t> ahead_context_host, ahead_candidate_host;
 };
 
 /// One step on this rank's rows; returns their mean loss. Collective.
+/// Given the next step's batch (`next`, `next_cand`, with --overlap on), its
+/// lookups start while this batch computes and the next step takes their rows.
 template <class Trainer>
 double train_step(Trainer& trainer, Model& m, const lm::Config& cfg, const lm::Batch& batch, const lm::Candidates& cand,
-                  bool overlap) {
+                  bool overlap, const lm::Batch* next = nullptr, const lm::Candidates* next_cand = nullptr) {
   const int rows = static_cast<int>(batch.rows), dim = static_cast<int>(cfg.dim), s = static_cast<int>(cand.sampled);
   const int in = static_cast<int>(cfg.context) * dim, n_cand = static_cast<int>(cand.ids.size()), width = 1 + s;
   const cudaStream_t stream = trainer.engine().exec().stream();
@@ -197,15 +209,33 @@ double train_step(Trainer& trainer, Model& m, const lm::Config& cfg, const lm::B
   };
 
   // example-begin cuda_step
-  m.context_ids.assign_from_host(batch.context.data(), batch.context.size());
-  m.candidate_ids.assign_from_host(cand.ids.data(), cand.ids.size());
+  const bool prefetched = m.ahead_held;
+  if (prefetched) {
+    if (batch.context != m.ahead_context_host || cand.ids != m.ahead_candidate_host)
+      throw std::invalid_argument("cuda_kernels: this batch is not the `next` batch the step before prefetched");
+    std::swap(m.context_ids, m.ahead_context_ids);  // its ids are on the device already
+    std::swap(m.candidate_ids, m.ahead_candidate_ids);
+  } else {
+    m.context_ids.assign_from_host(batch.context.data(), batch.context.size());
+    m.candidate_ids.assign_from_host(cand.ids.data(), cand.ids.size());
+  }
   m.log_q.assign_from_host(cand.log_q.data(), cand.log_q.size());
   m.sampled_row.assign_from_host(cand.sampled_row.data(), cand.sampled_row.size());
   m.label_row.assign_from_host(cand.label_row.data(), cand.label_row.size());
   m.column.assign_from_host(cand.column.data(), cand.column.size());
   // Device rows of both tables, looked up in one round:
   // rows x (context * dim) and candidates x (dim + 1).
-  const auto looked_up = trainer.lookup({px::Lookup{m.emb, m.context_ids}, px::Lookup{m.softmax, m.candidate_ids}});
+  m.ahead_held = false;
+  const auto looked_up = prefetched ? trainer.rows(m.ahead)
+                                    : trainer.lookup({px::Lookup{m.emb, m.context_ids}, px::Lookup{m.softmax, m.candidate_ids}});
+  if (overlap && next && next_cand) {  // the next batch's lookups go on while this one computes
+    m.ahead_context_ids.assign_from_host(next->context.data(), next->context.size());
+    m.ahead_candidate_ids.assign_from_host(next_cand->ids.data(), next_cand->ids.size());
+    m.ahead_context_host = next->context;
+    m.ahead_candidate_host = next_cand->ids;
+    m.ahead = trainer.prefetch({px::Lookup{m.emb, m.ahead_context_ids}, px::Lookup{m.softmax, m.ahead_candidate_ids}});
+    m.ahead_held = true;
+  }
   const auto& x = looked_up[0];
   const auto& w = looked_up[1];
   m.h.resize_discard(static_cast<std::size_t>(rows) * dim);
@@ -260,10 +290,18 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
   px::Trainer<Arch, px::optim::Adagrad, Engine> trainer(ctx, o.trainer_options(), px::optim::Adagrad{o.lr}, m.emb,
                                                         m.hidden_w, m.hidden_b, m.softmax);
   examples::Progress progress(trainer, shard.global, o.log_every, "words", o.warmup);
+  auto inputs = [&](std::uint64_t step) {
+    lm::Batch b = windows.training(step, shard.global, shard.first, shard.batch);
+    lm::Candidates c = lm::make_candidates(sampler, cfg.sampled, o.seed, step, b);
+    return std::make_pair(std::move(b), std::move(c));
+  };
+  std::optional<std::pair<lm::Batch, lm::Candidates>> next;  // --overlap on: the inputs a step ahead
   for (std::uint64_t step = 0; step < o.steps; ++step) {
-    const lm::Batch batch = windows.training(step, shard.global, shard.first, shard.batch);
-    const lm::Candidates cand = lm::make_candidates(sampler, cfg.sampled, o.seed, step, batch);
-    progress.record(train_step(trainer, m, cfg, batch, cand, o.overlapped()));
+    const auto [batch, cand] = next ? std::move(*next) : inputs(step);
+    next.reset();
+    if (o.overlapped() && step + 1 < o.steps) next = inputs(step + 1);
+    progress.record(train_step(trainer, m, cfg, batch, cand, o.overlapped(), next ? &next->first : nullptr,
+                               next ? &next->second : nullptr));
   }
   const examples::Summary s = progress.finish();
   if (ctx.is_root())

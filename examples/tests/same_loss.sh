@@ -1,39 +1,80 @@
 #!/bin/sh
-# Runs an example under each architecture with the same seed and checks that
-# the final losses agree within a relative tolerance (float noise: the
-# architectures sum the same gradients in different orders).
+# Runs an example several ways on the same seed and checks that the final
+# losses agree.
 #
-#   same_loss.sh <tolerance> <mpiexec> <np-flag> <ranks> <example> [args...]
+#   same_loss.sh archs <tolerance> <mpiexec> <np-flag> <ranks> <example> [args...]
+#     Under each architecture (hybrid, allreduce, ps): final_loss within a
+#     relative tolerance of the hybrid's (float noise: the architectures sum
+#     the same gradients in different orders).
+#   same_loss.sh overlap "<archs>" <mpiexec> <np-flag> <ranks> <example> [args...]
+#     Under each given architecture, --overlap off (no ready() or prefetch()
+#     calls, TrainerOptions::overlap false) and on: final_loss_hex
+#     bit-identical (overlap changes when gradients and rows move, never
+#     what is summed or read).
 #
-# The example must print a line "result: ... final_loss=<x> ..." and exit 0.
+# The example must print a line "result: ... final_loss=<x> final_loss_hex=<x> ..."
+# and exit 0. Prints "Passed" last when the losses agree.
 set -eu
-tol=$1 mpiexec=$2 npflag=$3 ranks=$4 exe=$5
-shift 5
-losses=""
-for arch in hybrid allreduce ps; do
-  out=$("$mpiexec" "$npflag" "$ranks" "$exe" --arch "$arch" "$@") || {
-    printf '%s\n' "$out"
-    echo "same_loss: $arch run failed"
-    exit 1
+mode=$1 param=$2 mpiexec=$3 npflag=$4 ranks=$5 exe=$6
+shift 6
+
+# final <field> <what> [example args...]: runs the example and prints the
+# value of <field> in its result line.
+final() {
+  field=$1 what=$2
+  shift 2
+  out=$("$mpiexec" "$npflag" "$ranks" "$exe" "$@") || {
+    printf '%s\n' "$out" >&2
+    echo "same_loss: the $what run failed" >&2
+    return 1
   }
-  loss=$(printf '%s\n' "$out" | sed -n 's/^result:.* final_loss=\([^ ]*\).*/\1/p')
-  if [ -z "$loss" ]; then
-    printf '%s\n' "$out"
-    echo "same_loss: no final_loss in the $arch run's output"
-    exit 1
+  value=$(printf '%s\n' "$out" | sed -n "s/^result:.* $field=\([^ ]*\).*/\1/p")
+  if [ -z "$value" ]; then
+    printf '%s\n' "$out" >&2
+    echo "same_loss: no $field in the $what run's output" >&2
+    return 1
   fi
-  echo "$arch: final loss $loss"
-  losses="$losses $loss"
-done
-# shellcheck disable=SC2086
-echo $losses | awk -v tol="$tol" '{
-  worst = 0
-  for (i = 2; i <= NF; ++i) {
-    d = $i - $1; if (d < 0) d = -d
-    r = d / ($1 < 0 ? -$1 : $1)
-    if (r > worst) worst = r
-  }
-  printf "largest relative difference to hybrid: %.3g (tolerance %s)\n", worst, tol
-  if (worst > tol) { print "Failed"; exit 1 }
-  print "Passed"
-}'
+  printf '%s\n' "$value"
+}
+
+case $mode in
+archs)
+  losses=""
+  for arch in hybrid allreduce ps; do
+    loss=$(final final_loss "$arch" --arch "$arch" "$@")
+    echo "$arch: final loss $loss"
+    losses="$losses $loss"
+  done
+  # shellcheck disable=SC2086
+  echo $losses | awk -v tol="$param" '{
+    worst = 0
+    for (i = 2; i <= NF; ++i) {
+      d = $i - $1; if (d < 0) d = -d
+      r = d / ($1 < 0 ? -$1 : $1)
+      if (r > worst) worst = r
+    }
+    printf "largest relative difference to hybrid: %.3g (tolerance %s)\n", worst, tol
+    if (worst > tol) { print "Failed"; exit 1 }
+    print "Passed"
+  }'
+  ;;
+overlap)
+  status=0
+  for arch in $param; do
+    off=$(final final_loss_hex "$arch --overlap off" --arch "$arch" --overlap off "$@")
+    on=$(final final_loss_hex "$arch --overlap on" --arch "$arch" --overlap on "$@")
+    if [ "$off" = "$on" ]; then
+      echo "$arch: --overlap off $off, on $on: identical"
+    else
+      echo "$arch: --overlap off $off, on $on: DIFFERENT"
+      status=1
+    fi
+  done
+  if [ "$status" -eq 0 ]; then echo Passed; else echo Failed; fi
+  exit "$status"
+  ;;
+*)
+  echo "same_loss.sh: the mode is 'archs' or 'overlap', got '$mode'" >&2
+  exit 2
+  ;;
+esac
