@@ -140,7 +140,10 @@ TEST_CASE("schedules give the factor of each step", "[optim][schedule]") {
 TEMPLATE_TEST_CASE("the row and dense kernels give the rule's bits, with decay or without", "[optim]", px::optim::Sgd,
                    px::optim::Momentum, px::optim::Adam, px::optim::Adagrad) {
   // The kernels pick the rule's update<Decay> once per call (so their loops
-  // vectorise); element by element, operator() tests the decay itself.
+  // vectorise); element by element, operator() tests the decay itself. The
+  // row kernels run the clone for the CPU's vector level (space.hpp,
+  // PARALLAX_HOST_ISA_CLONES), the reference this file's baseline code: the
+  // same bits, as no multiply-add is fused.
   for (const float decay : {0.f, 0.01f}) {
     TestType opt{};
     if constexpr (!std::is_same_v<TestType, px::optim::Adagrad>) opt.weight_decay = decay;

@@ -274,10 +274,29 @@ constexpr std::size_t prefetch_rows_ahead(std::size_t cols) noexcept {
   return rows < 1 ? 1 : (rows > 64 ? 64 : rows);
 }
 
+/// Host row kernels (the lookup's gathers, the sparse optimizer updates)
+/// are compiled for x86-64-v4 (AVX-512), x86-64-v3 (AVX2) and the baseline,
+/// and the loader picks the best the CPU has (GCC's target_clones): built
+/// for the baseline, a row update's square roots and divisions, four lanes
+/// at a time, cost more than its scattered memory (docs/benchmarks.md, "Row
+/// kernels"). Floating-point contraction is off in the clones, so every
+/// level computes the baseline's bits: element-wise IEEE operations round
+/// the same at any vector width, and no FMA is formed (tests/optim.cpp
+/// compares the kernels with the rules bit for bit). GCC 12+ on x86-64 ELF
+/// outside nvcc; elsewhere the kernels are built once, for the compiler's
+/// target. Defining PARALLAX_NO_ISA_CLONES turns it off.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__) && defined(__ELF__) && \
+    !defined(__CUDACC__) && !defined(PARALLAX_NO_ISA_CLONES)
+#define PARALLAX_HOST_ISA_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), optimize("fp-contract=off")))
+#else
+#define PARALLAX_HOST_ISA_CLONES
+#endif
+
 /// Rows [begin, end) of a row kernel on one thread, prefetching ahead
 /// within the range where the kernel has a prefetch(r).
 template <class F>
-void run_rows(const F& f, std::size_t begin, std::size_t end, std::size_t cols) {
+PARALLAX_HOST_ISA_CLONES void run_rows(const F& f, std::size_t begin, std::size_t end, std::size_t cols) {
   if constexpr (has_prefetch<F>::value) {
     const std::size_t ahead = prefetch_rows_ahead(cols);
     for (std::size_t r = begin; r < end && r < begin + ahead; ++r) f.prefetch(r);
