@@ -15,6 +15,8 @@
 //   AdagradRows/library      optim::apply_rows(Adagrad), as the trainer runs it
 //   AdagradRows/no_prefetch  the same kernel with its prefetch(r) hidden
 //   AdagradRows/math_errno   the same kernel compiled with -fmath-errno
+//   AdagradRows/baseline_isa the same kernel built for the baseline x86-64 only
+//                            (PARALLAX_NO_ISA_CLONES), not for the CPU's vector level
 //   AdagradRows/contiguous   the same kernel on as many contiguous rows: the
 //                            update without the scatter, beside Memcpy/rows
 //   TouchRows/floor          the table's and the accumulator's rows of a set read
@@ -97,6 +99,9 @@ constexpr std::size_t kAdagradBytes = 5 * kRowBytes;
 
 void AdagradRows_library(benchmark::State& state) { run_rows(state, adagrad_rows, kAdagradBytes); }
 void AdagradRows_no_prefetch(benchmark::State& state) { run_rows(state, adagrad_rows_no_prefetch, kAdagradBytes); }
+void AdagradRows_baseline_isa(benchmark::State& state) {
+  run_rows(state, pb::adagrad_rows_baseline_isa, kAdagradBytes);
+}
 void AdagradRows_math_errno(benchmark::State& state) {
   run_rows(state, pb::adagrad_rows_math_errno, kAdagradBytes);
 }
@@ -287,6 +292,7 @@ void NonFinite_find_if(benchmark::State& state) { run_rows(state, non_finite_fin
 // drift on a shared machine falls on every variant alike.
 BENCHMARK(AdagradRows_library)->Name("AdagradRows/library")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(AdagradRows_no_prefetch)->Name("AdagradRows/no_prefetch")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(AdagradRows_baseline_isa)->Name("AdagradRows/baseline_isa")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(AdagradRows_math_errno)->Name("AdagradRows/math_errno")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(GatherRows_library)->Name("GatherRows/library")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(GatherRows_no_prefetch)->Name("GatherRows/no_prefetch")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);

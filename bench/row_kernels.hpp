@@ -100,4 +100,8 @@ Update adagrad_update(RowWorkload& w, std::size_t s) {
 /// -fmath-errno (row_kernels_errno.cpp).
 void adagrad_rows_math_errno(RowWorkload& w, std::size_t s);
 
+/// optim::apply_rows with Adagrad on set `s`, built for the baseline x86-64
+/// only (PARALLAX_NO_ISA_CLONES; row_kernels_baseline_isa.cpp).
+void adagrad_rows_baseline_isa(RowWorkload& w, std::size_t s);
+
 }  // namespace parallax::bench
