@@ -96,19 +96,28 @@ struct SumSegments {
 /// same bits. Why not SumSegments' element per index on the host: its inner
 /// loop runs down a segment and does not vectorise (docs/benchmarks.md,
 /// "Kernel choices").
+///
+/// The rows are read in `order`, scattered over the input: each one read
+/// asks for the row prefetch_rows_ahead(cols) places further in that order
+/// (the segments of a thread follow each other, so that is the row it
+/// reads then).
 template <class T>
 struct SumSegmentRows : SumSegments<T> {
+  std::size_t n;  // rows in all (order's length)
   void operator()(std::size_t seg) const {
-    const std::size_t width = this->cols;
+    const std::size_t width = this->cols, ahead = prefetch_rows_ahead(width);
     T* o = this->out + seg * width;
-    const index_t first = this->starts[seg], last = this->starts[seg + 1];
-    const T* row = this->values.row(static_cast<std::size_t>(this->order[first]), width);
+    const auto first = static_cast<std::size_t>(this->starts[seg]), last = static_cast<std::size_t>(this->starts[seg + 1]);
+    for (std::size_t k = first; k < last; ++k) {
+      if (k + ahead < n) prefetch_bytes(this->values.row(static_cast<std::size_t>(this->order[k + ahead]), width), width * sizeof(T));
+      const T* row = this->values.row(static_cast<std::size_t>(this->order[k]), width);
+      if (k == first) {
 #pragma omp simd
-    for (std::size_t c = 0; c < width; ++c) o[c] = T(0) + row[c];
-    for (index_t k = first + 1; k < last; ++k) {
-      row = this->values.row(static_cast<std::size_t>(this->order[k]), width);
+        for (std::size_t c = 0; c < width; ++c) o[c] = T(0) + row[c];
+      } else {
 #pragma omp simd
-      for (std::size_t c = 0; c < width; ++c) o[c] += row[c];
+        for (std::size_t c = 0; c < width; ++c) o[c] += row[c];
+      }
     }
   }
 };
@@ -125,7 +134,7 @@ template <class T>
 void sum_segments(const Exec<HostSpace>& ex, identity_t<RowsAt<T>> values, const index_t* order, const index_t* starts,
                   std::size_t m, std::size_t n, std::size_t cols, T* out) {
   if (m == 0 || cols == 0) return;
-  for_each(ex, m, SumSegmentRows<T>{{values, order, starts, out, cols}}, Cost{cols * ((n + m - 1) / m)});
+  for_each(ex, m, SumSegmentRows<T>{{values, order, starts, out, cols}, n}, Cost{cols * ((n + m - 1) / m)});
 }
 
 struct SetValue {
