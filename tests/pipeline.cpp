@@ -11,6 +11,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -415,4 +418,211 @@ TEST_CASE("pipeline: a stage rank that does not send is named within the deadlin
   CHECK(test::all_ranks(g.first_stage() || (failed && e.find(want) != std::string::npos &&
                                             e.find("gave up after 300 ms") != std::string::npos)));
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+namespace {
+
+// A stage with a sharded embedding: ids -> the sum of two rows of `emb`
+// (ShardedPS under the hybrid, its rows looked up per micro-batch over the
+// stage's replicas) -> tanh layer A (4 -> 8) | layer B (8 -> 1) -> squared
+// error. With one stage everything is on every rank; with two, the
+// embedding and A are stage 0's and B is stage 1's.
+constexpr std::size_t kVocab = 20, kDim = 4, kHidden = 8, kEmbBatch = 12;
+
+px::index_t emb_id(std::size_t step, std::size_t e, std::size_t k) {
+  return static_cast<px::index_t>((e * 7 + step * 3 + k * 11) % kVocab);
+}
+
+struct EmbeddingModel {
+  using Dense = px::Variable<px::Dense, float>;
+  using Sparse = px::Variable<px::Sparse, float>;
+  std::optional<Sparse> emb;
+  std::optional<Dense> a_w, a_b, b_w, b_b;
+  std::function<std::vector<float>(const std::vector<px::index_t>&)> lookup;  // the trainer's, set later
+  std::size_t step = 0, offset = 0;
+
+  EmbeddingModel(const px::Context& ctx, bool front, bool back) {
+    if (front) {
+      emb.emplace(ctx, "emb", px::Shape{kVocab, kDim}, px::init::Uniform{-0.5f, 0.5f, 7});
+      a_w.emplace(ctx, "a_w", px::Shape{kDim, kHidden}, px::init::Glorot{3});
+      a_b.emplace(ctx, "a_b", px::Shape{1, kHidden}, px::init::Uniform{-0.1f, 0.1f, 4});
+    }
+    if (back) {
+      b_w.emplace(ctx, "b_w", px::Shape{kHidden, 1}, px::init::Glorot{5});
+      b_b.emplace(ctx, "b_b", px::Shape{1, 1}, px::init::Uniform{-0.1f, 0.1f, 6});
+    }
+  }
+
+  std::vector<px::index_t> ids_of(const pp::MicroBatch& mb) const {
+    std::vector<px::index_t> ids;
+    for (std::size_t e = 0; e < mb.rows; ++e)
+      for (std::size_t k = 0; k < 2; ++k) ids.push_back(emb_id(step, offset + mb.first + e, k));
+    return ids;
+  }
+
+  // saved: [h (rows x kDim) | a (rows x kHidden)] in front; [y (rows)] at the back.
+  pp::Stage<float> stage() {
+    pp::Stage<float> st;
+    const bool front = emb.has_value(), back = b_w.has_value();
+    st.name = front && back ? "all" : front ? "embedding + A" : "B";
+    st.in_width = front ? 0 : kHidden;
+    st.out_width = back ? 0 : kHidden;
+    st.forward = [this, front, back](const pp::MicroBatch& mb, const float* in, float* out, std::vector<float>& saved) {
+      const std::size_t rows = mb.rows;
+      saved.clear();
+      std::vector<float> a(in ? std::vector<float>(in, in + rows * kHidden) : std::vector<float>());
+      if (front) {
+        const auto rowsv = lookup(ids_of(mb));
+        const auto W = a_w->value().to_host(), B = a_b->value().to_host();
+        std::vector<float> h(rows * kDim);
+        for (std::size_t e = 0; e < rows; ++e)
+          for (std::size_t d = 0; d < kDim; ++d) h[e * kDim + d] = rowsv[(2 * e) * kDim + d] + rowsv[(2 * e + 1) * kDim + d];
+        a.assign(rows * kHidden, 0.f);
+        for (std::size_t e = 0; e < rows; ++e)
+          for (std::size_t o = 0; o < kHidden; ++o) {
+            float z = B[o];
+            for (std::size_t d = 0; d < kDim; ++d) z += h[e * kDim + d] * W[d * kHidden + o];
+            a[e * kHidden + o] = std::tanh(z);
+          }
+        saved.insert(saved.end(), h.begin(), h.end());
+        saved.insert(saved.end(), a.begin(), a.end());
+        if (out) std::copy(a.begin(), a.end(), out);
+      }
+      double loss = 0;
+      if (back) {
+        const auto W = b_w->value().to_host(), B = b_b->value().to_host();
+        for (std::size_t e = 0; e < rows; ++e) {
+          float y = B[0];
+          for (std::size_t o = 0; o < kHidden; ++o) y += a[e * kHidden + o] * W[o];
+          saved.push_back(y);
+          const double d = y - target(step, offset + mb.first + e);
+          loss += 0.5 * d * d;
+        }
+      }
+      return loss;
+    };
+    st.backward = [this, front, back](const pp::MicroBatch& mb, const float* in, const float* out_grad, float* in_grad,
+                                      std::vector<float>& saved) {
+      const std::size_t rows = mb.rows;
+      std::vector<float> da(rows * kHidden);
+      if (back) {
+        const float* a = front ? saved.data() + rows * kDim : in;
+        const float* y = saved.data() + (front ? rows * (kDim + kHidden) : 0);
+        const auto W = b_w->value().to_host();
+        float* dw = b_w->grad().data();
+        float* db = b_b->grad().data();
+        for (std::size_t e = 0; e < rows; ++e) {
+          const float dy = (y[e] - target(step, offset + mb.first + e)) / static_cast<float>(mb.batch_rows);
+          db[0] += dy;
+          for (std::size_t o = 0; o < kHidden; ++o) {
+            dw[o] += a[e * kHidden + o] * dy;
+            da[e * kHidden + o] = dy * W[o];
+          }
+        }
+      } else {
+        std::copy(out_grad, out_grad + da.size(), da.begin());
+      }
+      if (in_grad) std::copy(da.begin(), da.end(), in_grad);
+      if (!front) return;
+      const float* h = saved.data();
+      const float* a = saved.data() + rows * kDim;
+      const auto W = a_w->value().to_host();
+      float* dw = a_w->grad().data();
+      float* db = a_b->grad().data();
+      std::vector<float> dh(rows * kDim, 0.f);
+      for (std::size_t e = 0; e < rows; ++e)
+        for (std::size_t o = 0; o < kHidden; ++o) {
+          const float dz = da[e * kHidden + o] * (1 - a[e * kHidden + o] * a[e * kHidden + o]);
+          db[o] += dz;
+          for (std::size_t d = 0; d < kDim; ++d) {
+            dw[d * kHidden + o] += h[e * kDim + d] * dz;
+            dh[e * kDim + d] += dz * W[d * kHidden + o];
+          }
+        }
+      // Both ids of an example get the gradient of h.
+      std::vector<float> rows_grad(2 * rows * kDim);
+      for (std::size_t e = 0; e < rows; ++e)
+        for (std::size_t k = 0; k < 2; ++k)
+          std::copy(dh.begin() + static_cast<std::ptrdiff_t>(e * kDim), dh.begin() + static_cast<std::ptrdiff_t>((e + 1) * kDim),
+                    rows_grad.begin() + static_cast<std::ptrdiff_t>((2 * e + k) * kDim));
+      const auto ids = ids_of(mb);
+      emb->grad().add(ids.data(), rows_grad.data(), ids.size());
+    };
+    return st;
+  }
+};
+
+/// Trains the embedding model on `stages` stages; returns every variable
+/// this rank holds, by name (the embedding whole, fetched).
+std::map<std::string, std::vector<float>> train_embedding(int stages, pp::ScheduleKind kind, int micro) {
+  pp::Grid grid(test::world(), stages);
+  const bool front = grid.first_stage(), back = grid.last_stage();
+  EmbeddingModel m(grid.replica_context(), front, back);
+  px::TrainerOptions options;
+  options.overlap = false;
+  std::map<std::string, std::vector<float>> out;
+  auto go = [&](auto& trainer) {
+    if (front)
+      m.lookup = [&trainer, &m](const std::vector<px::index_t>& ids) {
+        const auto r = trainer.lookup(*m.emb, ids);
+        return std::vector<float>(r.data, r.data + r.size());
+      };
+    pp::Pipeline<float> pipe(grid, m.stage(), pp::Schedule::make(kind, stages, micro));
+    const px::BatchShare share = px::share_of(kEmbBatch, grid.replica(), grid.replicas());
+    m.offset = share.first;
+    for (std::size_t s = 0; s < kSteps; ++s) {
+      m.step = s;
+      pipe.run(share.count);
+      trainer.step();
+    }
+    if (front) {
+      out["emb"] = trainer.fetch(*m.emb);
+      out["a_w"] = trainer.fetch(*m.a_w);
+      out["a_b"] = trainer.fetch(*m.a_b);
+    }
+    if (back) {
+      out["b_w"] = trainer.fetch(*m.b_w);
+      out["b_b"] = trainer.fetch(*m.b_b);
+    }
+  };
+  using T = px::Trainer<px::arch::Hybrid, px::optim::Sgd>;
+  if (front && back) {
+    T t(grid.replica_context(), options, px::optim::Sgd{kLr}, *m.emb, *m.a_w, *m.a_b, *m.b_w, *m.b_b);
+    go(t);
+  } else if (front) {
+    T t(grid.replica_context(), options, px::optim::Sgd{kLr}, *m.emb, *m.a_w, *m.a_b);
+    CHECK(t.policy_of(*m.emb) == "ShardedPS");
+    if (grid.replicas() > 1) CHECK(t.stored_rows(*m.emb) < kVocab);  // shards over the stage's replicas
+    go(t);
+  } else {
+    T t(grid.replica_context(), options, px::optim::Sgd{kLr}, *m.b_w, *m.b_b);
+    go(t);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("pipeline: a stage with a sharded embedding trains as the data-parallel job does",
+          "[pipeline][np2+][needs-even-ranks]") {
+  if (test::skip_below_ranks(2)) return;
+  const auto& w = test::world();
+  if (test::skip_unless(w.size() % 2 == 0, "two stages need an even rank count")) return;
+  const auto reference = train_embedding(1, pp::ScheduleKind::gpipe, 1);  // every rank a replica
+  for (auto kind : {pp::ScheduleKind::gpipe, pp::ScheduleKind::one_f_one_b}) {
+    INFO(pp::to_string(kind));
+    const auto got = train_embedding(2, kind, 3);
+    bool ok = !got.empty();
+    std::string why;
+    for (const auto& [name, values] : got) {
+      const auto& want = reference.at(name);
+      const std::vector<double> wd(want.begin(), want.end());
+      if (!close(values, wd, 1e-5, why)) {
+        ok = false;
+        why = name + ": " + why;
+      }
+    }
+    INFO(why);
+    CHECK(test::all_ranks(ok));
+  }
 }
