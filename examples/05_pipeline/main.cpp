@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,7 @@ struct Args {
   int stages = 1;
   int micro_batches = 4;
   std::string schedule = "1f1b";
+  std::string placement = "params";
   double pass_ratio = 0.7;
   double margin = 0.1;
   std::size_t last_steps = 20;
@@ -60,6 +62,31 @@ pm::Batch make_batch(const examples::TeacherData& data, std::uint64_t base, std:
   return b;
 }
 
+/// Seconds of each layer's forward and backward pass on a micro-batch of
+/// `rows` examples: every rank times every layer (each a one-layer stage of
+/// its own, built for the measurement), and the ranks average the times so
+/// that they all place the layers alike (pipeline::profile_layers).
+std::vector<double> profile(const px::Context& ctx, const pm::Config& cfg, const examples::TeacherData& data,
+                            std::size_t rows) {
+  rows = std::max<std::size_t>(rows, 1);
+  const pm::Batch batch = make_batch(data, std::uint64_t{1} << 41, 0, rows);
+  std::vector<float> in(rows * cfg.width, 0.5f), out(rows * cfg.width), grad(rows * cfg.width, 1e-3f), saved;
+  const pp::MicroBatch mb{0, 0, rows, rows};
+  std::vector<std::unique_ptr<pm::StageModel>> layers;
+  std::vector<pp::Stage<float>> stages;
+  for (std::size_t l = 0; l < cfg.layers(); ++l) {
+    layers.push_back(std::make_unique<pm::StageModel>(ctx, cfg, l, l + 1));
+    layers.back()->set_batch(batch);
+    stages.push_back(layers.back()->stage());
+  }
+  return pp::profile_layers(ctx, cfg.layers(), [&](std::size_t l) {
+    const pp::Stage<float>& st = stages[l];
+    const bool head = l + 1 == cfg.layers();
+    st.forward(mb, l == 0 ? nullptr : in.data(), head ? nullptr : out.data(), saved);
+    st.backward(mb, l == 0 ? nullptr : in.data(), head ? nullptr : grad.data(), l == 0 ? nullptr : out.data(), saved);
+  });
+}
+
 template <class Arch>
 int train(px::Context& ctx, const Args& a) {
   const auto& o = a.common;
@@ -67,13 +94,20 @@ int train(px::Context& ctx, const Args& a) {
   pp::Grid grid(ctx, a.stages);
   const pp::Schedule schedule = pp::Schedule::make(pp::schedule_kind(a.schedule), a.stages, a.micro_batches);
 
-  // Layers balanced over the stages by their products' sizes (parameter counts).
+  // --batch examples per rank: a replica runs stages x batch, the job ranks x batch.
+  const std::size_t replica_rows = o.batch * static_cast<std::size_t>(grid.stages());
+  const std::size_t global = replica_rows * static_cast<std::size_t>(grid.replicas());
+  const examples::TeacherData data(cfg.inputs, cfg.classes, o.seed);
+
+  // Layers balanced over the stages by their products' sizes (parameter
+  // counts), or by their times in a short profiling run.
   std::vector<double> cost;
   std::vector<std::size_t> bytes;
   for (std::size_t l = 0; l < cfg.layers(); ++l) {
     cost.push_back(static_cast<double>(cfg.parameters(l)));
     bytes.push_back(cfg.parameters(l) * sizeof(float));
   }
+  if (a.placement == "measured") cost = profile(ctx, cfg, data, replica_rows / static_cast<std::size_t>(a.micro_batches));
   const pp::Placement place = pp::place_layers(cost, bytes, schedule);
   if (ctx.is_root()) {
     std::printf("%d stages x %d replicas, %s with %d micro-batches, architecture %s\n%s", grid.stages(),
@@ -86,11 +120,6 @@ int train(px::Context& ctx, const Args& a) {
   px::Trainer<Arch, px::optim::Momentum> trainer(grid.replica_context(), o.trainer_options(),
                                                  px::optim::Momentum{o.lr, 0.9f}, model.variables());
   pp::Pipeline<float> pipe(grid, model.stage(), schedule);
-
-  // --batch examples per rank: a replica runs stages x batch, the job ranks x batch.
-  const std::size_t replica_rows = o.batch * static_cast<std::size_t>(grid.stages());
-  const std::size_t global = replica_rows * static_cast<std::size_t>(grid.replicas());
-  const examples::TeacherData data(cfg.inputs, cfg.classes, o.seed);
 
   double first_loss = 0, tail_loss = 0, tail_hits = 0, tail_rows = 0;
   std::vector<double> tail_classes(cfg.classes, 0.0);
@@ -170,6 +199,9 @@ int main(int argc, char** argv) {
      "micro-batches per step: a replica's batch (stages x --batch examples) is cut into this many")
     ("schedule", examples::po::value(&a.schedule)->default_value(a.schedule),
      "gpipe (all forwards, then all backwards) or 1f1b (one forward, one backward)")
+    ("placement", examples::po::value(&a.placement)->default_value(a.placement),
+     "how layers are balanced over the stages: params (their parameter counts) or measured (a short "
+     "profiling run of each layer, averaged over the ranks)")
     ("inputs", examples::po::value(&a.model.inputs)->default_value(a.model.inputs), "input features")
     ("width", examples::po::value(&a.model.width)->default_value(a.model.width), "width of the residual blocks")
     ("blocks", examples::po::value(&a.model.blocks)->default_value(a.model.blocks), "residual blocks")
@@ -189,6 +221,8 @@ int main(int argc, char** argv) {
                 std::to_string(a.stages);
     else if (a.micro_batches < 1) problem = "--micro-batches must be at least 1";
     else if (a.schedule != "gpipe" && a.schedule != "1f1b") problem = "--schedule must be gpipe or 1f1b";
+    else if (a.placement != "params" && a.placement != "measured")
+      problem = "--placement must be params or measured";
     else if (a.model.inputs == 0 || a.model.width == 0 || a.model.classes < 2)
       problem = "--inputs and --width must be at least 1, --classes at least 2";
     else if (a.model.layers() < static_cast<std::size_t>(a.stages))

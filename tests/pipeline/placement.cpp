@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <chrono>
 #include <random>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -96,4 +98,27 @@ TEST_CASE("placement: predicts the schedule's bubble and each stage's memory", "
   CHECK(q.predicted_bubble > pp::gpipe_bubble_fraction(3, 4));
   CHECK(test::error_of([] { pp::place_layers({1, 1}, {1, 1}, pp::Schedule::gpipe(3, 1)); }) ==
         "place_layers: 2 layers cannot fill 3 stages (each needs a layer)");
+}
+
+TEST_CASE("placement: a profiling run gives every rank the same measured costs", "[pipeline]") {
+  // Layer i sleeps (i + 1) ms on rank 0 and 2 (i + 1) ms elsewhere: the
+  // costs are the ranks' mean, the same bits everywhere.
+  const auto& w = test::world();
+  const auto cost = pp::profile_layers(w, 4, [&](std::size_t i) {
+    const double ms = static_cast<double>(i + 1) * (w.rank() == 0 ? 1 : 2);
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms));
+  }, 3);
+  REQUIRE(cost.size() == 4);
+  std::string bits(reinterpret_cast<const char*>(cost.data()), cost.size() * sizeof(double));
+  CHECK(test::same_on_every_rank(bits));
+  const double scale = w.size() == 1 ? 1.0 : (1.0 + 2.0 * (w.size() - 1)) / w.size();
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(cost[i] >= 1e-3 * static_cast<double>(i + 1) * scale);
+    if (i) CHECK(cost[i] > cost[i - 1]);
+  }
+  // The measured costs place like any others.
+  const pp::Placement p = pp::place_layers(cost, {1, 1, 1, 1}, pp::Schedule::gpipe(2, 4));
+  CHECK(p.first_layer == std::vector<std::size_t>{0, 3, 4});
+  CHECK(test::error_of([&] { pp::profile_layers(w, 1, [](std::size_t) {}, 0); }) ==
+        "profile_layers: repeats must be at least 1, got 0");
 }

@@ -7,10 +7,12 @@
 /// those costs (Schedule::simulate). Costs come from the user: measured by
 /// a short profiling run, or estimated (floating-point operations).
 
+#include <parallax/context.hpp>
 #include <parallax/error.hpp>
 #include <parallax/pipeline/schedule.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <limits>
@@ -108,6 +110,31 @@ inline Placement place_layers(const std::vector<double>& layer_cost, const std::
   p.predicted_bubble = schedule.simulate(fwd, bwd).bubble_fraction();
   p.schedule = schedule.name();
   return p;
+}
+
+/// A short profiling run: times `run_layer(i)` (one forward and backward
+/// pass of layer i on a representative micro-batch) for every layer, once
+/// to warm up and then `repeats` times, keeps each layer's median, and
+/// averages the medians over the ranks of `world`, so that every rank gets
+/// the same costs and place_layers() makes the same split everywhere.
+/// Collective over world; returns seconds per layer.
+template <class RunLayer>
+std::vector<double> profile_layers(const Context& world, std::size_t layers, RunLayer&& run_layer, int repeats = 5) {
+  PARALLAX_EXPECTS(repeats >= 1, "profile_layers: repeats must be at least 1, got ", repeats);
+  std::vector<double> cost(layers, 0.0), times(static_cast<std::size_t>(repeats));
+  for (std::size_t i = 0; i < layers; ++i) {
+    run_layer(i);
+    for (auto& t : times) {
+      const auto t0 = std::chrono::steady_clock::now();
+      run_layer(i);
+      t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    std::nth_element(times.begin(), times.begin() + repeats / 2, times.end());
+    cost[i] = times[static_cast<std::size_t>(repeats / 2)];
+  }
+  cost = world.sum(std::move(cost));
+  for (double& c : cost) c /= world.size();
+  return cost;
 }
 
 }  // namespace parallax::pipeline
