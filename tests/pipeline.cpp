@@ -626,3 +626,27 @@ TEST_CASE("pipeline: a stage with a sharded embedding trains as the data-paralle
     CHECK(test::all_ranks(ok));
   }
 }
+
+TEST_CASE("pipeline: a message of another size than expected is named by its receiver", "[pipeline][np2+]") {
+  if (test::skip_below_ranks(2)) return;
+  const auto& w = test::world();
+  pp::Grid g(w, w.size());
+  pp::PipelineOptions o;
+  o.engine.timeout = std::chrono::milliseconds(300);
+  std::string e;
+  {
+    pp::Pipeline<float> p(g, chain_stage(g), pp::Schedule::gpipe(w.size(), 4), o);
+    // Stage 1 runs a batch of 5 rows (its micro-batch 0 has 2) where stage 0
+    // runs 4 (1 row each): 8 values arrive where 16 are expected. The other
+    // stages then wait in vain, until the deadline.
+    e = test::error_of([&] { p.run(g.stage() == 1 ? 5 : 4); });
+  }
+  px::detail::job_failed() = false;  // the drill is over
+  INFO(e);
+  if (g.stage() == 1)
+    CHECK(e == "pipeline: rank 1 (stage 1, replica 0) expected 16 elements of activations of micro-batch 0 from rank 0 "
+               "(stage 0, replica 0) but got 8 (do the ranks of one replica run the same batch size?)");
+  else
+    CHECK(e.find("gave up after 300 ms") != std::string::npos);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
