@@ -12,6 +12,7 @@
 // --pass-ratio of the first step's and the accuracy of the last steps (on
 // their batches before each update: unseen examples) beats the majority
 // class by --margin.
+#include "common/backend.hpp"
 #include "common/gemm.hpp"
 #include "common/options.hpp"
 #include "common/progress.hpp"
@@ -72,10 +73,11 @@ std::vector<double> profile(const px::Context& ctx, const pm::Config& cfg, const
   const pm::Batch batch = make_batch(data, std::uint64_t{1} << 41, 0, rows);
   std::vector<float> in(rows * cfg.width, 0.5f), out(rows * cfg.width), grad(rows * cfg.width, 1e-3f), saved;
   const pp::MicroBatch mb{0, 0, rows, rows};
-  std::vector<std::unique_ptr<pm::StageModel>> layers;
+  using Space = examples::DefaultSpace;
+  std::vector<std::unique_ptr<pm::StageModel<Space>>> layers;
   std::vector<pp::Stage<float>> stages;
   for (std::size_t l = 0; l < cfg.layers(); ++l) {
-    layers.push_back(std::make_unique<pm::StageModel>(ctx, cfg, l, l + 1));
+    layers.push_back(std::make_unique<pm::StageModel<Space>>(ctx, cfg, l, l + 1));
     layers.back()->set_batch(batch);
     stages.push_back(layers.back()->stage());
   }
@@ -116,9 +118,11 @@ int train(px::Context& ctx, const Args& a) {
   }
 
   const auto s = static_cast<std::size_t>(grid.stage());
-  pm::StageModel model(grid.replica_context(), cfg, place.first_layer[s], place.first_layer[s + 1]);
-  px::Trainer<Arch, px::optim::Momentum> trainer(grid.replica_context(), o.trainer_options(),
-                                                 px::optim::Momentum{o.lr, 0.9f}, model.variables());
+  pm::StageModel<examples::DefaultSpace> model(grid.replica_context(), cfg, place.first_layer[s],
+                                               place.first_layer[s + 1]);
+  px::Trainer<Arch, px::optim::Momentum, examples::DefaultEngine> trainer(
+      grid.replica_context(), o.trainer_options(), px::optim::Momentum{o.lr, 0.9f}, model.variables());
+  model.set_exec(trainer.engine().exec());
   pp::Pipeline<float> pipe(grid, model.stage(), schedule);
 
   double first_loss = 0, tail_loss = 0, tail_hits = 0, tail_rows = 0;
@@ -233,11 +237,11 @@ int main(int argc, char** argv) {
   if (ctx.is_root()) {
     const auto& m = a.model;
     std::printf("05_pipeline: residual MLP %zu-(%zu x %zu blocks)-%zu, %zu layers, %zu parameters; batch %zu per rank "
-                "(%zu in all), %zu steps, lr %g, seed %llu; matrix products: %s\n",
+                "(%zu in all), %zu steps, lr %g, seed %llu; %s space, matrix products: %s\n",
                 m.inputs, m.width, m.blocks, m.classes, m.layers(), m.parameters(), a.common.batch,
                 a.common.batch * static_cast<std::size_t>(ctx.size()), a.common.steps,
-                static_cast<double>(a.common.lr), static_cast<unsigned long long>(a.common.seed),
-                examples::gemm_description<px::HostSpace>().c_str());
+                static_cast<double>(a.common.lr), static_cast<unsigned long long>(a.common.seed), examples::space_name(),
+                examples::gemm_description<examples::DefaultSpace>().c_str());
     std::fflush(stdout);
   }
   return px::with_arch(a.common.arch, [&](auto arch) { return train<decltype(arch)>(ctx, a); });

@@ -6,7 +6,11 @@
 /// their variables, and gives the pipeline its forward and backward passes
 /// (px::pipeline::Stage). Gradients accumulate over the step's
 /// micro-batches (products with beta = 1) until the trainer's step() applies
-/// and clears them. Host memory; the products are examples::gemm calls.
+/// and clears them. The variables and the arithmetic live in Space (host,
+/// or a GPU in the CUDA twin): products are examples::gemm calls, the rest
+/// px::for_each functors. The pipeline moves activations through host
+/// buffers, so on a GPU each pass copies its input in and its output (and
+/// what its backward needs, `saved`) out.
 
 #include "../common/gemm.hpp"
 #include "../common/layers.hpp"
@@ -51,10 +55,40 @@ struct Batch {
   std::vector<std::int32_t> labels;  ///< rows
 };
 
-/// One stage: layers [first, last) of the chain.
+namespace detail {
+/// z = act(z + b) row by row (`cols` per row); relu unless `linear`.
+struct BiasActivation {
+  float* z;
+  const float* b;
+  std::size_t cols;
+  bool linear;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t i) const {
+    const float v = z[i] + b[i % cols];
+    z[i] = linear || v > 0.f ? v : 0.f;
+  }
+};
+/// y = x + r (a block's skip connection).
+struct Add {
+  float* y;
+  const float* x;
+  const float* r;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t i) const { y[i] = x[i] + r[i]; }
+};
+/// dz = dy where the relu's output s is positive, else 0.
+struct ReluGrad {
+  float* dz;
+  const float* dy;
+  const float* s;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t i) const { dz[i] = s[i] > 0.f ? dy[i] : 0.f; }
+};
+}  // namespace detail
+
+/// One stage: layers [first, last) of the chain, in Space.
+template <class Space>
 class StageModel {
  public:
-  using Var = px::Variable<px::Dense, float>;
+  using Var = px::Variable<px::Dense, float, Space>;
+  using Buf = px::Buffer<float, Space>;
 
   StageModel(const px::Context& ctx, const Config& cfg, std::size_t first, std::size_t last)
       : cfg_(cfg), first_(first), last_(last) {
@@ -77,12 +111,14 @@ class StageModel {
     for (const Var& v : vars_) n += v.shape().elements();
     return n;
   }
+  /// Where the stage's kernels run: the trainer's (its stream on a GPU).
+  void set_exec(const px::Exec<Space>& ex) { ex_ = ex; }
 
   /// The replica's batch of the coming run (read by the first stage, for
   /// the inputs, and the last, for the labels).
   void set_batch(const Batch& b) {
     batch_ = &b;
-    loss_ = hits_ = 0;
+    hits_ = 0;
   }
   /// Correct predictions of the last run (last stage).
   double hits() const noexcept { return hits_; }
@@ -112,100 +148,113 @@ class StageModel {
     return (kind(l) == Kind::block ? 2 : 1) * rows * cfg_.out(l);
   }
 
+  /// The stage's input in Space: the previous stage's activations, or the
+  /// batch's features on the first stage.
+  const float* input(const pp::MicroBatch& mb, const float* in) {
+    const std::size_t n = mb.rows * (in ? cfg_.in(first_) : cfg_.inputs);
+    x_.assign_from_host(in ? in : batch_->x.data() + mb.first * cfg_.inputs, n);
+    return x_.data();
+  }
+
   double forward(const pp::MicroBatch& mb, const float* in, float* out, std::vector<float>& saved) {
     const std::size_t rows = mb.rows;
     std::size_t total = 0;
     for (std::size_t l = first_; l < last_; ++l) total += saved_size(l, rows);
-    saved.assign(total, 0.f);
-    const float* x = in ? in : batch_->x.data() + mb.first * cfg_.inputs;
-    float* at = saved.data();
+    scratch_.resize_discard(total);
+    const float* x = input(mb, in);
+    float* at = scratch_.data();
     double loss = 0;
     for (std::size_t l = first_; l < last_; ++l) {
-      const std::size_t i_w = cfg_.in(l), o_w = cfg_.out(l);
+      const std::size_t i_w = cfg_.in(l), o_w = cfg_.out(l), n = rows * o_w;
       const float* W = vars_[2 * (l - first_)].value().data();
       const float* b = vars_[2 * (l - first_) + 1].value().data();
       float* z = at;  // the layer's pre-activation, then its saved values
       gemm(ex_, Op::none, Op::none, rows, o_w, i_w, 1.0f, x, i_w, W, o_w, 0.0f, z, o_w);
-      for (std::size_t e = 0; e < rows; ++e)
-        for (std::size_t o = 0; o < o_w; ++o) {
-          float& v = z[e * o_w + o];
-          v += b[o];
-          if (kind(l) != Kind::head) v = v > 0.f ? v : 0.f;
-        }
+      if (n) px::for_each(ex_, n, detail::BiasActivation{z, b, o_w, kind(l) == Kind::head});
       if (kind(l) == Kind::block) {
-        float* y = z + rows * o_w;
-        for (std::size_t k = 0; k < rows * o_w; ++k) y[k] = x[k] + z[k];
+        float* y = z + n;
+        if (n) px::for_each(ex_, n, detail::Add{y, x, z});
         x = y;
-        at = y + rows * o_w;
+        at = y + n;
       } else if (kind(l) == Kind::input) {
         x = z;
-        at = z + rows * o_w;
+        at = z + n;
       } else {  // the head: logits -> gradient of the replica's mean loss
-        std::vector<float> row_loss(rows), correct(rows);
-        const auto* labels = batch_->labels.data() + mb.first;
-        for (std::size_t e = 0; e < rows; ++e)
-          SoftmaxCrossEntropy<float>{z, labels, row_loss.data(), correct.data(), o_w,
-                                     1.0f / static_cast<float>(mb.batch_rows)}(e);
-        for (std::size_t e = 0; e < rows; ++e) {
-          loss += row_loss[e];
-          hits_ += correct[e];
-        }
-        at = z + rows * o_w;
+        labels_.assign_from_host(batch_->labels.data() + mb.first, rows);
+        row_loss_.resize_discard(rows);
+        correct_.resize_discard(rows);
+        if (rows)
+          px::for_each(ex_, rows,
+                       SoftmaxCrossEntropy<float>{z, labels_.data(), row_loss_.data(), correct_.data(), o_w,
+                                                  1.0f / static_cast<float>(mb.batch_rows)},
+                       px::Cost{o_w});
+        ex_.synchronize();
+        loss = sum_to_host(row_loss_, rows);
+        hits_ += sum_to_host(correct_, rows);
+        at = z + n;
       }
     }
-    if (out) std::copy(x, x + rows * cfg_.out(last_ - 1), out);
-    loss_ += loss;
+    ex_.synchronize();
+    saved = scratch_.to_host();
+    // The output is the last layer's y, the end of saved (not on the last stage).
+    if (out) std::copy(saved.end() - static_cast<std::ptrdiff_t>(rows * cfg_.out(last_ - 1)), saved.end(), out);
     return loss;
   }
 
   void backward(const pp::MicroBatch& mb, const float* in, const float* out_grad, float* in_grad,
                 std::vector<float>& saved) {
     const std::size_t rows = mb.rows;
+    scratch_.assign_from_host(saved.data(), saved.size());
+    ones_.assign_from_host(std::vector<float>(rows, 1.f).data(), rows);
     // Where each layer's saved values start, and its input.
-    std::vector<const float*> start(last_ - first_), input(last_ - first_);
-    const float* at = saved.data();
-    const float* x = in ? in : batch_->x.data() + mb.first * cfg_.inputs;
+    std::vector<const float*> start(last_ - first_), inputs(last_ - first_);
+    const float* at = scratch_.data();
+    const float* x = input(mb, in);
     for (std::size_t l = first_; l < last_; ++l) {
       start[l - first_] = at;
-      input[l - first_] = x;
+      inputs[l - first_] = x;
       const std::size_t n = rows * cfg_.out(l);
       x = kind(l) == Kind::block ? at + n : at;
       at += saved_size(l, rows);
     }
-    std::vector<float> dy, dz, dx;
-    if (out_grad) dy.assign(out_grad, out_grad + rows * cfg_.out(last_ - 1));
+    if (out_grad) dy_.assign_from_host(out_grad, rows * cfg_.out(last_ - 1));
     for (std::size_t l = last_; l-- > first_;) {
       const std::size_t i_w = cfg_.in(l), o_w = cfg_.out(l), n = rows * o_w;
       Var& w = vars_[2 * (l - first_)];
       Var& b = vars_[2 * (l - first_) + 1];
-      const float* s = start[l - first_];
-      if (kind(l) == Kind::head) dz.assign(s, s + n);
-      else {
-        dz.resize(n);
-        for (std::size_t k = 0; k < n; ++k) dz[k] = s[k] > 0.f ? dy[k] : 0.f;  // relu's slope from its output
+      const float* dz = start[l - first_];  // the head saved its gradient
+      if (kind(l) != Kind::head) {
+        dz_.resize_discard(n);
+        if (n) px::for_each(ex_, n, detail::ReluGrad{dz_.data(), dy_.data(), start[l - first_]});
+        dz = dz_.data();
       }
-      gemm(ex_, Op::transpose, Op::none, i_w, o_w, rows, 1.0f, input[l - first_], i_w, dz.data(), o_w, 1.0f,
+      // dW += x^T dz; db += 1^T dz (the column sums).
+      gemm(ex_, Op::transpose, Op::none, i_w, o_w, rows, 1.0f, inputs[l - first_], i_w, dz, o_w, 1.0f,
            w.grad().data(), o_w);
-      float* db = b.grad().data();
-      for (std::size_t e = 0; e < rows; ++e)
-        for (std::size_t o = 0; o < o_w; ++o) db[o] += dz[e * o_w + o];
+      gemm(ex_, Op::none, Op::none, 1, o_w, rows, 1.0f, ones_.data(), rows, dz, o_w, 1.0f, b.grad().data(), o_w);
       if (l == first_ && !in_grad) break;
       // dx = dz W^T, plus dy itself through a block's skip connection.
-      if (kind(l) == Kind::block) dx = dy;
-      else dx.assign(rows * i_w, 0.f);
-      gemm(ex_, Op::none, Op::transpose, rows, i_w, o_w, 1.0f, dz.data(), o_w, w.value().data(), o_w, 1.0f, dx.data(),
-           i_w);
-      dy.swap(dx);
+      dx_.resize_discard(rows * i_w);
+      if (kind(l) == Kind::block) ex_.copy(dx_.data(), dy_.data(), n * sizeof(float));
+      else dx_.zero();
+      gemm(ex_, Op::none, Op::transpose, rows, i_w, o_w, 1.0f, dz, o_w, w.value().data(), o_w, 1.0f, dx_.data(), i_w);
+      std::swap(dy_, dx_);
     }
-    if (in_grad) std::copy(dy.begin(), dy.end(), in_grad);
+    ex_.synchronize();
+    if (in_grad) {
+      const std::vector<float> g = dy_.to_host();
+      std::copy(g.begin(), g.begin() + static_cast<std::ptrdiff_t>(rows * cfg_.in(first_)), in_grad);
+    }
   }
 
   Config cfg_;
   std::size_t first_, last_;
   std::vector<Var> vars_;
   const Batch* batch_ = nullptr;
-  double loss_ = 0, hits_ = 0;
-  px::Exec<px::HostSpace> ex_{};
+  double hits_ = 0;
+  px::Exec<Space> ex_{};
+  Buf scratch_, x_, dy_, dz_, dx_, ones_, row_loss_, correct_;
+  px::Buffer<std::int32_t, Space> labels_;
 };
 
 }  // namespace examples::pipeline_mlp
