@@ -2,10 +2,10 @@
 # Runs an example several ways on the same seed and checks that the final
 # losses agree.
 #
-#   same_loss.sh archs <tolerance> <mpiexec> <np-flag> <ranks> <example> [args...]
-#     Under each architecture (hybrid, allreduce, ps): final_loss within a
-#     relative tolerance of the hybrid's (float noise: the architectures sum
-#     the same gradients in different orders).
+#   same_loss.sh within <tolerance> "<runs>" <mpiexec> <np-flag> <ranks> <example> [args...]
+#     Each run (a comma-separated list of option sets, e.g. "--arch hybrid,
+#     --arch ps"): final_loss within a relative tolerance of the first run's
+#     (float noise: the runs sum the same gradients in different orders).
 #   same_loss.sh overlap "<archs>" <mpiexec> <np-flag> <ranks> <example> [args...]
 #     Under each given architecture, --overlap off (no ready() or prefetch()
 #     calls, TrainerOptions::overlap false) and on: final_loss_hex
@@ -15,8 +15,15 @@
 # The example must print a line "result: ... final_loss=<x> final_loss_hex=<x> ..."
 # and exit 0. Prints "Passed" last when the losses agree.
 set -eu
-mode=$1 param=$2 mpiexec=$3 npflag=$4 ranks=$5 exe=$6
-shift 6
+mode=$1 param=$2
+shift 2
+runs=""
+if [ "$mode" = within ]; then
+  runs=$1
+  shift
+fi
+mpiexec=$1 npflag=$2 ranks=$3 exe=$4
+shift 4
 
 # final <field> <what> [example args...]: runs the example and prints the
 # value of <field> in its result line.
@@ -38,13 +45,24 @@ final() {
 }
 
 case $mode in
-archs)
+within)
   losses=""
-  for arch in hybrid allreduce ps; do
-    loss=$(final final_loss "$arch" --arch "$arch" "$@")
-    echo "$arch: final loss $loss"
+  count=0
+  rest=$runs
+  while [ -n "$rest" ]; do
+    run=${rest%%,*}
+    case $rest in *","*) rest=${rest#*,} ;; *) rest="" ;; esac
+    # shellcheck disable=SC2086
+    loss=$(final final_loss "$run" $run "$@")
+    echo "$run: final loss $loss"
     losses="$losses $loss"
+    count=$((count + 1))
   done
+  if [ "$count" -lt 2 ]; then
+    echo "same_loss.sh: 'within' needs two runs or more, got $count"
+    echo Failed
+    exit 1
+  fi
   # shellcheck disable=SC2086
   echo $losses | awk -v tol="$param" '{
     worst = 0
@@ -53,7 +71,7 @@ archs)
       r = d / ($1 < 0 ? -$1 : $1)
       if (r > worst) worst = r
     }
-    printf "largest relative difference to hybrid: %.3g (tolerance %s)\n", worst, tol
+    printf "largest relative difference to the first run: %.3g (tolerance %s)\n", worst, tol
     if (worst > tol) { print "Failed"; exit 1 }
     print "Passed"
   }'
@@ -74,7 +92,7 @@ overlap)
   exit "$status"
   ;;
 *)
-  echo "same_loss.sh: the mode is 'archs' or 'overlap', got '$mode'" >&2
+  echo "same_loss.sh: the mode is 'within' or 'overlap', got '$mode'" >&2
   exit 2
   ;;
 esac

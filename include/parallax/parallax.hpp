@@ -24,6 +24,7 @@
 #include <parallax/options.hpp>
 #include <parallax/partition.hpp>
 #include <parallax/partition_plan.hpp>
+#include <parallax/pipeline.hpp>
 #include <parallax/policy/allgatherv.hpp>
 #include <parallax/policy/allgatherv/gatherer.hpp>
 #include <parallax/policy/allgatherv/synchronizer.hpp>
