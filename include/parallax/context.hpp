@@ -35,7 +35,45 @@ struct ContextOptions {
   /// Make an exception that escapes main abort the whole job (MPI_Abort) with
   /// its message, instead of leaving the other ranks waiting.
   bool abort_on_uncaught_exception = true;
+  /// Fail at start-up, naming both numbers, when the launcher's rank count
+  /// (PMI_SIZE, OMPI_COMM_WORLD_SIZE, or an srun task's
+  /// SLURM_STEP_NUM_TASKS / SLURM_NTASKS) differs from MPI_COMM_WORLD's
+  /// size: e.g. `srun` without a PMI the MPI understands starts N
+  /// single-rank jobs that would each train alone. PARALLAX_CHECK_LAUNCHER=0
+  /// turns it off.
+  bool check_launcher = true;
 };
+
+namespace detail {
+
+/// The launcher's count of ranks disagreeing with `world` ranks, as a
+/// sentence naming the variable, or "" when they agree or nothing says.
+/// Slurm's counts are read only in an srun task (SLURM_PROCID set) that no
+/// other launcher described, since `mpiexec` inside an allocation may
+/// rightly start fewer ranks than the allocation has.
+inline std::string launcher_mismatch(int world) {
+  auto read = [](const char* name) -> long {
+    const char* v = std::getenv(name);
+    return v && *v ? std::atol(v) : -1;
+  };
+  auto differs = [&](const char* name, long said) {
+    return said > 0 && said != world
+               ? concat("parallax: the launcher started ", said, " ranks (", name, "=", said,
+                        ") but MPI_COMM_WORLD has ", world,
+                        ": the MPI library did not join the launcher's processes into one job (under Slurm: "
+                        "srun --mpi=pmi2 or pmix, as this MPI was built for; see docs/cluster.md). "
+                        "PARALLAX_CHECK_LAUNCHER=0 skips this check")
+               : std::string();
+  };
+  const long pmi = read("PMI_SIZE"), ompi = read("OMPI_COMM_WORLD_SIZE");
+  if (auto m = differs("PMI_SIZE", pmi); !m.empty()) return m;
+  if (auto m = differs("OMPI_COMM_WORLD_SIZE", ompi); !m.empty()) return m;
+  if (pmi > 0 || ompi > 0 || read("SLURM_PROCID") < 0) return "";
+  const long step = read("SLURM_STEP_NUM_TASKS");
+  return step > 0 ? differs("SLURM_STEP_NUM_TASKS", step) : differs("SLURM_NTASKS", read("SLURM_NTASKS"));
+}
+
+}  // namespace detail
 
 /// Who is where: rank, size, and the host of every rank. Immutable.
 class Topology {
@@ -203,6 +241,16 @@ class Context {
     int rank = 0, size = 0;
     PARALLAX_MPI_CHECK(MPI_Comm_rank(comm_, &rank));
     PARALLAX_MPI_CHECK(MPI_Comm_size(comm_, &size));
+    if (options.check_launcher) {
+      const char* off = std::getenv("PARALLAX_CHECK_LAUNCHER");
+      int world = 0;
+      PARALLAX_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+      const std::string wrong = off && std::atoi(off) == 0 ? std::string() : detail::launcher_mismatch(world);
+      if (!wrong.empty()) {
+        MPI_Comm_free(&comm_);
+        throw error(wrong);
+      }
+    }
 
     int per_host = options.ranks_per_host;
     if (per_host == 0) {
