@@ -46,6 +46,9 @@ struct Cluster {
   int ranks_per_host = 1;
   Link intra{10e9, 2e-6};   ///< between ranks of one host
   Link inter{1.25e9, 20e-6};  ///< a host's link to the others, shared by its ranks
+  /// How the engine all-gathers sparse rows: direct messages to every peer
+  /// (engine::Mpi) or a ring (engine::Nccl, engine::MpiStaged).
+  bool ring_allgather = false;
   int size() const noexcept { return hosts * ranks_per_host; }
   int host_of(int rank) const noexcept { return rank / ranks_per_host; }
   bool same_host(int a, int b) const noexcept { return host_of(a) == host_of(b); }
@@ -384,9 +387,9 @@ class Model {
     }
   }
 
-  /// AllGatherv over direct messages: each rank sends every peer its rows
-  /// (ids and values, padded to 8 bytes) and its count; every rank sums all
-  /// of them and updates its whole replica.
+  /// AllGatherv: each rank's rows (ids and values, padded to 8 bytes) and
+  /// its count reach every peer, by direct messages or around a ring; every
+  /// rank sums all of them and updates its whole replica.
   void all_gathered(const Variable& v, Estimate& e, std::vector<double>& local, std::vector<double>& memory) const {
     const int n = cluster_.size();
     const auto un = static_cast<std::size_t>(n);
@@ -394,19 +397,33 @@ class Model {
     const double row = static_cast<double>(v.row_bytes());
     Calls counts(n), rows(n);
     double gathered = 0;
-    for (std::size_t r = 0; r < un; ++r) gathered += t.distinct[r];
+    std::vector<double> block(un);
+    for (std::size_t r = 0; r < un; ++r) {
+      gathered += t.distinct[r];
+      block[r] = exact(v) ? static_cast<double>(pad8(static_cast<std::uint64_t>(t.distinct[r]) * (8 + v.row_bytes())))
+                          : t.distinct[r] * (8 + row);
+    }
     for (int i = 0; i < n; ++i) {
-      const double k = t.distinct[static_cast<std::size_t>(i)];
-      const double block = exact(v) ? static_cast<double>(pad8(static_cast<std::uint64_t>(k) * (8 + v.row_bytes())))
-                                    : k * (8 + row);
+      if (cluster_.ring_allgather) {
+        // Every block but the right neighbour's goes to i+1, in N-1 steps.
+        if (n == 1) continue;
+        const int right = detail::ring::mod(i + 1, n);
+        double sent = 0;
+        for (int j = 0; j < n; ++j)
+          if (j != right) sent += block[static_cast<std::size_t>(j)];
+        rows.add(i, right, sent);
+        counts.add(i, right, 8.0 * (n - 1));
+        continue;
+      }
       for (int p = 0; p < n; ++p)
         if (p != i) {
           counts.add(i, p, 8);
-          rows.add(i, p, block);
+          rows.add(i, p, block[static_cast<std::size_t>(i)]);
         }
     }
     // The counts and the rows: one call each, booked as one.
-    e.comm_s += counts.seconds(cluster_) + rows.seconds(cluster_);
+    const int rounds = cluster_.ring_allgather && n > 1 ? n - 1 : 1;
+    e.comm_s += counts.seconds(cluster_, rounds) + rows.seconds(cluster_, rounds);
     rows.book(cluster_, e.bytes);
     std::vector<Traffic> c(un);
     counts.book(cluster_, c);
