@@ -73,7 +73,8 @@ void check_bytes(int per_host, int partitions, bool check_sparse = true) {
   auto sparse = px::plan::Variable::sparse_of("emb", kRows, kCols);
   sparse.partitions = partitions;
   for (int r = 0; r < ctx.size(); ++r) sparse.ids.push_back(ids_of(r));
-  const auto dense = px::plan::Variable::dense_of("w", kDenseRows, kDenseCols);
+  auto dense = px::plan::Variable::dense_of("w", kDenseRows, kDenseCols);
+  dense.partitions = partitions;  // TrainerOptions::sharded.partitions: arch::PS's dense shards too
   const auto cluster = cluster_of(ctx, per_host);
   const auto me = static_cast<std::size_t>(ctx.rank());
   const px::Traffic predicted_emb = px::plan::Model(cluster, {sparse}).estimate(Arch::name).bytes[me];
@@ -132,6 +133,8 @@ TEST_CASE("plan::Model's times follow its links and pick the fastest", "[plan]")
   const auto emb = px::plan::Variable::sparse_of("emb", 1000000, 64, 20000);
   const auto w = px::plan::Variable::dense_of("w", 1000, 1000);
   const px::plan::Model m(c, {emb, w});
+  // A dense variable of fewer rows than ranks: arch::PS gives it one partition per row.
+  CHECK(px::plan::Model(c, {px::plan::Variable::dense_of("b", 1, 16)}).estimate("ps").bytes[0].sent() > 0);
   const auto all = m.candidates();
   REQUIRE(all.size() == 3);
   // Sharding moves each touched row to its owner and back; gathering moves

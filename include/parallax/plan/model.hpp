@@ -60,7 +60,7 @@ struct Variable {
   bool sparse = false;
   std::size_t rows = 0, cols = 1;
   DataType type = DataType::f32;
-  int partitions = 0;  ///< ShardedPS partitions of a sparse variable; 0: one per rank
+  int partitions = 0;  ///< ShardedPS partitions (arch::PS: dense ones too); 0: one per rank, at most one per row
   /// Sparse: the ids each rank looks up (and updates) in one step, one list
   /// per rank: the exact case. Left empty, `touched` describes them.
   std::vector<std::vector<index_t>> ids;
@@ -440,7 +440,7 @@ class Model {
   /// gradient, then an all-gather (ring) of the updated shards.
   void dense_shards(const Variable& v, Estimate& e, std::vector<double>& local, std::vector<double>& memory) const {
     const int n = cluster_.size();
-    const PartitionMap map(v.rows, n, n);
+    const PartitionMap map(v.rows, partitions_of(v), n);
     const double row = static_cast<double>(v.row_bytes());
     Calls scatter(n), gather(n);
     for (int i = 0; i < n; ++i)
