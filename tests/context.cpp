@@ -1,6 +1,8 @@
 // context.hpp: ranks, real and emulated hosts.
 #include "support.hpp"
 
+#include <thread>
+
 TEST_CASE("Context reports the world and one real host for one machine", "[context]") {
   auto& ctx = test::world();
   int n = 0, r = 0;
@@ -106,4 +108,15 @@ TEST_CASE("Context fails fast when the launcher started more ranks than MPI join
     EnvScope pmi("PMI_SIZE", same.c_str()), tasks("SLURM_NTASKS", more.c_str()), task("SLURM_PROCID", "0");
     CHECK_NOTHROW(px::Context(MPI_COMM_WORLD));
   }
+}
+
+TEST_CASE("emulated hosts count the machine's ranks for oversubscription", "[context]") {
+  // Every test rank runs on this machine: one emulated host per rank still
+  // shares its cores with all of them.
+  px::ContextOptions o;
+  o.ranks_per_host = 1;
+  px::Context each(MPI_COMM_WORLD, o);
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  CHECK(each.topology().local_size() == 1);
+  CHECK(each.topology().oversubscribed() == (hw > 0 && each.size() > hw));
 }
