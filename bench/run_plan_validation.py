@@ -10,7 +10,8 @@ one host (no link), so the prediction for a case is
 
     predicted = measured(1 host) - model comm(1 host) + model comm(case)
 
-and the one-host cases are the calibration, not predictions. Prints a
+and the one-host cases are the calibration, not predictions. `--overlap
+off`: the model credits no overlap of communication with compute. Prints a
 markdown table: measured and predicted step (ms) per architecture, the
 error, and whether the predicted best is the measured best.
 
@@ -35,7 +36,7 @@ def run(exe, ranks, per_host, link, arch, steps, extra):
     else:
         env.pop("PARALLAX_LINK", None)
     cmd = ["mpiexec", "-n", str(ranks), exe, "--arch", arch, "--steps", str(steps), "--log-every", "1000",
-           "--warmup", "3", "--batch", str(BATCH[os.path.basename(exe)] // ranks)] + extra
+           "--warmup", "3", "--overlap", "off", "--batch", str(BATCH[os.path.basename(exe)] // ranks)] + extra
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600).stdout
     return out
 

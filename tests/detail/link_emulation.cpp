@@ -65,26 +65,26 @@ TEST_CASE("parse_link reads bandwidth and latency with units and names what is w
 TEST_CASE("a transfer between emulated hosts takes latency + bytes / bandwidth", "[detail][link][np2+]") {
   if (test::skip_below_ranks(2)) return;
   auto& ctx = hosts_of(1);  // every rank a host
-  // 1 Gbit/s and 2 ms: 2.5 MB take 22 ms, 10 MB 82 ms, far above the
-  // memory-speed copy underneath and the scheduler's noise.
+  // 1 Gbit/s and 2 ms: 5 MB take 42 ms, 20 MB 162 ms, far above the
+  // memory-speed copy underneath and a loaded scheduler's wake-ups.
   px::engine::Mpi mpi(ctx, with_link("1Gbit/s,2ms"));
   px::engine::Mpi plain(ctx);
   const int me = ctx.rank(), peer = me < 2 ? 1 - me : -1;
-  for (std::size_t bytes : {std::size_t{2500000}, std::size_t{10000000}}) {
+  for (std::size_t bytes : {std::size_t{5000000}, std::size_t{20000000}}) {
     const double model = mpi.link().seconds(static_cast<double>(bytes));
     exchange_seconds(mpi, peer, bytes);  // first touch of the pages
     std::vector<double> t;
     for (int i = 0; i < 3; ++i) t.push_back(exchange_seconds(mpi, peer, bytes));
-    std::sort(t.begin(), t.end());
+    std::sort(t.begin(), t.end());  // the median of 3
     INFO(bytes << " bytes: measured " << t[1] << " s, model " << model << " s");
     CHECK(t[1] >= model * 0.999);
     CHECK(t[1] <= model * 1.10);
   }
   // Bytes are booked as without the emulation.
-  for (int i = 0; i < 4; ++i) exchange_seconds(plain, peer, 2500000);
-  for (int i = 0; i < 4; ++i) exchange_seconds(plain, peer, 10000000);
+  for (int i = 0; i < 4; ++i) exchange_seconds(plain, peer, 5000000);
+  for (int i = 0; i < 4; ++i) exchange_seconds(plain, peer, 20000000);
   CHECK(mpi.stats().total() == plain.stats().total());
-  CHECK(mpi.stats().total().sent_inter == (peer >= 0 ? 4u * 2500000 + 4u * 10000000 : 0u));
+  CHECK(mpi.stats().total().sent_inter == (peer >= 0 ? 4u * 5000000 + 4u * 20000000 : 0u));
 }
 
 TEST_CASE("the ranks of a host share its link; traffic inside a host is untouched", "[detail][link][np4+]") {
@@ -92,7 +92,7 @@ TEST_CASE("the ranks of a host share its link; traffic inside a host is untouche
   auto& ctx = hosts_of(2);  // ranks 0,1 on host 0; 2,3 on host 1
   px::engine::Mpi mpi(ctx, with_link("1Gbit/s,2ms"));
   const int me = ctx.rank();
-  const std::size_t bytes = 5000000;  // 40 ms alone
+  const std::size_t bytes = 10000000;  // 82 ms alone
   const double alone = mpi.link().seconds(bytes), shared = mpi.link().seconds(2.0 * bytes);
   // Rank 0 with 2 and 1 with 3, at once: each host's egress and ingress
   // carry both transfers, one after the other.
@@ -102,7 +102,9 @@ TEST_CASE("the ranks of a host share its link; traffic inside a host is untouche
   for (int i = 0; i < 3; ++i) t.push_back(exchange_seconds(mpi, across, bytes));
   std::sort(t.begin(), t.end());
   INFO("two transfers over one link: " << t[1] << " s, model " << shared << " s (one alone: " << alone << ")");
-  CHECK(t[1] >= shared * 0.999);
+  // The other rank's transfer may have started a moment before this one's
+  // clock (the barrier releases ranks one after another): within 10% either way.
+  CHECK(t[1] >= shared * 0.90);
   CHECK(t[1] <= shared * 1.10);
   // Rank 0 with 1 (one host): memory speed, well under the link's time.
   const int inside = me < 4 ? me ^ 1 : -1;
