@@ -148,6 +148,13 @@ TEST_CASE("plan::Model's times follow its links and pick the fastest", "[plan]")
   CHECK(dense_only.estimate("hybrid").comm_s == Approx(ring).epsilon(1e-9));
   // Memory: the hybrid keeps an eighth of the table, all-reduce all of it.
   CHECK(all[1].memory_bytes > 7 * (all[0].memory_bytes - 2 * 4000000));
+  // A partition sweep: hybrid and ps at each count, then allreduce.
+  const auto sweep = m.candidates({8, 64, 512});
+  REQUIRE(sweep.size() == 7);
+  CHECK(sweep[2].arch == "hybrid");
+  CHECK(sweep[2].partitions == 512);
+  CHECK(sweep[6].arch == "allreduce");
+  CHECK(px::plan::Model::best(sweep).arch != "allreduce");
   // Bad input names the field.
   CHECK_THAT(test::error_of([&] { px::plan::Model(c, {emb}).estimate("horovod"); }),
              Catch::Contains("unknown architecture 'horovod'"));

@@ -206,6 +206,24 @@ class Model {
   /// Every architecture's estimate, in the order hybrid, allreduce, ps.
   std::vector<Estimate> candidates() const { return {estimate("hybrid"), estimate("allreduce"), estimate("ps")}; }
 
+  /// hybrid and ps at each partition count of the sharded variables (every
+  /// sparse one, and ps's dense ones, get P, at most one per row), then
+  /// allreduce: the candidates a partition search would try.
+  std::vector<Estimate> candidates(const std::vector<int>& partitions) const {
+    std::vector<Estimate> out;
+    for (const char* arch : {"hybrid", "ps"})
+      for (int p : partitions) {
+        PARALLAX_EXPECTS(p >= 1, "plan::Model: partition counts must be at least 1, got ", p);
+        Model m = *this;
+        for (auto& v : m.vars_)
+          if (v.sparse || std::string(arch) == "ps") v.partitions = static_cast<int>(std::min<std::size_t>(v.rows, p));
+        out.push_back(m.estimate(arch));
+        out.back().partitions = p;
+      }
+    out.push_back(estimate("allreduce"));
+    return out;
+  }
+
   /// The candidate with the smallest predicted step (the first of equals).
   static const Estimate& best(const std::vector<Estimate>& c) {
     PARALLAX_EXPECTS(!c.empty(), "plan::Model::best of no candidates");
