@@ -49,6 +49,9 @@ struct Cluster {
   /// How the engine all-gathers sparse rows: direct messages to every peer
   /// (engine::Mpi) or a ring (engine::Nccl, engine::MpiStaged).
   bool ring_allgather = false;
+  /// TrainerOptions::sharded.local_aggregation: the hybrid's push summed per
+  /// host before it crosses hosts (with several hosts, some of several ranks).
+  bool local_aggregation = true;
   int size() const noexcept { return hosts * ranks_per_host; }
   int host_of(int rank) const noexcept { return rank / ranks_per_host; }
   bool same_host(int a, int b) const noexcept { return host_of(a) == host_of(b); }
@@ -379,21 +382,24 @@ class Model {
     const double row = static_cast<double>(v.row_bytes());
     const bool shared = cluster_.hosts == 1 && n > 1;
     const double header = 8.0 * static_cast<double>(groups + 2) / static_cast<double>(sparse_in_group(v));
-    Calls pull_route(n), reply(n), push(n);
+    const bool aggregate = cluster_.local_aggregation && cluster_.hosts > 1 && cluster_.hosts < n;
+    Calls pull_route(n), reply(n), push(n), hop(n);
     for (int i = 0; i < n; ++i)
       for (int p = 0; p < n; ++p) {
         if (i == p) continue;
         const double u = t.by_owner[static_cast<std::size_t>(i)][static_cast<std::size_t>(p)];
         pull_route.add(i, p, header + (shared ? 0.0 : 8.0 * u));
         reply.add(p, i, row * u);
-        push.add(i, p, header + static_cast<double>(exact(v) ? pad8(static_cast<std::uint64_t>(u) * (8 + v.row_bytes()))
-                                                              : u * (8 + row)));
+        if (!aggregate) push.add(i, p, header + block(v, u));
       }
-    e.comm_s += pull_route.seconds(cluster_) + (shared ? 0.0 : reply.seconds(cluster_)) + push.seconds(cluster_);
+    if (aggregate) aggregated_push(v, t, header, hop, push);
+    e.comm_s += pull_route.seconds(cluster_) + (shared ? 0.0 : reply.seconds(cluster_)) + push.seconds(cluster_) +
+                (aggregate ? hop.seconds(cluster_) : 0.0);
     pull_route.book(cluster_, e.bytes);
     reply.book(cluster_, e.bytes);
     if (shared)  // read in place: no call of its own
       for (auto& b : e.bytes) --b.calls;
+    if (aggregate) hop.book(cluster_, e.bytes);
     push.book(cluster_, e.bytes);
     const PartitionMap map(v.rows, partitions_of(v), n);
     for (std::size_t r = 0; r < un; ++r) {
@@ -403,6 +409,56 @@ class Model {
                   t.owner_union[r] * row * costs_.update_per_byte;
       memory[r] += static_cast<double>(map.shard_rows(static_cast<int>(r))) * row * (1.0 + costs_.optimizer_slots);
     }
+  }
+
+  /// A row block of `rows` rows on the wire: ids and values, padded to 8
+  /// bytes (exact counts), or its mean size (rows touched uniformly).
+  double block(const Variable& v, double rows) const {
+    return exact(v) ? static_cast<double>(pad8(static_cast<std::uint64_t>(rows) * (8 + v.row_bytes())))
+                    : rows * (8 + static_cast<double>(v.row_bytes()));
+  }
+
+  /// The push with local aggregation (several hosts, some of several
+  /// ranks): hop 1 sends each row to its owner when the owner shares the
+  /// host, else to the host's aggregator for that owner (its rank o mod L
+  /// among the host's L ranks); hop 2 sends each aggregator's distinct rows
+  /// on to their owners. Each hop is a route with a header to every peer.
+  void aggregated_push(const Variable& v, const Touch& t, double header, Calls& hop1, Calls& hop2) const {
+    const int n = cluster_.size(), per_host = cluster_.ranks_per_host;
+    const auto un = static_cast<std::size_t>(n);
+    auto via = [&](int i, int o) { return cluster_.same_host(i, o) ? o : cluster_.host_of(i) * per_host + o % per_host; };
+    std::vector<std::vector<double>> first(un, std::vector<double>(un, 0.0)), second(un, std::vector<double>(un, 0.0));
+    if (exact(v)) {
+      const PartitionMap map(v.rows, partitions_of(v), n);
+      std::vector<std::set<index_t>> held(un);  // rows each rank holds after hop 1
+      for (int i = 0; i < n; ++i)
+        for (index_t id : std::set<index_t>(v.ids[static_cast<std::size_t>(i)].begin(), v.ids[static_cast<std::size_t>(i)].end())) {
+          const int a = via(i, map.owner(id));
+          first[static_cast<std::size_t>(i)][static_cast<std::size_t>(a)] += 1;
+          held[static_cast<std::size_t>(a)].insert(id);
+        }
+      for (std::size_t a = 0; a < un; ++a)
+        for (index_t id : held[a]) second[a][static_cast<std::size_t>(map.owner(id))] += 1;
+    } else {
+      for (int i = 0; i < n; ++i)
+        for (int o = 0; o < n; ++o) {
+          const double u = t.by_owner[static_cast<std::size_t>(i)][static_cast<std::size_t>(o)];
+          first[static_cast<std::size_t>(i)][static_cast<std::size_t>(via(i, o))] += u;
+          if (!cluster_.same_host(i, o) && via(i, o) == i) {
+            // This rank aggregates owner o's rows of its host's L ranks:
+            // distinct among L uniform draws of u from the owner's rows.
+            const double owned = static_cast<double>(v.rows) / n;
+            second[static_cast<std::size_t>(i)][static_cast<std::size_t>(o)] +=
+                owned * (1.0 - std::pow(1.0 - std::min(u / owned, 1.0), per_host));
+          }
+        }
+    }
+    for (int i = 0; i < n; ++i)
+      for (int p = 0; p < n; ++p) {
+        if (i == p) continue;
+        hop1.add(i, p, header + block(v, first[static_cast<std::size_t>(i)][static_cast<std::size_t>(p)]));
+        hop2.add(i, p, header + block(v, second[static_cast<std::size_t>(i)][static_cast<std::size_t>(p)]));
+      }
   }
 
   /// AllGatherv: each rank's rows (ids and values, padded to 8 bytes) and
