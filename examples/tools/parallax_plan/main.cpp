@@ -15,13 +15,16 @@
 
 int main(int argc, char** argv) {
   namespace po = boost::program_options;
-  std::string cluster_path, model_path, link, intra, partitions;
+  std::string cluster_path, model_path, costs_path, link, intra, partitions;
   int hosts = 0, per_host = 0;
   po::options_description desc("parallax-plan: a training step's predicted cost per architecture");
   desc.add_options()
     ("help,h", "print this help and exit")
     ("cluster", po::value(&cluster_path)->required(), "cluster file (INI: [cluster] hosts, ranks_per_host, inter, intra)")
     ("model", po::value(&model_path)->required(), "model file (INI: [costs], one [variable.<name>] per variable)")
+    ("costs", po::value(&costs_path),
+     "local costs measured on the machine that will run (INI [costs], e.g. from bench/plan_costs.py), over the "
+     "model file's")
     ("hosts", po::value(&hosts), "override the cluster file's hosts")
     ("ranks-per-host", po::value(&per_host), "override the cluster file's ranks_per_host")
     ("link", po::value(&link), "override the inter-host link, e.g. 10Gbit/s,20us")
@@ -43,7 +46,11 @@ int main(int argc, char** argv) {
   }
   try {
     auto cluster = plan_files::read_file(cluster_path, plan_files::read_cluster);
-    const auto model = plan_files::read_file(model_path, plan_files::read_model);
+    auto model = plan_files::read_file(model_path, plan_files::read_model);
+    if (!costs_path.empty())
+      model.costs = plan_files::read_file(costs_path, [&](std::istream& in, const std::string& file) {
+        return plan_files::read_costs_file(in, file, model.costs);
+      });
     if (hosts) cluster.hosts = hosts;
     if (per_host) cluster.ranks_per_host = per_host;
     auto override_link = [](const std::string& text, const char* what) {

@@ -153,17 +153,31 @@ struct ModelFile {
   std::size_t items_per_step = 0;  ///< examples (or words) a rank trains on per step, for items/s
 };
 
-inline ModelFile read_model(std::istream& in, const std::string& file) {
-  Fields f(in, file);
-  ModelFile m;
-  auto& c = m.costs;
+/// The [costs] rates and times present in `f` (compute required when
+/// `need_compute`), over `c`.
+inline void read_costs(const Fields& f, px::plan::LocalCosts& c, bool need_compute) {
   if (f.has("costs.gather")) c.gather_per_byte = per_byte(f, "costs.gather");
   if (f.has("costs.coalesce")) c.coalesce_per_byte = per_byte(f, "costs.coalesce");
   if (f.has("costs.update")) c.update_per_byte = per_byte(f, "costs.update");
   if (f.has("costs.dense_update")) c.dense_update_per_byte = per_byte(f, "costs.dense_update");
   if (f.has("costs.sort_per_id")) c.sort_per_id = seconds(f, "costs.sort_per_id");
-  c.compute_s = seconds(f, "costs.compute");
+  if (need_compute || f.has("costs.compute")) c.compute_s = seconds(f, "costs.compute");
   if (f.has("costs.optimizer_slots")) c.optimizer_slots = static_cast<int>(f.count("costs.optimizer_slots", 0));
+}
+
+/// A costs file (bench/plan_costs.py writes one from this machine's
+/// bench_row_kernels): [costs] fields only, each overriding the model file's.
+inline px::plan::LocalCosts read_costs_file(std::istream& in, const std::string& file, px::plan::LocalCosts c) {
+  Fields f(in, file);
+  read_costs(f, c, false);
+  f.check_all_used();
+  return c;
+}
+
+inline ModelFile read_model(std::istream& in, const std::string& file) {
+  Fields f(in, file);
+  ModelFile m;
+  read_costs(f, m.costs, true);
   if (f.has("costs.items_per_step")) m.items_per_step = f.count("costs.items_per_step");
   // Variables: one section each, in file order.
   std::vector<std::string> names;
