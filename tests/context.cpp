@@ -1,6 +1,8 @@
 // context.hpp: ranks, real and emulated hosts.
 #include "support.hpp"
 
+#include <thread>
+
 TEST_CASE("Context reports the world and one real host for one machine", "[context]") {
   auto& ctx = test::world();
   int n = 0, r = 0;
@@ -55,4 +57,66 @@ TEST_CASE("Context reduces metrics over the ranks", "[context][metrics]") {
   const std::vector<double> mine{1.0 * r, 2.0, -1.0 * r};
   const std::vector<double> sums = ctx.sum(mine);
   CHECK(sums == std::vector<double>{n * (n - 1) / 2.0, 2.0 * n, -n * (n - 1) / 2.0});
+}
+
+namespace {
+
+/// Sets an environment variable for the scope, then restores it.
+class EnvScope {
+ public:
+  EnvScope(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value) ::setenv(name, value, 1);
+    else ::unsetenv(name);
+  }
+  ~EnvScope() {
+    if (had_) ::setenv(name_.c_str(), old_.c_str(), 1);
+    else ::unsetenv(name_.c_str());
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+}  // namespace
+
+TEST_CASE("Context fails fast when the launcher started more ranks than MPI joined", "[context][launcher]") {
+  const int n = test::world().size();
+  const std::string more = std::to_string(n + 3), same = std::to_string(n);
+  {
+    // hydra's variable.
+    EnvScope pmi("PMI_SIZE", more.c_str());
+    CHECK_THAT(test::error_of([] { px::Context c(MPI_COMM_WORLD); }),
+               Catch::Contains("PMI_SIZE=" + more) && Catch::Contains("MPI_COMM_WORLD has " + same));
+    px::ContextOptions off;
+    off.check_launcher = false;
+    CHECK_NOTHROW(px::Context(MPI_COMM_WORLD, off));
+    EnvScope env_off("PARALLAX_CHECK_LAUNCHER", "0");
+    CHECK_NOTHROW(px::Context(MPI_COMM_WORLD));
+  }
+  {
+    // srun without a PMI the MPI understands: no PMI_SIZE, Slurm's count.
+    EnvScope pmi("PMI_SIZE", nullptr), ompi("OMPI_COMM_WORLD_SIZE", nullptr);
+    EnvScope task("SLURM_PROCID", "0"), tasks("SLURM_NTASKS", more.c_str());
+    CHECK_THAT(test::error_of([] { px::Context c(MPI_COMM_WORLD); }), Catch::Contains("SLURM_NTASKS=" + more));
+    EnvScope step("SLURM_STEP_NUM_TASKS", same.c_str());  // the step's own count wins, and agrees
+    CHECK_NOTHROW(px::Context(MPI_COMM_WORLD));
+  }
+  {
+    // mpiexec inside an allocation of more tasks (a batch script, no srun task).
+    EnvScope pmi("PMI_SIZE", same.c_str()), tasks("SLURM_NTASKS", more.c_str()), task("SLURM_PROCID", "0");
+    CHECK_NOTHROW(px::Context(MPI_COMM_WORLD));
+  }
+}
+
+TEST_CASE("emulated hosts count the machine's ranks for oversubscription", "[context]") {
+  // Every test rank runs on this machine: one emulated host per rank still
+  // shares its cores with all of them.
+  px::ContextOptions o;
+  o.ranks_per_host = 1;
+  px::Context each(MPI_COMM_WORLD, o);
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  CHECK(each.topology().local_size() == 1);
+  CHECK(each.topology().oversubscribed() == (hw > 0 && each.size() > hw));
 }

@@ -10,6 +10,7 @@
 // Default data: a seeded synthetic corpus of Zipf-distributed words with
 // learnable bigrams, made in memory. The run passes when the final training
 // loss is below --pass-ratio times the untrained model's (step 1).
+#include "common/auto_arch.hpp"
 #include "common/backend.hpp"
 #include "common/gemm.hpp"
 #include "common/options.hpp"
@@ -22,6 +23,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -153,6 +155,30 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
   return examples::verdict(ctx, std::isfinite(s.final_loss) && s.final_loss < threshold, why);
 }
 
+/// --arch auto: the tables' distinct rows per step on this rank, over the
+/// first 4 steps' ids (as the partition planner samples them), and the
+/// model's shapes, to examples::choose_arch.
+std::string choose_arch(const px::Context& ctx, const Args& a, const std::vector<std::int32_t>& tokens) {
+  const lm::Config& cfg = a.model;
+  const examples::Shard shard(a.common, ctx);
+  const lm::Windows windows(tokens, cfg.context, a.common.seed);
+  const examples::LogUniformSampler sampler(cfg.vocab);
+  double emb = 0, softmax = 0;
+  for (std::uint64_t s = 0; s < 4; ++s) {
+    const lm::Batch b = windows.training(s, shard.global, shard.first, shard.batch);
+    const lm::Candidates c = lm::make_candidates(sampler, cfg.sampled, a.common.seed, s, b);
+    std::vector<px::index_t> ids(b.context.begin(), b.context.end());
+    std::sort(ids.begin(), ids.end());
+    emb += static_cast<double>(std::unique(ids.begin(), ids.end()) - ids.begin()) / 4;
+    softmax += static_cast<double>(c.ids.size()) / 4;  // distinct already
+  }
+  return examples::choose_arch(
+      ctx, {px::plan::Variable::sparse_of("emb", cfg.vocab, cfg.dim, emb),
+            px::plan::Variable::dense_of("hidden_w", cfg.context * cfg.dim, cfg.dim),
+            px::plan::Variable::dense_of("hidden_b", 1, cfg.dim),
+            px::plan::Variable::sparse_of("softmax", cfg.vocab, cfg.dim + 1, softmax)});
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -188,7 +214,7 @@ int main(int argc, char** argv) {
   a.model.seed = a.common.seed;
 
   std::vector<std::int32_t> tokens;
-  std::string problem = cl.ok() ? examples::check_common(a.common) : "";
+  std::string problem = cl.ok() ? examples::check_common(a.common, true) : "";
   if (cl.ok() && problem.empty()) {
     if (a.corpus.empty()) {
       tokens = examples::SyntheticCorpus{a.model.vocab, a.tokens, 1.0, 0.5, a.common.seed}.make();
@@ -225,6 +251,7 @@ int main(int argc, char** argv) {
   }
   // example-begin word_lm_arch
   // --arch hybrid|allreduce|ps picks the trainer's architecture type.
-  return px::with_arch(a.common.arch, [&](auto arch) { return train<decltype(arch)>(ctx, a, tokens); });
+  const std::string chosen = a.common.arch == "auto" ? choose_arch(ctx, a, tokens) : a.common.arch;
+  return px::with_arch(chosen, [&](auto arch) { return train<decltype(arch)>(ctx, a, tokens); });
   // example-end
 }

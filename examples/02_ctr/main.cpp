@@ -11,6 +11,7 @@
 // integer features, 26 hex categorical features; missing values allowed).
 // The run passes when the held-out log loss is below --pass-ratio times that
 // of the best constant prediction and the accuracy beats the majority class.
+#include "common/auto_arch.hpp"
 #include "common/backend.hpp"
 #include "common/gemm.hpp"
 #include "common/options.hpp"
@@ -23,6 +24,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -126,6 +128,33 @@ void write_sample(const std::string& path, std::size_t n, const Args& a) {
   if (!out) throw px::error("writing " + path + " failed");
 }
 
+/// --arch auto: each table's distinct rows per step on this rank, over the
+/// first 4 steps, and the MLPs' shapes, to examples::choose_arch.
+std::string choose_arch(const px::Context& ctx, const Args& a, const Clicks& clicks) {
+  const examples::Shard shard(a.common, ctx);
+  const ctr::Config& m = a.model;
+  std::vector<double> touched(ctr::features, 0.0);
+  ctr::Batch batch;
+  for (std::uint64_t s = 0; s < 4; ++s) {
+    clicks.training(s, shard.global, shard.first, shard.batch, batch);
+    for (std::size_t f = 0; f < ctr::features; ++f) {
+      std::vector<px::index_t> ids = batch.ids[f];
+      std::sort(ids.begin(), ids.end());
+      touched[f] += static_cast<double>(std::unique(ids.begin(), ids.end()) - ids.begin()) / 4;
+    }
+  }
+  std::vector<px::plan::Variable> vars;
+  for (std::size_t f = 0; f < ctr::features; ++f)
+    vars.push_back(px::plan::Variable::sparse_of("table" + std::to_string(f), m.table_rows[f], m.dim, touched[f]));
+  const std::size_t shapes[4][2] = {{ctr::dense_features, m.bottom}, {m.bottom, m.dim},
+                                    {(ctr::features + 1) * m.dim, m.top}, {m.top, 1}};
+  for (const auto& s : shapes) {
+    vars.push_back(px::plan::Variable::dense_of("w", s[0], s[1]));
+    vars.push_back(px::plan::Variable::dense_of("b", 1, s[1]));
+  }
+  return examples::choose_arch(ctx, vars);
+}
+
 template <class Arch>
 int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
   using Space = examples::DefaultSpace;
@@ -225,7 +254,7 @@ int main(int argc, char** argv) {
   a.model.table_rows = ctr::criteo_table_rows(a.max_rows);
 
   std::vector<examples::CriteoRecord> records;
-  std::string problem = cl.ok() ? examples::check_common(a.common) : "";
+  std::string problem = cl.ok() ? examples::check_common(a.common, true) : "";
   if (cl.ok() && problem.empty()) {
     if (a.max_rows < 2 || a.model.dim == 0) problem = "--max-rows must be at least 2 and --dim at least 1";
     else if (a.eval_examples == 0) problem = "--eval-examples must be at least 1";
@@ -269,5 +298,6 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   const Clicks clicks(a, std::move(records));
-  return px::with_arch(a.common.arch, [&](auto arch) { return train<decltype(arch)>(ctx, a, clicks); });
+  const std::string chosen = a.common.arch == "auto" ? choose_arch(ctx, a, clicks) : a.common.arch;
+  return px::with_arch(chosen, [&](auto arch) { return train<decltype(arch)>(ctx, a, clicks); });
 }

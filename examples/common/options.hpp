@@ -21,7 +21,7 @@ namespace px = parallax;
 /// Settings every example takes. Each example sets its own defaults before
 /// add_common_options().
 struct CommonOptions {
-  std::string arch = "hybrid";  ///< hybrid | allreduce | ps
+  std::string arch = "hybrid";  ///< hybrid | allreduce | ps | auto (the examples that plan: common/auto_arch.hpp)
   std::size_t steps = 200;
   std::size_t batch = 1024;  ///< examples per rank per step; the global batch is ranks x batch
   float lr = 0.1f;
@@ -57,7 +57,8 @@ inline void add_common_options(po::options_description& desc, CommonOptions& o) 
     ("help,h", "print this help and exit")
     ("arch", po::value(&o.arch)->default_value(o.arch),
      "architecture: hybrid (dense all-reduced, sparse sharded), allreduce (sparse all-gathered, as Horovod), "
-     "ps (everything sharded, as TF-PS)")
+     "ps (everything sharded, as TF-PS); 01 and 02 also take auto (the one plan::Model predicts fastest for "
+     "this job's hosts and PARALLAX_LINK)")
     ("steps", po::value(&o.steps)->default_value(o.steps), "training steps")
     ("batch", po::value(&o.batch)->default_value(o.batch),
      "examples per rank per step, as in PyTorch's DistributedDataParallel: N ranks train on a global batch "
@@ -100,11 +101,12 @@ inline CommandLine parse_command_line(int argc, char** argv, const po::options_d
   return cl;
 }
 
-/// Checks the common options (architecture name, counts at least 1).
-/// Returns the problem, or "".
-inline std::string check_common(const CommonOptions& o) {
-  if (o.arch != "hybrid" && o.arch != "allreduce" && o.arch != "ps")
-    return "--arch must be hybrid, allreduce or ps, not '" + o.arch + "'";
+/// Checks the common options (architecture name, counts at least 1); `auto`
+/// is an architecture where the example plans (`plans`). Returns the
+/// problem, or "".
+inline std::string check_common(const CommonOptions& o, bool plans = false) {
+  if (o.arch != "hybrid" && o.arch != "allreduce" && o.arch != "ps" && !(plans && o.arch == "auto"))
+    return "--arch must be hybrid, allreduce, ps" + std::string(plans ? " or auto" : "") + ", not '" + o.arch + "'";
   if (o.steps == 0) return "--steps must be at least 1";
   if (o.log_every == 0) return "--log-every must be at least 1";
   if (o.batch == 0) return "--batch must be at least 1 (examples per rank per step)";

@@ -35,13 +35,54 @@ struct ContextOptions {
   /// Make an exception that escapes main abort the whole job (MPI_Abort) with
   /// its message, instead of leaving the other ranks waiting.
   bool abort_on_uncaught_exception = true;
+  /// Fail at start-up, naming both numbers, when the launcher's rank count
+  /// (PMI_SIZE, OMPI_COMM_WORLD_SIZE, or an srun task's
+  /// SLURM_STEP_NUM_TASKS / SLURM_NTASKS) differs from MPI_COMM_WORLD's
+  /// size: e.g. `srun` without a PMI the MPI understands starts N
+  /// single-rank jobs that would each train alone. PARALLAX_CHECK_LAUNCHER=0
+  /// turns it off.
+  bool check_launcher = true;
 };
+
+namespace detail {
+
+/// The launcher's count of ranks disagreeing with `world` ranks, as a
+/// sentence naming the variable, or "" when they agree or nothing says.
+/// Slurm's counts are read only in an srun task (SLURM_PROCID set) that no
+/// other launcher described, since `mpiexec` inside an allocation may
+/// rightly start fewer ranks than the allocation has.
+inline std::string launcher_mismatch(int world) {
+  auto read = [](const char* name) -> long {
+    const char* v = std::getenv(name);
+    return v && *v ? std::atol(v) : -1;
+  };
+  auto differs = [&](const char* name, long said) {
+    return said > 0 && said != world
+               ? concat("parallax: the launcher started ", said, " ranks (", name, "=", said,
+                        ") but MPI_COMM_WORLD has ", world,
+                        ": the MPI library did not join the launcher's processes into one job (under Slurm: "
+                        "srun --mpi=pmi2 or pmix, as this MPI was built for; see docs/cluster.md). "
+                        "PARALLAX_CHECK_LAUNCHER=0 skips this check")
+               : std::string();
+  };
+  const long pmi = read("PMI_SIZE"), ompi = read("OMPI_COMM_WORLD_SIZE");
+  if (auto m = differs("PMI_SIZE", pmi); !m.empty()) return m;
+  if (auto m = differs("OMPI_COMM_WORLD_SIZE", ompi); !m.empty()) return m;
+  if (pmi > 0 || ompi > 0 || read("SLURM_PROCID") < 0) return "";
+  const long step = read("SLURM_STEP_NUM_TASKS");
+  return step > 0 ? differs("SLURM_STEP_NUM_TASKS", step) : differs("SLURM_NTASKS", read("SLURM_NTASKS"));
+}
+
+}  // namespace detail
 
 /// Who is where: rank, size, and the host of every rank. Immutable.
 class Topology {
  public:
   Topology() = default;
-  Topology(int rank, std::vector<int> host_of) : rank_(rank), host_of_(std::move(host_of)) {
+  /// @param machine_ranks ranks running on this rank's machine, when hosts
+  ///        are emulated (several emulated hosts on one machine); 0: the host's.
+  Topology(int rank, std::vector<int> host_of, int machine_ranks = 0)
+      : rank_(rank), host_of_(std::move(host_of)), machine_ranks_(machine_ranks) {
     local_size_ = 0;
     num_hosts_ = host_of_.empty() ? 0 : *std::max_element(host_of_.begin(), host_of_.end()) + 1;
     for (int r = 0; r < size(); ++r) {
@@ -61,12 +102,13 @@ class Topology {
   int local_rank() const noexcept { return local_rank_; }
   int local_size() const noexcept { return local_size_; }
   bool same_host(int peer) const noexcept { return host_of(peer) == host(); }
-  /// This host runs more ranks than it has hardware threads: waiting ranks
-  /// then take turns on the cores (RingOptions::adapt_to_oversubscription,
-  /// engine::Options::yield).
+  /// This machine runs more ranks than it has hardware threads: waiting
+  /// ranks then take turns on the cores (RingOptions::adapt_to_oversubscription,
+  /// engine::Options::yield). With emulated hosts, the ranks of the real
+  /// machine count, not those of the emulated host.
   bool oversubscribed() const noexcept {
     const int threads = static_cast<int>(std::thread::hardware_concurrency());
-    return threads > 0 && local_size_ > threads;
+    return threads > 0 && std::max(local_size_, machine_ranks_) > threads;
   }
   /// The ranks on host h, ascending.
   std::vector<int> ranks_of_host(int h) const {
@@ -83,6 +125,7 @@ class Topology {
   int num_hosts_ = 1;
   int local_rank_ = 0;
   int local_size_ = 1;
+  int machine_ranks_ = 0;
 };
 
 /// The job as parallax sees it. Construct one per process, before any
@@ -203,6 +246,16 @@ class Context {
     int rank = 0, size = 0;
     PARALLAX_MPI_CHECK(MPI_Comm_rank(comm_, &rank));
     PARALLAX_MPI_CHECK(MPI_Comm_size(comm_, &size));
+    if (options.check_launcher) {
+      const char* off = std::getenv("PARALLAX_CHECK_LAUNCHER");
+      int world = 0;
+      PARALLAX_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+      const std::string wrong = off && std::atoi(off) == 0 ? std::string() : detail::launcher_mismatch(world);
+      if (!wrong.empty()) {
+        MPI_Comm_free(&comm_);
+        throw error(wrong);
+      }
+    }
 
     int per_host = options.ranks_per_host;
     if (per_host == 0) {
@@ -211,9 +264,13 @@ class Context {
     PARALLAX_EXPECTS(per_host >= 0, "ContextOptions::ranks_per_host must be >= 0, got ", per_host);
 
     // Host key: the lowest rank of each host; then numbered densely.
-    int key = 0;
+    int key = 0, machine_ranks = 0;
     if (per_host > 0) {
       key = (rank / per_host) * per_host;
+      MPI_Comm machine = MPI_COMM_NULL;
+      PARALLAX_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &machine));
+      PARALLAX_MPI_CHECK(MPI_Comm_size(machine, &machine_ranks));
+      MPI_Comm_free(&machine);
     } else {
       MPI_Comm shared = MPI_COMM_NULL;
       PARALLAX_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared));
@@ -228,7 +285,7 @@ class Context {
     std::vector<int> host_of(keys.size());
     for (std::size_t r = 0; r < keys.size(); ++r)
       host_of[r] = static_cast<int>(std::lower_bound(sorted.begin(), sorted.end(), keys[r]) - sorted.begin());
-    topology_ = Topology(rank, std::move(host_of));
+    topology_ = Topology(rank, std::move(host_of), machine_ranks);
     PARALLAX_MPI_CHECK(MPI_Comm_split(comm_, topology_.host(), rank, &host_comm_));
     PARALLAX_MPI_CHECK(MPI_Comm_set_errhandler(host_comm_, MPI_ERRORS_RETURN));
 

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -58,14 +59,20 @@ struct Options {
   /// the core its peer needs to send, for a whole scheduler slice; no
   /// otherwise (a core per rank: spinning answers soonest).
   enum class Yield { automatic, always, never } yield = Yield::automatic;
+  /// Emulated links between hosts (engine::Mpi): "10Gbit/s,20us" holds back
+  /// every call that moves bytes between hosts until a link of that
+  /// bandwidth and latency, shared by the host's ranks, could have carried
+  /// them (docs/cluster.md, "Emulated links"). Empty or "off": none.
+  std::string link;
 
   /// This with the environment's overrides applied (PARALLAX_TIMEOUT_MS,
-  /// PARALLAX_CHECK_CALLS=1, PARALLAX_YIELD=0|1).
+  /// PARALLAX_CHECK_CALLS=1, PARALLAX_YIELD=0|1, PARALLAX_LINK).
   Options from_environment() const {
     Options o = *this;
     if (const char* t = std::getenv("PARALLAX_TIMEOUT_MS")) o.timeout = std::chrono::milliseconds(std::atoll(t));
     if (const char* c = std::getenv("PARALLAX_CHECK_CALLS")) o.check_calls = std::atoi(c) != 0;
     if (const char* y = std::getenv("PARALLAX_YIELD")) o.yield = std::atoi(y) != 0 ? Yield::always : Yield::never;
+    if (const char* l = std::getenv("PARALLAX_LINK")) o.link = l;
     return o;
   }
   std::chrono::milliseconds grace_period() const {

@@ -8,6 +8,7 @@
 #include <parallax/comm_stats.hpp>
 #include <parallax/context.hpp>
 #include <parallax/detail/fault.hpp>
+#include <parallax/detail/link_emulation.hpp>
 #include <parallax/detail/mpi.hpp>
 #include <parallax/detail/ring.hpp>
 #include <parallax/engine/engine.hpp>
@@ -63,6 +64,9 @@ class Mpi {
              (options_.yield == Options::Yield::automatic && topology_.oversubscribed());
     PARALLAX_MPI_CHECK(MPI_Comm_dup(ctx.comm(), &comm_));
     PARALLAX_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+    // Emulated links only matter between hosts; every rank parses the same text.
+    const detail::LinkSpec link = detail::parse_link(options_.link);
+    if (link.enabled() && topology_.num_hosts() > 1) link_.start(link, ctx.host_comm());
   }
   Mpi(const Mpi&) = delete;
   Mpi& operator=(const Mpi&) = delete;
@@ -88,6 +92,9 @@ class Mpi {
   void set_step(std::int64_t step) noexcept { step_ = step; }
   /// Engine calls made so far.
   std::int64_t calls() const noexcept { return calls_; }
+  /// The emulated link between hosts (Options::link), disabled when off or
+  /// when the job has one host.
+  const detail::LinkSpec& link() const noexcept { return link_.spec(); }
 
   /// recv = op over all ranks of send, `count` elements. send == recv is in place.
   void allreduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op) {
@@ -346,10 +353,21 @@ class Mpi {
     }
   }
 
+  /// Waits for the requests (wait_for), then, with emulated links, until
+  /// the inter-host bytes booked since the last completion could have
+  /// crossed them.
+  void complete(MPI_Request* requests, int n, const char* op) {
+    wait_for(requests, n, op);
+    if (link_.enabled() && (link_sent_ || link_received_)) {
+      link_.hold(link_start_, link_sent_, link_received_);
+      link_sent_ = link_received_ = 0;
+    }
+  }
+
   /// Waits for the requests, polling against the deadline when one is set.
   /// A collective that times out or fails ends in a diagnosis shared by the
   /// ranks (detail/fault.hpp); a point-to-point one is withdrawn and reported.
-  void complete(MPI_Request* requests, int n, const char* op) {
+  void wait_for(MPI_Request* requests, int n, const char* op) {
     const bool point_to_point =
         std::string_view(op) == "send" || std::string_view(op) == "recv" || std::string_view(op) == "sendrecv";
     if (options_.timeout.count() <= 0) {
@@ -423,8 +441,21 @@ class Mpi {
     }
   }
 
-  void book_send(int peer, std::size_t bytes) { stats_.add_sent(bytes, topology_.same_host(peer)); }
-  void book_recv(int peer, std::size_t bytes) { stats_.add_received(bytes, topology_.same_host(peer)); }
+  void book_send(int peer, std::size_t bytes) {
+    stats_.add_sent(bytes, topology_.same_host(peer));
+    if (!topology_.same_host(peer)) note_link(link_sent_, bytes);
+  }
+  void book_recv(int peer, std::size_t bytes) {
+    stats_.add_received(bytes, topology_.same_host(peer));
+    if (!topology_.same_host(peer)) note_link(link_received_, bytes);
+  }
+  /// Emulated links: the inter-host bytes of the calls in flight, held back
+  /// when they complete; the clock starts with the first of them.
+  void note_link(std::uint64_t& pending, std::size_t bytes) {
+    if (!link_.enabled() || bytes == 0) return;
+    if (link_sent_ == 0 && link_received_ == 0) link_start_ = std::chrono::steady_clock::now();
+    pending += bytes;
+  }
   /// A ring collective: sends go to the right neighbour, receipts come from the left.
   void book_ring(std::size_t sent_elems, std::size_t recv_elems, DataType t) {
     const int n = size(), me = rank();
@@ -520,6 +551,9 @@ class Mpi {
     std::vector<detail::mpi_displ> displs;
   };
   std::deque<Started> started_;
+  detail::LinkEmulator link_;
+  std::uint64_t link_sent_ = 0, link_received_ = 0;  // inter-host bytes since the last completion
+  std::chrono::steady_clock::time_point link_start_;
   // The tag of alltoallv_unsized's messages, apart from those of send/recv
   // (small tags) and the fault channel (7117, 7118).
   static constexpr int unsized_tag = 7119;
