@@ -10,6 +10,7 @@
 // Default data: a seeded synthetic corpus of Zipf-distributed words with
 // learnable bigrams, made in memory. The run passes when the final training
 // loss is below --pass-ratio times the untrained model's (step 1).
+#include "common/async.hpp"
 #include "common/backend.hpp"
 #include "common/gemm.hpp"
 #include "common/options.hpp"
@@ -102,15 +103,17 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
 
   // example-begin word_lm_loop
   examples::Progress progress(trainer, shard.global, o.log_every, "words", o.warmup);
+  examples::Straggler straggler(o, ctx);  // --slow-rank, --slow-factor; each rank's own words/s
   for (std::uint64_t step = 0; step < o.steps; ++step) {
     const auto [batch, cand] = examples::timed(examples::Part::input, [&] {
       lm::Batch b = windows.training(step, shard.global, shard.first, shard.batch);  // this rank's share
       lm::Candidates c = lm::make_candidates(sampler, cfg.sampled, o.seed, step, b);
       return std::make_pair(std::move(b), std::move(c));
     });
-    progress.record(model.train_step(trainer, batch, cand, o.overlapped()));
+    progress.record(straggler.step([&] { return model.train_step(trainer, batch, cand, o.overlapped()); }));
   }
   const examples::Summary s = progress.finish();
+  const double others = straggler.report(ctx, trainer, "words");
   // example-end
 
   // Perplexity with the full softmax on held-out words, split over the ranks.
@@ -132,9 +135,9 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
   }
   if (ctx.is_root()) {
     std::printf("result: example=word_lm arch=%s ranks=%d final_loss=%.7f final_loss_hex=%a samples_per_s=%.1f bytes_per_step=%.0f "
-                "bytes_per_step_max=%.0f %s perplexity=%.2f\n",
+                "bytes_per_step_max=%.0f %s perplexity=%.2f others_samples_per_s=%.1f\n",
                 Arch::name, s.ranks, s.final_loss, s.final_loss, s.samples_per_s, s.bytes_per_step, s.bytes_per_step_max,
-                s.shares().c_str(), perplexity);
+                s.shares().c_str(), perplexity, others);
   }
   const double threshold = a.pass_ratio * s.first_loss;
   char why[200];
@@ -215,6 +218,6 @@ int main(int argc, char** argv) {
   }
   // example-begin word_lm_arch
   // --arch hybrid|allreduce|ps picks the trainer's architecture type.
-  return px::with_arch(a.common.arch, [&](auto arch) { return train<decltype(arch)>(ctx, a, tokens); });
+  return examples::with_arch(a.common, [&](auto arch) { return train<decltype(arch)>(ctx, a, tokens); });
   // example-end
 }

@@ -11,6 +11,7 @@
 // integer features, 26 hex categorical features; missing values allowed).
 // The run passes when the held-out log loss is below --pass-ratio times that
 // of the best constant prediction and the accuracy beats the majority class.
+#include "common/async.hpp"
 #include "common/backend.hpp"
 #include "common/gemm.hpp"
 #include "common/options.hpp"
@@ -147,12 +148,14 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
   }
 
   examples::Progress progress(trainer, shard.global, o.log_every, "samples", o.warmup);
+  examples::Straggler straggler(o, ctx);  // --slow-rank, --slow-factor; each rank's own samples/s
   ctr::Batch batch;
   for (std::uint64_t step = 0; step < o.steps; ++step) {
     examples::timed(examples::Part::input, [&] { clicks.training(step, shard.global, shard.first, shard.batch, batch); });
-    progress.record(model.train_step(trainer, batch, o.overlapped()));
+    progress.record(straggler.step([&] { return model.train_step(trainer, batch, o.overlapped()); }));
   }
   const examples::Summary s = progress.finish();
+  const double others = straggler.report(ctx, trainer, "samples");
 
   // Held-out log loss and accuracy, against the best constant prediction.
   std::vector<double> sums(3, 0.0);  // loss, correct, positives
@@ -170,9 +173,9 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
                 "%.4f)\n",
                 a.eval_examples, loss, constant_loss, accuracy, majority);
     std::printf("result: example=ctr arch=%s ranks=%d final_loss=%.7f final_loss_hex=%a samples_per_s=%.1f bytes_per_step=%.0f "
-                "bytes_per_step_max=%.0f %s heldout_loss=%.6f accuracy=%.4f\n",
+                "bytes_per_step_max=%.0f %s heldout_loss=%.6f accuracy=%.4f others_samples_per_s=%.1f\n",
                 Arch::name, s.ranks, s.final_loss, s.final_loss, s.samples_per_s, s.bytes_per_step, s.bytes_per_step_max,
-                s.shares().c_str(), loss, accuracy);
+                s.shares().c_str(), loss, accuracy, others);
   }
   const bool passed = std::isfinite(loss) && loss < a.pass_ratio * constant_loss && accuracy > majority;
   char why[240];
@@ -261,5 +264,5 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   const Clicks clicks(a, std::move(records));
-  return px::with_arch(a.common.arch, [&](auto arch) { return train<decltype(arch)>(ctx, a, clicks); });
+  return examples::with_arch(a.common, [&](auto arch) { return train<decltype(arch)>(ctx, a, clicks); });
 }
