@@ -10,6 +10,7 @@
 
 #include "backend.hpp"
 #include "options.hpp"
+#include "profile.hpp"
 
 #include <parallax/parallax.hpp>
 
@@ -37,7 +38,7 @@ decltype(auto) with_arch(const CommonOptions& o, F&& f) {
 }
 
 /// Runs each training step, makes the --slow-rank sleep (--slow-factor - 1)
-/// times the step's own duration after it (as if its compute were that much
+/// times the step's compute after it (as if its compute were that much
 /// slower), and clocks every rank's own steps after the warm-up.
 class Straggler {
  public:
@@ -51,9 +52,18 @@ class Straggler {
 
   template <class F>
   auto step(F&& f) {
+    const StepProfile* p = StepProfile::current();
+    const double in_parallax = p ? p->seconds(Part::parallax) : 0;
     const auto t0 = clock::now();
     auto result = f();
-    if (slow_) std::this_thread::sleep_for((clock::now() - t0) * (factor_ - 1));
+    if (slow_) {
+      // The user's compute: the step's time outside parallax (lookups,
+      // step(), waiting for other ranks), so that the straggler is slowed
+      // by the same amount under synchronous and asynchronous training.
+      const double step = std::chrono::duration<double>(clock::now() - t0).count();
+      const double compute = step - (p ? p->seconds(Part::parallax) - in_parallax : 0);
+      if (compute > 0) std::this_thread::sleep_for(std::chrono::duration<double>(compute * (factor_ - 1)));
+    }
     ++steps_;
     end_ = clock::now();
     if (steps_ == warmup_) start_ = end_;

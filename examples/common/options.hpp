@@ -90,7 +90,7 @@ inline void add_common_options(po::options_description& desc, CommonOptions& o) 
     ("slow-rank", po::value(&o.slow_rank)->default_value(o.slow_rank),
      "make this rank a straggler (-1: none): it sleeps in its compute, see --slow-factor")
     ("slow-factor", po::value(&o.slow_factor)->default_value(o.slow_factor),
-     "the straggler's steps take this many times as long (it sleeps factor - 1 times each step's duration)");
+     "the straggler's compute takes this many times as long (it sleeps factor - 1 times each step's time outside parallax)");
 }
 
 /// The outcome of parsing, decided before MPI starts and reported after.
