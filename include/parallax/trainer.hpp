@@ -80,10 +80,12 @@ class Prefetched {
   bool taken_ = false;
 };
 
-/// Synchronous data-parallel training of a set of variables.
+/// Data-parallel training of a set of variables: synchronous, unless every
+/// variable's policy is asynchronous (arch::Async; see asynchronous()).
 ///
 /// @tparam Arch      arch::Hybrid, arch::AllReduce or arch::PS: which policy
-///                   each variable gets (a variable may name its own)
+///                   each variable gets (a variable may name its own); the
+///                   asynchronous arch::Async and arch::AsyncHybrid (async.hpp)
 /// @tparam Optimizer optim::Sgd, Momentum, Adagrad or Adam
 /// @tparam Engine    the transport (engine::Mpi for HostSpace variables)
 ///
