@@ -24,8 +24,21 @@ if [ "${SANITIZER:-address}" = thread ]; then
     -DCMAKE_CXX_FLAGS="-O1 -g1 -fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
   cmake --build "$build" -j "$(nproc)" --target test_policy_async_ps
   export TSAN_OPTIONS="halt_on_error=1:exitcode=66"
-  cd "$build"
-  ctest -R '^policy_async_ps_np[1-4]$' --output-on-failure
+  # MPICH 4.0.2 (ch4:ucx) crashes in MPI_Finalize under TSan, even in a
+  # program that only calls MPI_Init_thread and MPI_Finalize, so the exit
+  # status says nothing: every rank must have printed Catch2's verdict
+  # (after the last case, before finalising) and nobody a TSan report
+  # (halt_on_error stops a rank at its first).
+  for n in 1 2 3 4; do
+    out=$(mpiexec -n "$n" "$build/tests/test_policy_async_ps" 2>&1 || true)
+    passed=$(printf '%s\n' "$out" | grep -c "All tests passed" || true)
+    if printf '%s\n' "$out" | grep -q "ThreadSanitizer" || [ "$passed" -ne "$n" ]; then
+      printf '%s\n' "$out"
+      echo "sanitize (thread): FAILED at $n ranks"
+      exit 1
+    fi
+    echo "sanitize (thread): $n ranks: every rank passed every case, no report"
+  done
   exit 0
 fi
 build="$root/build/sanitize"
