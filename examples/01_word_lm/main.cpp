@@ -110,11 +110,13 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
       lm::Candidates c = lm::make_candidates(sampler, cfg.sampled, o.seed, step, b);
       return std::make_pair(std::move(b), std::move(c));
     });
-    progress.record(straggler.step([&] { return model.train_step(trainer, batch, cand, o.overlapped()); }));
+    straggler.begin();
+    progress.record(model.train_step(trainer, batch, cand, o.overlapped()));
+    straggler.end();  // --slow-rank sleeps here, as if its compute were slower
   }
   const examples::Summary s = progress.finish();
-  const double others = straggler.report(ctx, trainer, "words");
   // example-end
+  const double others = straggler.report(ctx, trainer, "words");
 
   // Perplexity with the full softmax on held-out words, split over the ranks.
   double perplexity = 0;
@@ -217,7 +219,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   // example-begin word_lm_arch
-  // --arch hybrid|allreduce|ps picks the trainer's architecture type.
+  // --arch hybrid|allreduce|ps (and --sync sync|async) picks the trainer's architecture type.
   return examples::with_arch(a.common, [&](auto arch) { return train<decltype(arch)>(ctx, a, tokens); });
   // example-end
 }

@@ -152,7 +152,9 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
   ctr::Batch batch;
   for (std::uint64_t step = 0; step < o.steps; ++step) {
     examples::timed(examples::Part::input, [&] { clicks.training(step, shard.global, shard.first, shard.batch, batch); });
-    progress.record(straggler.step([&] { return model.train_step(trainer, batch, o.overlapped()); }));
+    straggler.begin();
+    progress.record(model.train_step(trainer, batch, o.overlapped()));
+    straggler.end();
   }
   const examples::Summary s = progress.finish();
   const double others = straggler.report(ctx, trainer, "samples");

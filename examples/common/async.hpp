@@ -50,24 +50,26 @@ class Straggler {
     start_ = end_ = clock::now();
   }
 
-  template <class F>
-  auto step(F&& f) {
+  /// Before a training step.
+  void begin() {
     const StepProfile* p = StepProfile::current();
-    const double in_parallax = p ? p->seconds(Part::parallax) : 0;
-    const auto t0 = clock::now();
-    auto result = f();
+    in_parallax_ = p ? p->seconds(Part::parallax) : 0;
+    t0_ = clock::now();
+  }
+  /// After it: the straggler sleeps, and the step is counted.
+  void end() {
     if (slow_) {
       // The user's compute: the step's time outside parallax (lookups,
       // step(), waiting for other ranks), so that the straggler is slowed
       // by the same amount under synchronous and asynchronous training.
-      const double step = std::chrono::duration<double>(clock::now() - t0).count();
-      const double compute = step - (p ? p->seconds(Part::parallax) - in_parallax : 0);
+      const StepProfile* p = StepProfile::current();
+      const double step = std::chrono::duration<double>(clock::now() - t0_).count();
+      const double compute = step - (p ? p->seconds(Part::parallax) - in_parallax_ : 0);
       if (compute > 0) std::this_thread::sleep_for(std::chrono::duration<double>(compute * (factor_ - 1)));
     }
     ++steps_;
     end_ = clock::now();
     if (steps_ == warmup_) start_ = end_;
-    return result;
   }
 
   /// Every rank's own samples/s over its steps after the warm-up, by rank,
@@ -129,7 +131,8 @@ class Straggler {
   std::uint64_t warmup_, batch_;
   int slow_rank_;
   std::uint64_t steps_ = 0;
-  clock::time_point start_, end_;
+  double in_parallax_ = 0;  // the profile's parallax seconds when the step began
+  clock::time_point start_, end_, t0_;
 };
 
 }  // namespace examples
