@@ -11,6 +11,7 @@
 // learnable bigrams, made in memory. The run passes when the final training
 // loss is below --pass-ratio times the untrained model's (step 1).
 #include "common/auto_arch.hpp"
+#include "common/async.hpp"
 #include "common/backend.hpp"
 #include "common/gemm.hpp"
 #include "common/options.hpp"
@@ -105,6 +106,7 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
 
   // example-begin word_lm_loop
   examples::Progress progress(trainer, shard.global, o.log_every, "words", o.warmup);
+  examples::Straggler straggler(o, ctx);  // --slow-rank, --slow-factor; each rank's own words/s
   auto inputs = [&](std::uint64_t step) {
     return examples::timed(examples::Part::input, [&] {
       lm::Batch b = windows.training(step, shard.global, shard.first, shard.batch);  // this rank's share
@@ -119,11 +121,14 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
     const auto [batch, cand] = next ? std::move(*next) : inputs(step);
     next.reset();
     if (o.overlapped() && step + 1 < o.steps) next = inputs(step + 1);
+    straggler.begin();
     progress.record(model.train_step(trainer, batch, cand, o.overlapped(), next ? &next->first : nullptr,
                                      next ? &next->second : nullptr));
+    straggler.end();  // --slow-rank sleeps here, as if its compute were slower
   }
   const examples::Summary s = progress.finish();
   // example-end
+  const double others = straggler.report(ctx, trainer, "words");
 
   // Perplexity with the full softmax on held-out words, split over the ranks.
   double perplexity = 0;
@@ -144,9 +149,9 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
   }
   if (ctx.is_root()) {
     std::printf("result: example=word_lm arch=%s ranks=%d final_loss=%.7f final_loss_hex=%a samples_per_s=%.1f bytes_per_step=%.0f "
-                "bytes_per_step_max=%.0f %s perplexity=%.2f\n",
+                "bytes_per_step_max=%.0f %s perplexity=%.2f others_samples_per_s=%.1f\n",
                 Arch::name, s.ranks, s.final_loss, s.final_loss, s.samples_per_s, s.bytes_per_step, s.bytes_per_step_max,
-                s.shares().c_str(), perplexity);
+                s.shares().c_str(), perplexity, others);
   }
   const double threshold = a.pass_ratio * s.first_loss;
   char why[200];
@@ -250,8 +255,9 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   // example-begin word_lm_arch
-  // --arch hybrid|allreduce|ps picks the trainer's architecture type.
-  const std::string chosen = a.common.arch == "auto" ? choose_arch(ctx, a, tokens) : a.common.arch;
-  return px::with_arch(chosen, [&](auto arch) { return train<decltype(arch)>(ctx, a, tokens); });
+  // --arch hybrid|allreduce|ps|auto (and --sync sync|async) picks the trainer's architecture type.
+  examples::CommonOptions common = a.common;
+  if (common.arch == "auto") common.arch = choose_arch(ctx, a, tokens);
+  return examples::with_arch(common, [&](auto arch) { return train<decltype(arch)>(ctx, a, tokens); });
   // example-end
 }

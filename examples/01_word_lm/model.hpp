@@ -321,10 +321,13 @@ class Model {
     // of the candidates (pulled from their owners under the hybrid, both
     // tables in one round), the hidden layer, the sampled logits.
     const auto looked_up = timed(ex, Part::parallax, [&] {
-      if (prefetched) return trainer.rows(ahead_.take());
+      if constexpr (Trainer::template can_prefetch<Table>)
+        if (prefetched) return trainer.rows(ahead_.take());
       return trainer.lookup({px::Lookup{emb, context_ids_}, px::Lookup{softmax, candidate_ids_}});
     });
-    if (overlap && next && next_cand) prefetch(trainer, *next, *next_cand);
+    // (Architectures whose lookups cannot run ahead, the asynchronous ones, look up each batch.)
+    if constexpr (Trainer::template can_prefetch<Table>)
+      if (overlap && next && next_cand) prefetch(trainer, *next, *next_cand);
     const auto& x = looked_up[0];
     const auto& w = looked_up[1];
     const T* h = hidden.forward(ex, x.data, rows);

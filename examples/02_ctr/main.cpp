@@ -12,6 +12,7 @@
 // The run passes when the held-out log loss is below --pass-ratio times that
 // of the best constant prediction and the accuracy beats the majority class.
 #include "common/auto_arch.hpp"
+#include "common/async.hpp"
 #include "common/backend.hpp"
 #include "common/gemm.hpp"
 #include "common/options.hpp"
@@ -177,6 +178,7 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
   }
 
   examples::Progress progress(trainer, shard.global, o.log_every, "samples", o.warmup);
+  examples::Straggler straggler(o, ctx);  // --slow-rank, --slow-factor; each rank's own samples/s
   // --overlap on: the inputs a step ahead, so that the next batch's lookup
   // runs while this one computes.
   ctr::Batch batch, next;
@@ -187,9 +189,12 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
     have_next = o.overlapped() && step + 1 < o.steps;
     if (have_next)
       examples::timed(examples::Part::input, [&] { clicks.training(step + 1, shard.global, shard.first, shard.batch, next); });
+    straggler.begin();
     progress.record(model.train_step(trainer, batch, o.overlapped(), have_next ? &next : nullptr));
+    straggler.end();
   }
   const examples::Summary s = progress.finish();
+  const double others = straggler.report(ctx, trainer, "samples");
 
   // Held-out log loss and accuracy, against the best constant prediction.
   std::vector<double> sums(3, 0.0);  // loss, correct, positives
@@ -207,9 +212,9 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
                 "%.4f)\n",
                 a.eval_examples, loss, constant_loss, accuracy, majority);
     std::printf("result: example=ctr arch=%s ranks=%d final_loss=%.7f final_loss_hex=%a samples_per_s=%.1f bytes_per_step=%.0f "
-                "bytes_per_step_max=%.0f %s heldout_loss=%.6f accuracy=%.4f\n",
+                "bytes_per_step_max=%.0f %s heldout_loss=%.6f accuracy=%.4f others_samples_per_s=%.1f\n",
                 Arch::name, s.ranks, s.final_loss, s.final_loss, s.samples_per_s, s.bytes_per_step, s.bytes_per_step_max,
-                s.shares().c_str(), loss, accuracy);
+                s.shares().c_str(), loss, accuracy, others);
   }
   const bool passed = std::isfinite(loss) && loss < a.pass_ratio * constant_loss && accuracy > majority;
   char why[240];
@@ -298,6 +303,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   const Clicks clicks(a, std::move(records));
-  const std::string chosen = a.common.arch == "auto" ? choose_arch(ctx, a, clicks) : a.common.arch;
-  return px::with_arch(chosen, [&](auto arch) { return train<decltype(arch)>(ctx, a, clicks); });
+  examples::CommonOptions common = a.common;
+  if (common.arch == "auto") common.arch = choose_arch(ctx, a, clicks);
+  return examples::with_arch(common, [&](auto arch) { return train<decltype(arch)>(ctx, a, clicks); });
 }

@@ -177,10 +177,13 @@ class Model {
       lookups_.emplace_back(tables[f], ids_[f]);
     }
     const auto looked_up = timed(ex, Part::parallax, [&] {
-      if (prefetched) return trainer.rows(ahead_.take());
+      if constexpr (Trainer::template can_prefetch<Table>)
+        if (prefetched) return trainer.rows(ahead_.take());
       return trainer.lookup(lookups_);
     });
-    if (next) prefetch(trainer, *next);
+    // (Architectures whose lookups cannot run ahead, the asynchronous ones, look up each batch.)
+    if constexpr (Trainer::template can_prefetch<Table>)
+      if (next) prefetch(trainer, *next);
     // The concatenation: the bottom MLP's output, then each table's rows.
     std::vector<const T*> sources{b};
     for (std::size_t f = 0; f < features; ++f) sources.push_back(looked_up[f].data);

@@ -7,6 +7,7 @@
 //
 // Data: points labelled by a fixed random teacher network (seeded, in memory).
 // The run passes when held-out accuracy beats the majority class by --margin.
+#include "common/async.hpp"
 #include "common/backend.hpp"
 #include "common/gemm.hpp"
 #include "common/options.hpp"
@@ -141,5 +142,5 @@ int main(int argc, char** argv) {
                 examples::gemm_description<examples::DefaultSpace>().c_str());
     std::fflush(stdout);
   }
-  return px::with_arch(a.common.arch, [&](auto arch) { return train<decltype(arch)>(ctx, a); });
+  return examples::with_arch(a.common, [&](auto arch) { return train<decltype(arch)>(ctx, a); });
 }

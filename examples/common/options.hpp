@@ -35,11 +35,16 @@ struct CommonOptions {
   /// the layers below compute; off: no ready() calls, TrainerOptions::overlap
   /// false (step() moves everything). The losses are the same bit for bit.
   std::string overlap = "on";
+  std::string sync = "sync";  ///< sync | async (arch ps or hybrid through AsyncPS)
+  int staleness = 4;          ///< --sync async: steps a rank may run ahead of the slowest (-1: unbounded)
+  int slow_rank = -1;         ///< the straggler, or -1
+  double slow_factor = 1;     ///< how much slower the straggler's compute is
 
   bool overlapped() const noexcept { return overlap == "on"; }
   /// `t` with TrainerOptions::overlap set from --overlap.
   px::TrainerOptions trainer_options(px::TrainerOptions t = {}) const {
     t.overlap = overlapped();
+    t.async.staleness = staleness;
     return t;
   }
 
@@ -76,7 +81,17 @@ inline void add_common_options(po::options_description& desc, CommonOptions& o) 
     ("overlap", po::value(&o.overlap)->default_value(o.overlap),
      "on: the backward pass marks each layer's gradient ready as it finishes it (trainer.ready) and the "
      "trainer's communication thread sends it while the layers below compute; off: no ready() calls, the "
-     "trainer moves every gradient in step(). The losses are bit-identical either way");
+     "trainer moves every gradient in step(). The losses are bit-identical either way")
+    ("sync", po::value(&o.sync)->default_value(o.sync),
+     "sync: every step waits for every rank's gradients; async: sparse pushes land when they are made and no "
+     "step waits for the others beyond --staleness (with --arch ps everything is asynchronous; with --arch "
+     "hybrid the dense layers stay all-reduced, Persia's split). Host build, ranks on one machine")
+    ("staleness", po::value(&o.staleness)->default_value(o.staleness),
+     "--sync async: steps a rank may complete beyond the slowest rank (0: lock step; -1: unbounded)")
+    ("slow-rank", po::value(&o.slow_rank)->default_value(o.slow_rank),
+     "make this rank a straggler (-1: none): it sleeps in its compute, see --slow-factor")
+    ("slow-factor", po::value(&o.slow_factor)->default_value(o.slow_factor),
+     "the straggler's compute takes this many times as long (it sleeps factor - 1 times each step's time outside parallax)");
 }
 
 /// The outcome of parsing, decided before MPI starts and reported after.
@@ -111,6 +126,11 @@ inline std::string check_common(const CommonOptions& o, bool plans = false) {
   if (o.log_every == 0) return "--log-every must be at least 1";
   if (o.batch == 0) return "--batch must be at least 1 (examples per rank per step)";
   if (o.overlap != "on" && o.overlap != "off") return "--overlap must be on or off, not '" + o.overlap + "'";
+  if (o.sync != "sync" && o.sync != "async") return "--sync must be sync or async, not '" + o.sync + "'";
+  if (o.sync == "async" && o.arch == "allreduce")
+    return "--sync async needs a parameter server: --arch ps or hybrid, not allreduce";
+  if (o.staleness < -1) return "--staleness must be >= 0, or -1 for unbounded";
+  if (o.slow_factor < 1) return "--slow-factor must be at least 1";
   return "";
 }
 

@@ -71,6 +71,15 @@ struct ShardedOptions {
   bool group_tables = true;
 };
 
+/// Settings of asynchronous training (the AsyncPS policy, arch::Async and
+/// arch::AsyncHybrid; see async.hpp). Synchronous policies ignore them.
+struct AsyncOptions {
+  /// Stale synchronous parallel: a rank starts a step only while it has
+  /// completed at most this many steps more than the slowest rank. 0: every
+  /// rank waits for every other at every step; -1: unbounded.
+  int staleness = 4;
+};
+
 /// When and where a Trainer saves on its own (during step()).
 struct CheckpointOptions {
   /// Directory of the checkpoints (on a file system every rank sees). Empty:
@@ -96,6 +105,7 @@ struct TrainerOptions {
   std::map<std::string, int> partitions;
   engine::Options engine;  ///< deadline of every collective
   CheckpointOptions checkpoint;  ///< automatic saves during step()
+  AsyncOptions async;            ///< AsyncPS: the staleness bound
   /// The learning rate of step s is the base rate (the optimizer's `lr`, or
   /// Trainer::set_learning_rate) times schedule(s), s counting from 1: see
   /// optim/schedule.hpp. Empty: the base rate throughout.

@@ -12,6 +12,7 @@
 #include <parallax/config.hpp>
 
 #include <parallax/arch.hpp>
+#include <parallax/async.hpp>
 #include <parallax/batch.hpp>
 #include <parallax/checkpoint.hpp>
 #include <parallax/comm_stats.hpp>
@@ -28,6 +29,9 @@
 #include <parallax/policy/allgatherv.hpp>
 #include <parallax/policy/allgatherv/gatherer.hpp>
 #include <parallax/policy/allgatherv/synchronizer.hpp>
+#include <parallax/policy/async_ps.hpp>
+#include <parallax/policy/async_ps/clock.hpp>
+#include <parallax/policy/async_ps/synchronizer.hpp>
 #include <parallax/policy/policy.hpp>
 #include <parallax/policy/replicas.hpp>
 #include <parallax/policy/ring_allreduce.hpp>

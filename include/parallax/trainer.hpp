@@ -80,10 +80,12 @@ class Prefetched {
   bool taken_ = false;
 };
 
-/// Synchronous data-parallel training of a set of variables.
+/// Data-parallel training of a set of variables: synchronous, unless every
+/// variable's policy is asynchronous (arch::Async; see asynchronous()).
 ///
 /// @tparam Arch      arch::Hybrid, arch::AllReduce or arch::PS: which policy
-///                   each variable gets (a variable may name its own)
+///                   each variable gets (a variable may name its own); the
+///                   asynchronous arch::Async and arch::AsyncHybrid (async.hpp)
 /// @tparam Optimizer optim::Sgd, Momentum, Adagrad or Adam
 /// @tparam Engine    the transport (engine::Mpi for HostSpace variables)
 ///
@@ -102,6 +104,11 @@ class Trainer {
   using arch = Arch;
   using optimizer = Optimizer;
   using engine_type = Engine;
+  /// Whether prefetch() and rows() serve variables of type V here (their
+  /// policy looks up ahead; an asynchronous one does not): code written for
+  /// any architecture tests it with `if constexpr`.
+  template <class V>
+  static constexpr bool can_prefetch = policy::looks_up_ahead_v<policy_for_t<Arch, V>, V, Engine, Optimizer>;
 
   /// Registers the variables and places them (replicas, shards). Each
   /// argument is a variable or a collection of variables of one kind
@@ -141,8 +148,14 @@ class Trainer {
     (detail::for_each_variable(vars, [&](auto& v) { check_unregistered(v); }), ...);
     detail::agree_on_variables(*engine_, records);
 
-    (detail::for_each_variable(vars, [&](auto& v) { add(v); }), ...);
-    for (auto& s : synchronizers_) s.second->prepare();
+    try {
+      (detail::for_each_variable(vars, [&](auto& v) { add(v); }), ...);
+      for (auto& s : synchronizers_) s.second->prepare();
+      check_asynchronous();
+    } catch (...) {
+      for (const void** t : registered_) *t = nullptr;  // the variables may join another trainer
+      throw;
+    }
     checkpoints_ = std::make_unique<Checkpoints<Engine>>(*engine_, options_.checkpoint, Optimizer::name,
                                                          Optimizer::slots, members_);
     if (options_.timeline.empty())
@@ -335,14 +348,23 @@ class Trainer {
         if (!problem) problem = m->non_finite_gradient();
     if (problem) *problem += detail::concat(" (step ", steps_ + 1, ")");
     bool save_requested = false;
-    try {
-      const detail::Span span("agreement");
-      save_requested = detail::agree(*engine_, problem, has_gradient,
-                                     "step(): no variable was given a gradient on any rank since the last step",
-                                     checkpoints_->time_to_save());
-    } catch (...) {
-      clear();  // the step is abandoned on every rank alike
-      throw;
+    if (asynchronous_) {
+      // No agreement: an asynchronous step waits for no other rank. A
+      // problem with this rank's data abandons its step here only.
+      if (problem) {
+        clear();
+        throw error(detail::concat("rank ", engine_->rank(), ": ", *problem));
+      }
+    } else {
+      try {
+        const detail::Span span("agreement");
+        save_requested = detail::agree(*engine_, problem, has_gradient,
+                                       "step(): no variable was given a gradient on any rank since the last step",
+                                       checkpoints_->time_to_save());
+      } catch (...) {
+        clear();  // the step is abandoned on every rank alike
+        throw;
+      }
     }
     policy::StepInfo info{steps_ + 1, options_.reduction == Reduction::mean ? 1.0 / engine_->size() : 1.0};
     try {
@@ -376,12 +398,18 @@ class Trainer {
   /// Saves every variable, its optimizer state, the step count and the base
   /// learning rate as checkpoint `dir/step-<steps()>` (see
   /// Checkpoints::save). Collective; returns the checkpoint's path.
+  /// In asynchronous training every rank waits for the others before and
+  /// after: the checkpoint holds every push made before the save on any
+  /// rank and none made after.
   std::string save(const std::string& dir) {
     ensure_usable();
     finish_background();
     std::optional<double> lr;
     if constexpr (optim::has_learning_rate_v<Optimizer>) lr = base_lr_;
-    return checkpoints_->save(dir, steps_, lr);
+    quiesce();
+    std::string path = checkpoints_->save(dir, steps_, lr);
+    quiesce();
+    return path;
   }
   /// save() into checkpoint.dir.
   std::string save() {
@@ -407,6 +435,7 @@ class Trainer {
       cancelled_by_ = "restore(\"" + path + "\")";
     }
     std::uint64_t step = 0;
+    quiesce();
     try {
       step = checkpoints_->restore(path);
     } catch (...) {
@@ -415,6 +444,7 @@ class Trainer {
     }
     clear();
     steps_ = step;
+    for (auto& s : synchronizers_) s.second->restored(step);
     if constexpr (optim::has_learning_rate_v<Optimizer>)
       if (auto lr = checkpoints_->restored_learning_rate()) base_lr_ = *lr;
     unusable_.clear();
@@ -431,6 +461,26 @@ class Trainer {
 
   /// Steps completed.
   std::uint64_t steps() const noexcept { return steps_; }
+
+  /// Whether every variable's policy is asynchronous (arch::Async; see
+  /// async.hpp): then no step waits for the other ranks' gradients, lookup()
+  /// and step() are not collective, and each rank runs at most
+  /// TrainerOptions::async.staleness steps ahead of the slowest.
+  bool asynchronous() const noexcept { return asynchronous_; }
+  /// Asynchronous policies: returns once every rank called it and every
+  /// push made before is applied (save(), restore() and fetch() do it
+  /// themselves). Collective. Nothing for synchronous policies.
+  void quiesce() {
+    for (auto& s : synchronizers_) s.second->quiesce();
+  }
+  /// What the staleness bound did on this rank: its clock, the most it ran
+  /// ahead, each rank's lag behind it and the wait each one caused. Throws
+  /// when no variable has an asynchronous policy.
+  const AsyncStats& async_stats() {
+    for (auto& s : synchronizers_)
+      if (const AsyncStats* a = s.second->async_stats()) return *a;
+    throw error("async_stats(): no variable of this Trainer has an asynchronous policy (AsyncPS)");
+  }
 
   /// The learning rate the next step applies: the base rate times the
   /// schedule's factor for that step (TrainerOptions::schedule).
@@ -455,8 +505,10 @@ class Trainer {
   template <class V>
   std::vector<typename V::value_type> fetch(const V& var) {
     finish_background();
+    quiesce();  // asynchronous: every push before is in, and none lands while the rows are read
     std::vector<typename V::value_type> out(var.shape().elements());
     member_of(var).fetch(out.data());
+    quiesce();
     return out;
   }
 
@@ -571,6 +623,18 @@ class Trainer {
     return 0;
   }
 
+  /// Whether every synchronizer is asynchronous, and the settings that
+  /// asynchronous training cannot honour.
+  void check_asynchronous() {
+    asynchronous_ = true;
+    for (auto& s : synchronizers_) asynchronous_ = asynchronous_ && s.second->asynchronous();
+    if (!asynchronous_) return;
+    PARALLAX_EXPECTS(options_.clip_norm <= 0, "TrainerOptions::clip_norm needs the global gradient norm of a step, ",
+                     "which asynchronous training (", Arch::name, ") has not: every rank steps alone");
+    PARALLAX_EXPECTS(options_.checkpoint.every_seconds <= 0, "TrainerOptions::checkpoint.every_seconds needs ",
+                     "the ranks to agree at every step, which asynchronous training (", Arch::name,
+                     ") does not do: save every_steps instead");
+  }
   template <class V>
   void check_unregistered(const V& var) {
     PARALLAX_EXPECTS(var.state().trainer == nullptr, "variable '", var.name(),
@@ -656,6 +720,7 @@ class Trainer {
   double base_lr_ = 0;        // the learning rate the schedule scales
   double gradient_norm_ = 0;  // of the last step, when clipping
   bool records_timeline_ = false;
+  bool asynchronous_ = false;  // every synchronizer is asynchronous: steps make no collective call
   double last_call_end_ = -1;  // on the timeline, microseconds
   std::string unusable_;  // why the trainer refuses work, if it does
   // Prefetches (numbered from 1): the one in flight (0: none), its

@@ -3,13 +3,14 @@
 // checks the exit status, the messages and the time bound.
 //
 //   drill --mode kill|stop|skip|leave|none --victim R --at-step S|random --steps K
-//         [--timeout-ms T] [--check-calls]
+//         [--timeout-ms T] [--check-calls] [--async S]
 //
 // kill: the victim raises SIGKILL; stop: SIGSTOP (a hung process); skip: the
 // victim leaves out one step() and goes on to the next step; leave: the
 // victim leaves the loop before step S and returns from main (its trainer
 // and Context end normally) while the others train on. Each rank prints
-// how long after the fault's step began it finished or stopped.
+// how long after the fault's step began it finished or stopped. --async S
+// trains asynchronously (arch::Async, staleness S) instead of arch::Hybrid.
 #include <parallax/parallax.hpp>
 
 #include <unistd.h>
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
   int victim = 1;
   long at_step = 3, steps = 8, timeout_ms = 60000;
   bool check_calls = false;
+  int async = -2;  // --async S: train asynchronously (arch::Async) with staleness S
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -53,6 +55,7 @@ int main(int argc, char** argv) {
     } else if (a == "--steps") steps = std::atol(next().c_str());
     else if (a == "--timeout-ms") timeout_ms = std::atol(next().c_str());
     else if (a == "--check-calls") check_calls = true;
+    else if (a == "--async") async = std::atoi(next().c_str());
   }
   std::fprintf(stderr, "drill: rank %d pid %d\n", ctx.rank(), static_cast<int>(getpid()));
   if (ctx.rank() == 0) std::fprintf(stderr, "drill: mode %s, victim rank %d, at step %ld\n", mode.c_str(), victim, at_step);
@@ -63,7 +66,9 @@ int main(int argc, char** argv) {
     px::TrainerOptions o;
     o.engine.timeout = std::chrono::milliseconds(timeout_ms);
     o.engine.check_calls = check_calls;
-    px::Trainer<px::arch::Hybrid, px::optim::Adam> trainer(ctx, o, px::optim::Adam{}, emb, w);
+    o.async.staleness = async;
+    auto drill = [&](auto arch) {
+    px::Trainer<decltype(arch), px::optim::Adam> trainer(ctx, o, px::optim::Adam{}, emb, w);
     long done = 0;
     for (long s = 1; s <= steps; ++s) {
       if (s == at_step) fault_began = std::chrono::steady_clock::now();
@@ -86,6 +91,9 @@ int main(int argc, char** argv) {
     }
     std::fprintf(stderr, "drill: rank %d finished %ld steps, %.1f s after step %ld began\n", ctx.rank(), done,
                  since_fault(), at_step);
+    };
+    if (async >= -1) drill(px::arch::Async{});
+    else drill(px::arch::Hybrid{});
   } catch (const px::timeout_error&) {
     std::fprintf(stderr, "drill: rank %d gave up %.1f s after step %ld began\n", ctx.rank(), since_fault(), at_step);
     return 3;  // parallax printed the diagnosis; ~Context ends the job (MPI_Abort)

@@ -1,0 +1,305 @@
+#pragma once
+/// @file
+/// AsyncPS's synchronizer: every variable is cut into partitions (as
+/// ShardedPS cuts them) whose owners keep the rows, with their optimizer
+/// state, in a shared-memory window; every row has a lock beside it. A rank
+/// reads the rows it looks up straight from their owners' shards and
+/// applies its own pushes to them, each row under its lock, so a push is
+/// applied exactly once, when it is made, and no owner has to be inside
+/// parallax for its rows to be served: no progress thread and no spare core
+/// are needed. After a step's pushes a rank ticks its clock and waits for
+/// the staleness bound (clock.hpp).
+///
+/// Row rule: a reader holds a row's lock while it copies the row, a writer
+/// while it applies the optimizer to the row and its state. A lookup of
+/// several rows is not atomic across rows (another rank's push may land
+/// between two of them), as in every asynchronous parameter server.
+
+#include <parallax/detail/fault.hpp>
+#include <parallax/detail/shared_window.hpp>
+#include <parallax/engine/engine.hpp>
+#include <parallax/error.hpp>
+#include <parallax/options.hpp>
+#include <parallax/optim/optimizer.hpp>
+#include <parallax/partition.hpp>
+#include <parallax/policy/async_ps.hpp>
+#include <parallax/policy/async_ps/clock.hpp>
+#include <parallax/policy/policy.hpp>
+#include <parallax/space.hpp>
+#include <parallax/types.hpp>
+#include <parallax/variable.hpp>
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace parallax::policy {
+
+template <class Engine, class Optimizer>
+class AsyncSynchronizer final : public Synchronizer<Engine> {
+ public:
+  using space = engine::space_of_t<Engine>;
+  static_assert(std::is_same_v<space, HostSpace>, "AsyncPS keeps its shards in host shared memory: use engine::Mpi");
+
+  AsyncSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions& options)
+      : engine_(&engine), opt_(&opt), options_(options) {
+    PARALLAX_EXPECTS(options.async.staleness >= -1, "TrainerOptions::async.staleness must be >= 0, or -1 for "
+                                                    "unbounded; got ", options.async.staleness);
+  }
+
+  template <class Var>
+  Member& add(Var var) {
+    const std::string& name = var.name();
+    int parts = options_.sharded.partitions > 0 ? options_.sharded.partitions : engine_->size();
+    if (auto it = options_.partitions.find(name); it != options_.partitions.end() && it->second > 0) parts = it->second;
+    parts = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(parts), var.rows()));
+    const PartitionMap map(var.rows(), parts, engine_->size());
+    auto m = std::make_unique<Table<Var>>(std::move(var), *this, map);
+    Member& ref = *m;
+    tables_.push_back(m.get());
+    members_.push_back(std::move(m));
+    return ref;
+  }
+
+  /// The step clocks, then every table's windows. Collective.
+  void prepare() override {
+    clock_ = std::make_unique<async::Clock>(engine_->comm(), options_.async.staleness, timeout());
+    for (TableBase* t : tables_) t->build();
+    engine_->barrier();
+  }
+
+  bool asynchronous() const override { return true; }
+  const AsyncStats* async_stats() override { return &clock_->stats(); }
+  /// Every rank reaches this point: every push made before is applied.
+  void quiesce() override {
+    auto scope = engine_->stats().scope("", "control");
+    engine_->barrier();
+  }
+  void restored(std::uint64_t step) override {
+    quiesce();
+    clock_->reset(engine_->comm(), static_cast<std::int64_t>(step));
+  }
+
+  template <class V>
+  std::vector<Rows<typename V::value_type, space>> lookup(const Lookup<V>* batch, std::size_t n) {
+    std::vector<Rows<typename V::value_type, space>> out;
+    out.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) out.push_back(table_of(*batch[i].var).lookup(batch[i].ids, batch[i].n));
+    return out;
+  }
+
+  std::optional<std::string> problem() override {
+    for (TableBase* t : tables_)
+      if (auto p = t->problem()) return p;
+    return std::nullopt;
+  }
+  bool has_gradient() const override {
+    for (const TableBase* t : tables_)
+      if (t->has_gradient()) return true;
+    return false;
+  }
+  void finish_exchange(const StepInfo&) override {}
+  /// Pushes this rank's gradients (each row applied by this rank to its
+  /// owner's shard), ticks the clock, waits for the bound, and refreshes the
+  /// dense replicas from their shards.
+  void update(const StepInfo& info) override {
+    for (TableBase* t : tables_)
+      if (t->has_gradient()) {
+        auto scope = engine_->stats().scope(t->label(), AsyncPS::name);
+        t->push(info);
+      }
+    {
+      auto scope = engine_->stats().scope("", AsyncPS::name);
+      clock_->tick();
+    }
+    for (TableBase* t : tables_) t->refresh();
+  }
+  void clear() override {
+    for (TableBase* t : tables_) t->clear();
+  }
+
+  const AsyncStats& stats() { return clock_->stats(); }
+  async::Clock& clock() { return *clock_; }
+
+ private:
+  std::chrono::milliseconds timeout() const { return engine_->options().timeout; }
+
+  /// A variable's shard windows and what a step does with them.
+  class TableBase {
+   public:
+    virtual ~TableBase() = default;
+    virtual void build() = 0;
+    virtual const std::string& label() const = 0;
+    virtual std::optional<std::string> problem() = 0;
+    virtual bool has_gradient() const = 0;
+    virtual void push(const StepInfo& info) = 0;
+    virtual void refresh() = 0;
+    virtual void clear() = 0;
+  };
+
+  template <class Var>
+  class Table final : public MemberOf<Var>, public TableBase {
+    using T = typename Var::value_type;
+    static constexpr int slots = Optimizer::slots;
+
+   public:
+    Table(Var var, AsyncSynchronizer& owner, PartitionMap map)
+        : MemberOf<Var>(std::move(var), AsyncPS::name), sync_(&owner), map_(map), cols_(this->var_.cols()),
+          rank_(owner.engine_->rank()) {}
+
+    void build() override {
+      const std::size_t n = map_.shard_rows(rank_);
+      values_ = detail::SharedWindow<T>::create(sync_->engine_->comm(), n * cols_ * (1 + slots));
+      locks_ = detail::SharedWindow<async::RowLock>::create(sync_->engine_->comm(), n);
+      PARALLAX_EXPECTS(values_ && locks_, "AsyncPS: variable '", this->var_.name(),
+                       "': its shards need shared memory that every rank maps (one machine, room in /dev/shm)");
+      T* shard = values_.local();
+      for (std::size_t t = 0; t < map_.partitions_on(rank_); ++t) {
+        const int p = rank_ + static_cast<int>(t) * map_.ranks;
+        this->var_.fill_initial(exec_, shard + map_.shard_offset(p) * cols_, map_.begin(p), map_.size(p));
+      }
+      for (int k = 0; k < slots; ++k)
+        std::fill(shard + (k + 1) * n * cols_, shard + (k + 2) * n * cols_, sync_->opt_->template slot_initial<T>(k));
+      std::fill(locks_.local(), locks_.local() + n, async::RowLock{0});
+      values_.sync();
+      locks_.sync();
+    }
+    const std::string& label() const override { return this->var_.name(); }
+
+    std::optional<std::string> problem() override {
+      if constexpr (Var::is_sparse()) return this->var_.state().sparse_grad.find_problem(exec_);
+      else return std::nullopt;
+    }
+    bool has_gradient() const override {
+      if constexpr (Var::is_sparse()) return this->var_.state().sparse_grad.touched();
+      else return this->var_.state().grad_touched;
+    }
+
+    Rows<T, space> lookup(const index_t* ids, std::size_t n) {
+      for (std::size_t i = 0; i < n; ++i)
+        PARALLAX_EXPECTS(ids[i] >= 0 && static_cast<std::size_t>(ids[i]) < this->var_.rows(), "lookup of variable '",
+                         this->var_.name(), "': id ", ids[i], " (entry ", i, ") outside [0, ", this->var_.rows(),
+                         ") on rank ", rank_);
+      looked_up_.emplace_back(n * cols_);
+      T* out = looked_up_.back().data();
+      for (std::size_t i = 0; i < n; ++i) read_row(ids[i], out + i * cols_);
+      return Rows<T, space>{out, n, cols_};
+    }
+
+    void push(const StepInfo& info) override {
+      const auto rule = sync_->opt_->template rule<T>(info.step);
+      const T scale = static_cast<T>(info.scale);
+      if constexpr (Var::is_sparse()) {
+        auto& g = this->var_.state().sparse_grad;
+        g.coalesce(exec_);
+        for (std::size_t j = 0; j < g.size(); ++j) apply_row(rule, g.indices()[j], g.values() + j * cols_, scale);
+      } else {
+        const T* g = this->var_.state().grad.data();
+        for (std::size_t r = 0; r < this->var_.rows(); ++r)
+          apply_row(rule, static_cast<index_t>(r), g + r * cols_, scale);
+      }
+    }
+    /// Dense: the replica every rank reads, from the shards.
+    void refresh() override {
+      if constexpr (!Var::is_sparse()) read_all(this->var_.state().value.data());
+    }
+    void clear() override {
+      looked_up_.clear();
+      if constexpr (Var::is_sparse()) {
+        this->var_.state().sparse_grad.clear();
+      } else {
+        this->var_.state().grad.zero();
+      }
+      this->var_.state().grad_touched = false;
+    }
+
+    std::size_t stored_rows() const override { return map_.shard_rows(rank_); }
+    bool in_shared_memory() const override { return true; }
+    void fetch(void* out) override { read_all(static_cast<T*>(out)); }
+    int saved_partitions() const override { return map_.parts; }
+    void save(detail::AtomicFile& out) override {
+      const std::size_t n = map_.shard_rows(rank_) * cols_;
+      std::vector<T*> s;
+      for (int k = 0; k < slots; ++k) s.push_back(values_.local() + (k + 1) * n);
+      save_state<T, space>(out, values_.local(), s.data(), slots, n);
+    }
+    void load(detail::CheckpointReader& in, std::size_t index) override {
+      const std::size_t n = map_.shard_rows(rank_) * cols_;
+      std::vector<T*> s;
+      for (int k = 0; k < slots; ++k) s.push_back(values_.local() + (k + 1) * n);
+      load_state<T, space>(in, index, &map_, rank_, this->var_.rows(), cols_, values_.local(), s.data(), slots);
+      values_.sync();
+      if constexpr (!Var::is_sparse())
+        load_block<T, space>(in, index, 0, nullptr, rank_, this->var_.rows(), cols_, this->var_.state().value.data());
+    }
+
+   private:
+    struct Where {
+      T* row;
+      T* slot[2];
+      async::RowLock* lock;
+    };
+    Where where(index_t id) const {
+      const int owner = map_.owner(id);
+      const std::size_t local = map_.local_row(id);
+      const std::size_t n = map_.shard_rows(owner);
+      T* base = const_cast<T*>(values_.bases()[owner]);
+      Where w{base + local * cols_, {nullptr, nullptr}, const_cast<async::RowLock*>(locks_.bases()[owner]) + local};
+      for (int k = 0; k < slots; ++k) w.slot[k] = base + ((k + 1) * n + local) * cols_;
+      return w;
+    }
+    void read_row(index_t id, T* out) const {
+      const Where w = where(id);
+      async::lock_row(w.lock, rank_, sync_->timeout(), this->var_.name().c_str());
+      std::memcpy(out, w.row, cols_ * sizeof(T));
+      async::unlock_row(w.lock);
+    }
+    void read_all(T* out) const {
+      for (std::size_t r = 0; r < this->var_.rows(); ++r) read_row(static_cast<index_t>(r), out + r * cols_);
+    }
+    template <class Rule>
+    void apply_row(const Rule& rule, index_t id, const T* g, T scale) {
+      const Where w = where(id);
+      T unused0 = T(0), unused1 = T(0);
+      async::lock_row(w.lock, rank_, sync_->timeout(), this->var_.name().c_str());
+      for (std::size_t c = 0; c < cols_; ++c)
+        rule(w.row[c], g[c] * scale, slots > 0 ? w.slot[0][c] : unused0, slots > 1 ? w.slot[1][c] : unused1);
+      async::unlock_row(w.lock);
+    }
+
+    AsyncSynchronizer* sync_;
+    PartitionMap map_;
+    std::size_t cols_;
+    int rank_;
+    Exec<space> exec_;
+    detail::SharedWindow<T> values_;  // this rank's shard: values, then each optimizer slot
+    detail::SharedWindow<async::RowLock> locks_;  // one per row of the shard
+    std::vector<std::vector<T>> looked_up_;  // this step's lookups' rows
+  };
+
+  template <class V>
+  Table<V>& table_of(const V& var) {
+    for (auto& m : members_)
+      if (m->identity() == &var.state()) return static_cast<Table<V>&>(*m);
+    throw error(detail::concat("variable '", var.name(), "' is not synchronised by AsyncPS"));
+  }
+
+  Engine* engine_;
+  const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
+  TrainerOptions options_;
+  std::unique_ptr<async::Clock> clock_;
+  std::vector<std::unique_ptr<Member>> members_;  // registration order
+  std::vector<TableBase*> tables_;                // the same, as tables
+};
+
+}  // namespace parallax::policy

@@ -1,0 +1,260 @@
+// AsyncPS and the staleness bound: every push is applied exactly once
+// (SGD on integer-valued gradients ends at the initial value minus lr times
+// the exact sum of all pushes, with one rank slowed so that the others run
+// ahead), no rank reads rows staler, or runs further ahead, than the bound
+// allows, a checkpoint taken asynchronously holds every push before it and
+// none after and restores, and what asynchronous training cannot do is
+// refused by name.
+#include "support.hpp"
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Table = px::Variable<px::Sparse, float>;
+using Dense = px::Variable<px::Dense, float>;
+constexpr std::size_t R = 13, C = 3;
+
+/// Rank r's ids at step s: with repeats, overlapping the other ranks'.
+std::vector<px::index_t> ids_of(int r, std::size_t s) {
+  const std::size_t n = 2 + (static_cast<std::size_t>(r) + s) % 4;
+  std::vector<px::index_t> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<px::index_t>((i * 5 + s * 3 + static_cast<std::size_t>(r)) % 7);
+  ids.push_back(ids.front());  // a repeat
+  return ids;
+}
+/// The integer gradient element rank r gives row `id`, column c at step s.
+float grad_of(int r, std::size_t s, px::index_t id, std::size_t c) {
+  return static_cast<float>(1 + (static_cast<std::size_t>(r) + s + static_cast<std::size_t>(id) + c) % 3);
+}
+float dense_grad_of(int r, std::size_t s, std::size_t e) { return static_cast<float>(1 + (static_cast<std::size_t>(r) * 7 + s + e) % 4); }
+
+/// What the table and the dense layer hold after `steps` steps of every rank
+/// (SGD, lr 1, summed gradients, zero initial values): minus every push.
+std::vector<float> expected_table(int ranks, std::size_t steps) {
+  std::vector<float> t(R * C, 0.f);
+  for (int r = 0; r < ranks; ++r)
+    for (std::size_t s = 0; s < steps; ++s)
+      for (px::index_t id : ids_of(r, s))
+        for (std::size_t c = 0; c < C; ++c) t[static_cast<std::size_t>(id) * C + c] -= grad_of(r, s, id, c);
+  return t;
+}
+std::vector<float> expected_dense(int ranks, std::size_t steps) {
+  std::vector<float> d(4 * 2, 0.f);
+  for (int r = 0; r < ranks; ++r)
+    for (std::size_t s = 0; s < steps; ++s)
+      for (std::size_t e = 0; e < d.size(); ++e) d[e] -= dense_grad_of(r, s, e);
+  return d;
+}
+
+px::TrainerOptions options(int staleness) {
+  px::TrainerOptions o;
+  o.reduction = px::Reduction::sum;
+  o.async.staleness = staleness;
+  o.engine.timeout = std::chrono::seconds(60);
+  return o;
+}
+
+/// One step of rank r: look up, give the integer gradients, step; rank 0
+/// sleeps first (a straggler) when `slow`.
+template <class Trainer>
+void one_step(Trainer& trainer, Table& e, Dense& w, std::size_t s, bool slow) {
+  const int r = trainer.context().rank();
+  if (slow && r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  const auto ids = ids_of(r, s);
+  const auto rows = trainer.lookup(e, ids);
+  REQUIRE(rows.rows == ids.size());
+  std::vector<float> g(ids.size() * C);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    for (std::size_t c = 0; c < C; ++c) g[i * C + c] = grad_of(r, s, ids[i], c);
+  e.grad().add(ids, g);
+  float* dg = w.grad().data();
+  for (std::size_t k = 0; k < 8; ++k) dg[k] = dense_grad_of(r, s, k);
+  trainer.step();
+}
+
+template <class Arch>
+void exactly_once(int staleness, std::size_t steps) {
+  auto& ctx = test::world();
+  Table e(ctx, "e", {R, C});
+  Dense w(ctx, "w", {4, 2});
+  px::Trainer<Arch, px::optim::Sgd> trainer(ctx, options(staleness), px::optim::Sgd{1.f}, e, w);
+  for (std::size_t s = 0; s < steps; ++s) one_step(trainer, e, w, s, true);
+  CHECK(trainer.fetch(e) == expected_table(ctx.size(), steps));
+  CHECK(trainer.fetch(w) == expected_dense(ctx.size(), steps));
+  // The replica, refreshed after the last step: at staleness 0 its wait
+  // ended once every rank had pushed its last step.
+  CHECK(w.value().to_host() == expected_dense(ctx.size(), steps));
+}
+
+}  // namespace
+
+TEST_CASE("AsyncPS applies every push exactly once, whatever the staleness", "[async]") {
+  auto& ctx = test::world();
+  SECTION("unbounded") {
+    auto run = [&] {
+      Table e(ctx, "e", {R, C});
+      Dense w(ctx, "w", {4, 2});
+      px::Trainer<px::arch::Async, px::optim::Sgd> trainer(ctx, options(-1), px::optim::Sgd{1.f}, e, w);
+      CHECK(trainer.asynchronous());
+      CHECK(trainer.policy_of(e) == "AsyncPS");
+      CHECK(trainer.policy_of(w) == "AsyncPS");
+      for (std::size_t s = 0; s < 30; ++s) one_step(trainer, e, w, s, true);
+      CHECK(trainer.fetch(e) == expected_table(ctx.size(), 30));
+      CHECK(trainer.fetch(w) == expected_dense(ctx.size(), 30));
+    };
+    run();
+  }
+  SECTION("staleness 0: the replicas after each step hold every push of it") {
+    exactly_once<px::arch::Async>(0, 20);
+  }
+  SECTION("staleness 2") {
+    Table e(ctx, "e", {R, C});
+    Dense w(ctx, "w", {4, 2});
+    px::Trainer<px::arch::Async, px::optim::Sgd> trainer(ctx, options(2), px::optim::Sgd{1.f}, e, w);
+    for (std::size_t s = 0; s < 25; ++s) one_step(trainer, e, w, s, true);
+    CHECK(trainer.fetch(e) == expected_table(ctx.size(), 25));
+    CHECK(trainer.fetch(w) == expected_dense(ctx.size(), 25));
+    CHECK(trainer.async_stats().max_lag <= 2);
+  }
+  SECTION("Persia's split: sparse asynchronous, dense all-reduced") {
+    Table e(ctx, "e", {R, C});
+    Dense w(ctx, "w", {4, 2});
+    px::Trainer<px::arch::AsyncHybrid, px::optim::Sgd> trainer(ctx, options(4), px::optim::Sgd{1.f}, e, w);
+    CHECK_FALSE(trainer.asynchronous());  // the all-reduce keeps the ranks in step
+    CHECK(trainer.policy_of(w) == "RingAllReduce");
+    for (std::size_t s = 0; s < 15; ++s) one_step(trainer, e, w, s, true);
+    CHECK(trainer.fetch(e) == expected_table(ctx.size(), 15));
+    CHECK(w.value().to_host() == expected_dense(ctx.size(), 15));
+  }
+}
+
+TEST_CASE("AsyncPS: concurrent pushes to the same rows lose nothing (row locks)", "[async]") {
+  // Every rank pushes +1 to every row of a small hot table, many times, with
+  // no pause: without the row rule, read-modify-writes of one row by
+  // several ranks would lose some.
+  auto& ctx = test::world();
+  Table hot(ctx, "hot", {3, 16});
+  px::Trainer<px::arch::Async, px::optim::Sgd> trainer(ctx, options(-1), px::optim::Sgd{1.f}, hot);
+  const std::vector<px::index_t> ids{0, 1, 2};
+  const std::vector<float> minus_one(3 * 16, -1.f);
+  constexpr std::size_t steps = 400;
+  for (std::size_t s = 0; s < steps; ++s) {
+    hot.grad().add(ids, minus_one);
+    trainer.step();
+  }
+  const auto all = trainer.fetch(hot);
+  CHECK(all == std::vector<float>(3 * 16, static_cast<float>(steps * static_cast<std::size_t>(ctx.size()))));
+}
+
+TEST_CASE("AsyncPS: no rank runs, or reads, beyond the staleness bound", "[async]") {
+  auto& ctx = test::world();
+  const int n = ctx.size();
+  for (int s : {0, 1, 3}) {
+    CAPTURE(s);
+    // Row r counts rank r's completed steps: rank r pushes -1 to it (SGD, lr
+    // 1) before its clock ticks.
+    Table count(ctx, "count", {static_cast<std::size_t>(n), 1});
+    px::Trainer<px::arch::Async, px::optim::Sgd> trainer(ctx, options(s), px::optim::Sgd{1.f}, count);
+    std::vector<px::index_t> everyone(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) everyone[static_cast<std::size_t>(r)] = r;
+    const std::vector<px::index_t> mine{ctx.rank()};
+    const std::vector<float> minus_one{-1.f};
+    bool stale = false, ahead = false;
+    constexpr std::int64_t steps = 40;
+    for (std::int64_t t = 0; t < steps; ++t) {
+      if (ctx.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the straggler
+      const auto rows = trainer.lookup(count, everyone);
+      for (int r = 0; r < n; ++r) {
+        const auto seen = static_cast<std::int64_t>(rows.data[r]);
+        // SSP: every push of the steps up to (this rank's clock - s) is in;
+        // and no rank has completed more than s + 1 steps beyond this one.
+        if (seen < t - s) stale = true;
+        if (seen > t + s + 1) ahead = true;
+      }
+      count.grad().add(mine, minus_one);
+      trainer.step();
+    }
+    const px::AsyncStats& st = trainer.async_stats();
+    CHECK_FALSE(stale);
+    CHECK_FALSE(ahead);
+    CHECK(st.clock == steps);
+    CHECK(st.staleness == s);
+    CHECK(st.max_lag <= s);
+    CHECK(st.lag.size() == static_cast<std::size_t>(n));
+    if (n > 1 && ctx.rank() != 0) {
+      // The fast ranks were held back, by the straggler.
+      CHECK(st.waits > 0);
+      CHECK(st.max_lead_seen > s);
+      CHECK(st.wait_caused[0] > 0);
+    }
+    CHECK(trainer.fetch(count) == std::vector<float>(static_cast<std::size_t>(n), static_cast<float>(steps)));
+  }
+}
+
+TEST_CASE("AsyncPS: a checkpoint taken asynchronously holds every push before it and none after", "[async]") {
+  auto& ctx = test::world();
+  const auto dir = std::filesystem::temp_directory_path() / "parallax_test_async_ckpt";
+  if (ctx.is_root()) std::filesystem::remove_all(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::string path;
+  {
+    Table e(ctx, "e", {R, C});
+    Dense w(ctx, "w", {4, 2});
+    px::Trainer<px::arch::Async, px::optim::Sgd> trainer(ctx, options(3), px::optim::Sgd{1.f}, e, w);
+    for (std::size_t s = 0; s < 12; ++s) one_step(trainer, e, w, s, true);
+    path = trainer.save(dir.string());
+    for (std::size_t s = 12; s < 20; ++s) one_step(trainer, e, w, s, true);  // not in the checkpoint
+    CHECK(trainer.fetch(e) == expected_table(ctx.size(), 20));
+  }
+  Table e(ctx, "e", {R, C});
+  Dense w(ctx, "w", {4, 2});
+  px::Trainer<px::arch::Async, px::optim::Sgd> trainer(ctx, options(3), px::optim::Sgd{1.f}, e, w);
+  trainer.restore(path);
+  CHECK(trainer.steps() == 12);
+  CHECK(trainer.async_stats().clock == 12);
+  CHECK(trainer.fetch(e) == expected_table(ctx.size(), 12));
+  CHECK(w.value().to_host() == expected_dense(ctx.size(), 12));
+  for (std::size_t s = 12; s < 20; ++s) one_step(trainer, e, w, s, false);
+  CHECK(trainer.fetch(e) == expected_table(ctx.size(), 20));
+  CHECK(trainer.fetch(w) == expected_dense(ctx.size(), 20));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (ctx.is_root()) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("asynchronous training refuses what needs the ranks in step, and names bad ids", "[async]") {
+  auto& ctx = test::world();
+  Table e(ctx, "e", {R, C});
+  {
+    px::TrainerOptions o = options(2);
+    o.clip_norm = 1.0;
+    try {
+      px::Trainer<px::arch::Async, px::optim::Sgd> trainer(ctx, o, px::optim::Sgd{1.f}, e);
+      FAIL("clip_norm was accepted");
+    } catch (const px::error& err) {
+      CHECK_THAT(err.what(), Catch::Contains("clip_norm"));
+    }
+  }
+  {
+    px::TrainerOptions o = options(-2);
+    CHECK_THROWS_WITH((px::Trainer<px::arch::Async, px::optim::Sgd>(ctx, o, px::optim::Sgd{1.f}, e)),
+                      Catch::Contains("staleness"));
+  }
+  px::Trainer<px::arch::Async, px::optim::Sgd> trainer(ctx, options(1), px::optim::Sgd{1.f}, e);
+  // Not collective: only the rank that gave the bad id throws.
+  if (ctx.rank() == ctx.size() - 1) {
+    CHECK_THROWS_WITH(trainer.lookup(e, std::vector<px::index_t>{1, static_cast<px::index_t>(R)}),
+                      Catch::Contains("variable 'e'") && Catch::Contains("id 13"));
+    e.grad().add(std::vector<px::index_t>{-1}, std::vector<float>(C, 1.f));
+    CHECK_THROWS_WITH(trainer.step(), Catch::Contains("rank " + std::to_string(ctx.rank())) &&
+                                          Catch::Contains("'e'"));
+  }
+  e.grad().add(std::vector<px::index_t>{0}, std::vector<float>(C, 1.f));
+  trainer.step();
+  CHECK(trainer.fetch(e)[0] == -static_cast<float>(ctx.size()));
+  CHECK_THROWS_WITH(px::with_arch("allreduce", "async", [](auto) { return 0; }), Catch::Contains("no asynchronous"));
+}
