@@ -13,6 +13,7 @@
 #include <mpi.h>
 
 #include <iostream>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -25,6 +26,19 @@ namespace test {
 inline px::Context& world() {
   static px::Context ctx(MPI_COMM_WORLD);
   return ctx;
+}
+
+/// A Context over the world whose hosts are groups of `per_host` ranks
+/// (emulated hosts; per_host < 8), made once per binary and kept.
+inline px::Context& hosts_of(int per_host) {
+  static std::vector<std::unique_ptr<px::Context>> made(8);
+  auto& c = made[static_cast<std::size_t>(per_host)];
+  if (!c) {
+    px::ContextOptions o;
+    o.ranks_per_host = per_host;
+    c = std::make_unique<px::Context>(MPI_COMM_WORLD, o);
+  }
+  return *c;
 }
 
 /// True on every rank iff `ok` is true on every rank: collective.

@@ -15,18 +15,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-/// A context over the world whose hosts are groups of `per_host` ranks.
-px::Context& hosts_of(int per_host) {
-  static std::vector<std::unique_ptr<px::Context>> made(8);
-  auto& c = made[static_cast<std::size_t>(per_host)];
-  if (!c) {
-    px::ContextOptions o;
-    o.ranks_per_host = per_host;
-    c = std::make_unique<px::Context>(MPI_COMM_WORLD, o);
-  }
-  return *c;
-}
-
 px::engine::Options with_link(const char* link) {
   px::engine::Options o;
   o.link = link;
@@ -64,7 +52,7 @@ TEST_CASE("parse_link reads bandwidth and latency with units and names what is w
 
 TEST_CASE("a transfer between emulated hosts takes latency + bytes / bandwidth", "[detail][link][np2+]") {
   if (test::skip_below_ranks(2)) return;
-  auto& ctx = hosts_of(1);  // every rank a host
+  auto& ctx = test::hosts_of(1);  // every rank a host
   // 1 Gbit/s and 2 ms: 5 MB take 42 ms, 20 MB 162 ms, far above the
   // memory-speed copy underneath and a loaded scheduler's wake-ups.
   px::engine::Mpi mpi(ctx, with_link("1Gbit/s,2ms"));
@@ -89,7 +77,7 @@ TEST_CASE("a transfer between emulated hosts takes latency + bytes / bandwidth",
 
 TEST_CASE("the ranks of a host share its link; traffic inside a host is untouched", "[detail][link][np4+]") {
   if (test::skip_below_ranks(4)) return;
-  auto& ctx = hosts_of(2);  // ranks 0,1 on host 0; 2,3 on host 1
+  auto& ctx = test::hosts_of(2);  // ranks 0,1 on host 0; 2,3 on host 1
   px::engine::Mpi mpi(ctx, with_link("1Gbit/s,2ms"));
   const int me = ctx.rank();
   const std::size_t bytes = 10000000;  // 82 ms alone

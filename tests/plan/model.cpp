@@ -25,17 +25,6 @@ std::vector<px::index_t> ids_of(int r) {
   return ids;
 }
 
-px::Context& hosts_of(int per_host) {
-  static std::vector<std::unique_ptr<px::Context>> made(8);
-  auto& c = made[static_cast<std::size_t>(per_host)];
-  if (!c) {
-    px::ContextOptions o;
-    o.ranks_per_host = per_host;
-    c = std::make_unique<px::Context>(MPI_COMM_WORLD, o);
-  }
-  return *c;
-}
-
 /// One step of a sparse and a dense variable; the engine's bytes per variable.
 template <class Arch>
 std::pair<px::Traffic, px::Traffic> measured(px::Context& ctx, int partitions, bool* shared) {
@@ -67,7 +56,7 @@ bool same_bytes(const px::Traffic& a, const px::Traffic& b) {
 
 template <class Arch>
 void check_bytes(int per_host, int partitions, bool check_sparse = true) {
-  auto& ctx = hosts_of(per_host);
+  auto& ctx = test::hosts_of(per_host);
   bool shared = false;
   const auto [emb, w] = measured<Arch>(ctx, partitions, &shared);
   auto sparse = px::plan::Variable::sparse_of("emb", kRows, kCols);
