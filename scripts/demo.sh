@@ -68,5 +68,5 @@ echo " kernels, matrix products among them; parallax is its lookups, gradients a
 echo " for the other ranks included; the rest made the batches)"
 echo "On one machine the ranks' bytes move through shared memory at memory speed, so the bytes the hybrid"
 echo "saves cost almost nothing here; across machines each one crosses a network link, the regime the"
-echo "partition planner and emulated hosts (--ranks-per-host, docs/benchmarks.md) are for."
+echo "planner (--arch auto, parallax-plan) and emulated hosts and links (PARALLAX_LINK, docs/cluster.md) are for."
 echo "demo took $(( $(date +%s) - start )) s"
