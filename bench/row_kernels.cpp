@@ -31,6 +31,9 @@
 //   Coalesce/library         detail::coalesce_rows (SparseGrad::coalesce of rows not
 //                            yet sorted): 16,384 rows of 128 floats with repeated
 //                            ids, word_lm's embedding gradient at 8,192 words
+//   Coalesce/thrust          the same with Thrust's stable sort of the ids (what
+//                            other spaces run), the baseline of the radix grouping
+//   Coalesce/group           the radix grouping alone (detail::radix_group)
 //   Memcpy/coalesce          its baseline: the 16,384 rows copied
 //   AddInto/ring             RingAllReducer's reduction (ContiguousView::add): a
 //                            received 128 KiB segment added into each segment of
@@ -222,17 +225,36 @@ struct UncoalescedRows {
   }
 };
 
-void Coalesce_library(benchmark::State& state) {
+template <class Coalesce>
+void run_coalesce(benchmark::State& state, Coalesce coalesce) {
   auto& r = UncoalescedRows::get();
   std::size_t s = 0, bytes = 0;
   for (auto _ : state) {
-    const std::size_t m = px::detail::coalesce_rows(host, r.ids[s].data(), r.values.data(), r.n, r.cols, r.out_ids,
-                                                    r.out_values, r.scratch);
+    const std::size_t m = coalesce(r, s);
     bytes += (r.n + m) * (r.cols * sizeof(float) + sizeof(px::index_t));  // rows and ids read, sums and ids written
     s = (s + 1) % r.sets;
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes));
+}
+void Coalesce_library(benchmark::State& state) {
+  run_coalesce(state, [](UncoalescedRows& r, std::size_t s) {
+    return px::detail::coalesce_rows(host, r.ids[s].data(), r.values.data(), r.n, r.cols, r.out_ids, r.out_values,
+                                     r.scratch);
+  });
+}
+void Coalesce_thrust(benchmark::State& state) {
+  run_coalesce(state, [](UncoalescedRows& r, std::size_t s) {
+    return px::detail::coalesce_rows_thrust(host, r.ids[s].data(), r.values.data(), r.n, r.cols, r.out_ids,
+                                            r.out_values, r.scratch);
+  });
+}
+/// The grouping alone (bytes counted as for the whole coalesce, so its
+/// rate says how much of Coalesce/library's time it is).
+void Coalesce_group(benchmark::State& state) {
+  run_coalesce(state, [](UncoalescedRows& r, std::size_t s) {
+    return *px::detail::radix_group(r.ids[s].data(), r.n, r.scratch, r.out_ids);
+  });
 }
 void Memcpy_coalesce(benchmark::State& state) {
   auto& r = UncoalescedRows::get();
@@ -302,6 +324,8 @@ BENCHMARK(TouchRows_floor)->Name("TouchRows/floor")->Arg(0)->Arg(1)->Unit(benchm
 BENCHMARK(AdamRows_library)->Name("AdamRows/library")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(Memcpy_rows)->Name("Memcpy/rows")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(Coalesce_library)->Name("Coalesce/library")->Unit(benchmark::kMicrosecond);
+BENCHMARK(Coalesce_thrust)->Name("Coalesce/thrust")->Unit(benchmark::kMicrosecond);
+BENCHMARK(Coalesce_group)->Name("Coalesce/group")->Unit(benchmark::kMicrosecond);
 BENCHMARK(Memcpy_coalesce)->Name("Memcpy/coalesce")->Unit(benchmark::kMicrosecond);
 BENCHMARK(AddInto_ring)->Name("AddInto/ring")->Unit(benchmark::kMicrosecond);
 BENCHMARK(Memcpy_ring)->Name("Memcpy/ring")->Unit(benchmark::kMicrosecond);

@@ -1,11 +1,14 @@
-// detail/algorithms.hpp: the host's stable counting sort (group_stably),
-// against std::stable_sort.
+// detail/algorithms.hpp: the host's stable counting sort (group_stably) and
+// the coalesce's radix grouping (radix_group), against std::stable_sort.
 #include "support.hpp"
 
 #include <parallax/detail/algorithms.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -51,4 +54,93 @@ TEST_CASE("group_stably groups by a small key, in input order within a group", "
       check_against_stable_sort(key, groups);
     }
   }
+}
+
+namespace {
+
+// radix_group against a stable sort of (id, position), the slow way: the
+// same unique ids, and each row's segment and whether it comes first there;
+// and the whole coalesce against Thrust's, bit for bit.
+void check_radix_group(const std::vector<px::index_t>& ids) {
+  const std::size_t n = ids.size();
+  px::detail::CoalesceScratch<px::HostSpace> scratch;
+  px::Buffer<px::index_t> unique;
+  const auto m = px::detail::radix_group(ids.data(), n, scratch, unique);
+  REQUIRE(m.has_value());
+
+  std::vector<px::index_t> order(n);
+  std::iota(order.begin(), order.end(), px::index_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](px::index_t a, px::index_t b) { return ids[a] < ids[b]; });
+  std::vector<px::index_t> expected_unique, expected_segment_of(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    const bool first = k == 0 || ids[order[k]] != ids[order[k - 1]];
+    if (first) expected_unique.push_back(ids[order[k]]);
+    expected_segment_of[order[k]] = static_cast<px::index_t>((expected_unique.size() - 1) * 2 + first);
+  }
+  REQUIRE(*m == expected_unique.size());
+  CHECK(std::vector<px::index_t>(scratch.segment_of.data(), scratch.segment_of.data() + n) == expected_segment_of);
+  CHECK(std::vector<px::index_t>(unique.data(), unique.data() + *m) == expected_unique);
+
+  // Values whose sums depend on the order of the additions.
+  constexpr std::size_t cols = 3;
+  std::vector<float> values(n * cols);
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<float> u(-1e3f, 1e3f);
+  for (auto& v : values) v = u(gen);
+  const px::Exec<px::HostSpace> ex;
+  px::detail::CoalesceScratch<px::HostSpace> scratch_a, scratch_b;
+  px::Buffer<px::index_t> ids_a, ids_b;
+  px::Buffer<float> sums_a, sums_b;
+  const std::size_t ma = px::detail::coalesce_rows(ex, ids.data(), values.data(), n, cols, ids_a, sums_a, scratch_a);
+  const std::size_t mb =
+      px::detail::coalesce_rows_thrust(ex, ids.data(), values.data(), n, cols, ids_b, sums_b, scratch_b);
+  REQUIRE(ma == mb);
+  CHECK(std::equal(ids_a.data(), ids_a.data() + ma, ids_b.data()));
+  CHECK(std::memcmp(sums_a.data(), sums_b.data(), ma * cols * sizeof(float)) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("radix_group orders ids as a stable sort does, over the bits their range spans", "[detail][algorithms]") {
+  SECTION("nothing") { check_radix_group({}); }
+  SECTION("one id") { check_radix_group({42}); }
+  SECTION("one id repeated") { check_radix_group({7, 7, 7, 7}); }
+  SECTION("negative and extreme ids") {
+    check_radix_group({3, -1, std::numeric_limits<px::index_t>::min() / 64, 3, -1, 0, -5});
+  }
+  SECTION("one pass, two passes, three passes, a pass with one digit for all") {
+    std::mt19937_64 gen(5);
+    for (const px::index_t range : {px::index_t{1} << 10, px::index_t{200000}, px::index_t{1} << 30}) {
+      std::uniform_int_distribution<px::index_t> pick(0, range - 1);
+      std::vector<px::index_t> ids(3000);
+      for (auto& x : ids) x = pick(gen);
+      check_radix_group(ids);
+      for (auto& x : ids) x = (x & 0x3ff) | ((x >> 10 & 1) << 30);  // bits 10..29 zero for all
+      check_radix_group(ids);
+    }
+  }
+  SECTION("word frequencies: a few ids repeat a lot") {
+    std::mt19937_64 gen(11);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    std::vector<px::index_t> ids(16384);
+    for (auto& x : ids) x = static_cast<px::index_t>(std::exp(u(gen) * std::log(200000.0))) - 1;
+    check_radix_group(ids);
+  }
+}
+
+TEST_CASE("radix_group leaves ids spanning too many bits to Thrust's sort", "[detail][algorithms]") {
+  const std::vector<px::index_t> ids = {std::numeric_limits<px::index_t>::max(), 0,
+                                        std::numeric_limits<px::index_t>::min(), 0};
+  px::detail::CoalesceScratch<px::HostSpace> scratch;
+  px::Buffer<px::index_t> unique;
+  CHECK_FALSE(px::detail::radix_group(ids.data(), ids.size(), scratch, unique).has_value());
+  const px::Exec<px::HostSpace> ex;
+  const std::vector<float> values = {1.f, 2.f, 3.f, 4.f};
+  px::Buffer<float> sums;
+  const std::size_t m = px::detail::coalesce_rows(ex, ids.data(), values.data(), ids.size(), 1, unique, sums, scratch);
+  REQUIRE(m == 3);
+  CHECK(unique.data()[0] == std::numeric_limits<px::index_t>::min());
+  CHECK(unique.data()[1] == 0);
+  CHECK(unique.data()[2] == std::numeric_limits<px::index_t>::max());
+  CHECK(sums.data()[1] == 6.f);
 }

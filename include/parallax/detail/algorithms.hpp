@@ -42,8 +42,9 @@ namespace parallax::detail {
 /// ids, ascending, to out_ids and their summed rows to out_values; returns m.
 /// `values` are contiguous rows (a pointer) or rows where they lie
 /// (RowsAt). Output buffers must not alias the input. CudaSpace runs CUB
-/// (cuda/coalesce.cuh) on contiguous rows, every other case Thrust; both
-/// give the same bits.
+/// (cuda/coalesce.cuh) on contiguous rows, the host a radix sort over the
+/// ids' range (radix_group), every other case Thrust; all give the same
+/// bits.
 template <class T, class Space>
 std::size_t coalesce_rows(const Exec<Space>& ex, const index_t* ids, identity_t<RowsAt<T>> values, std::size_t n,
                           std::size_t cols, Buffer<index_t, Space>& out_ids, Buffer<T, Space>& out_values,
@@ -52,7 +53,10 @@ std::size_t coalesce_rows(const Exec<Space>& ex, const index_t* ids, identity_t<
   if constexpr (std::is_same_v<Space, CudaSpace>)
     if (values.contiguous()) return coalesce_rows_cub(ex, ids, values.base, n, cols, out_ids, out_values, scratch);
 #endif
-  return coalesce_rows_thrust(ex, ids, values, n, cols, out_ids, out_values, scratch);
+  if constexpr (std::is_same_v<Space, HostSpace>)
+    return coalesce_rows_host(ex, ids, values, n, cols, out_ids, out_values, scratch);
+  else
+    return coalesce_rows_thrust(ex, ids, values, n, cols, out_ids, out_values, scratch);
 }
 
 /// Rows that arrived as RowBlocks, one per source at byte offsets of a

@@ -13,8 +13,12 @@
 #include <thrust/sort.h>
 #include <thrust/unique.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <optional>
+#include <utility>
 
 namespace parallax::detail {
 
@@ -70,10 +74,12 @@ struct CoalesceScratch {
   Buffer<index_t, Space> keys;
   Buffer<index_t, Space> order;
   Buffer<index_t, Space> starts;
-  // Used by the CudaSpace path only (cuda/coalesce.cuh): CUB's input
-  // positions and run lengths, and its temporary storage.
+  // CUB's input positions and run lengths, and its temporary storage
+  // (cuda/coalesce.cuh); the host's radix passes (radix_group).
   Buffer<index_t, Space> positions;
   Buffer<std::byte, Space> temp;
+  // The host's segment of each input row (radix_group).
+  Buffer<index_t, Space> segment_of;
 };
 
 template <class T>
@@ -143,7 +149,18 @@ struct SetValue {
   PARALLAX_HOST_DEVICE void operator()(std::size_t) const { *where = value; }
 };
 
-/// coalesce_rows with Thrust algorithms, for every space (the HostSpace path).
+/// The end of every coalesce: m segments found (starts[m] = n), their sums.
+template <class T, class Space>
+std::size_t sum_coalesced(const Exec<Space>& ex, identity_t<RowsAt<T>> values, std::size_t n, std::size_t m,
+                          std::size_t cols, Buffer<index_t, Space>& out_ids, Buffer<T, Space>& out_values,
+                          CoalesceScratch<Space>& scratch) {
+  out_ids.resize(m);
+  out_values.resize_discard(m * cols);
+  sum_segments(ex, values, scratch.order.data(), scratch.starts.data(), m, n, cols, out_values.data());
+  return m;
+}
+
+/// coalesce_rows with Thrust algorithms, for every space.
 template <class T, class Space>
 std::size_t coalesce_rows_thrust(const Exec<Space>& ex, const index_t* ids, identity_t<RowsAt<T>> values, std::size_t n,
                                  std::size_t cols, Buffer<index_t, Space>& out_ids, Buffer<T, Space>& out_values,
@@ -167,9 +184,163 @@ std::size_t coalesce_rows_thrust(const Exec<Space>& ex, const index_t* ids, iden
     return static_cast<std::size_t>(ends.first - out_ids.data());
   });
   for_each(ex, 1, SetValue{scratch.starts.data() + m, static_cast<index_t>(n)});
+  return sum_coalesced(ex, values, n, m, cols, out_ids, out_values, scratch);
+}
+
+/// Bits needed to write v (0 for 0).
+constexpr unsigned bit_width(std::uint64_t v) noexcept {
+  unsigned b = 0;
+  for (; v; v >>= 1) ++b;
+  return b;
+}
+
+/// Groups ids[0 .. n) on the host as a stable sort would: writes the m
+/// unique ids, ascending, to out_ids and returns m; into scratch, the rows'
+/// positions in that order (order), where each id's rows start there
+/// (starts, m + 1 entries), and for each input row i, segment_of[i] = (the
+/// index of its id among the unique ones) * 2 + (1 if no row before i has
+/// that id).
+/// A least-significant-digit radix sort of words that hold an id's offset
+/// from the smallest id above its position: the passes cover only the bits
+/// the ids' range spans (two of 9 bits for ids below 2^18, where a sort of
+/// 64-bit keys takes eight), and a pass whose digit is the same for every id
+/// is skipped. Returns no value, writing nothing to out_ids, where offset
+/// and position do not fit one 64-bit word (ids spanning more than
+/// 2^(64 - log2 n)) or n does not fit 32 bits, for the caller to sort
+/// otherwise.
+inline std::optional<std::size_t> radix_group(const index_t* ids, std::size_t n, CoalesceScratch<HostSpace>& scratch,
+                                              Buffer<index_t, HostSpace>& out_ids) {
+  if (n == 0) return std::size_t{0};
+  std::uint64_t low = static_cast<std::uint64_t>(ids[0]) ^ (std::uint64_t{1} << 63), high = low;
+  for (std::size_t i = 1; i < n; ++i) {
+    // Flipping the sign bit orders int64 as uint64.
+    const std::uint64_t k = static_cast<std::uint64_t>(ids[i]) ^ (std::uint64_t{1} << 63);
+    low = k < low ? k : low;
+    high = k > high ? k : high;
+  }
+  const unsigned place = bit_width(n - 1), key_bits = bit_width(high - low);
+  if (place + key_bits > 64 || n > std::numeric_limits<std::uint32_t>::max()) return std::nullopt;
+  constexpr unsigned max_digit = 11;
+  const unsigned passes = (key_bits + max_digit - 1) / max_digit;
+  const unsigned digit = passes ? (key_bits + passes - 1) / passes : 0;
+  const std::size_t buckets = std::size_t{1} << digit;
+  scratch.keys.resize_discard(n);
+  scratch.positions.resize_discard(n);
+  scratch.temp.resize_discard(2 * passes * buckets * sizeof(std::uint32_t));
+  auto* src = reinterpret_cast<std::uint64_t*>(scratch.keys.data());
+  auto* dst = reinterpret_cast<std::uint64_t*>(scratch.positions.data());
+  auto* counts = reinterpret_cast<std::uint32_t*>(scratch.temp.data());
+  std::fill(counts, counts + 2 * passes * buckets, std::uint32_t{0});
+  const std::uint64_t mask = buckets - 1;
+  // Two tables of counts, for even and odd rows: frequent ids share a digit
+  // (half of word_lm's ids share the high one), and counting them all in one
+  // place makes each increment wait for the last.
+  std::uint32_t* odd = counts + passes * buckets;
+  const auto word_of = [&](std::size_t i) {
+    return ((static_cast<std::uint64_t>(ids[i]) ^ (std::uint64_t{1} << 63)) - low) << place | i;
+  };
+  std::size_t i = 0;
+  for (; i + 1 < n; i += 2) {
+    const std::uint64_t a = word_of(i), b = word_of(i + 1);
+    src[i] = a;
+    src[i + 1] = b;
+    for (unsigned p = 0; p < passes; ++p) {
+      ++counts[p * buckets + ((a >> (place + p * digit)) & mask)];
+      ++odd[p * buckets + ((b >> (place + p * digit)) & mask)];
+    }
+  }
+  if (i < n) {
+    src[i] = word_of(i);
+    for (unsigned p = 0; p < passes; ++p) ++counts[p * buckets + ((src[i] >> (place + p * digit)) & mask)];
+  }
+  for (std::size_t b = 0; b < passes * buckets; ++b) counts[b] += odd[b];
+  for (unsigned p = 0; p < passes; ++p) {
+    std::uint32_t* c = counts + p * buckets;
+    const unsigned shift = place + p * digit;
+    if (static_cast<std::size_t>(c[(src[0] >> shift) & mask]) == n) continue;  // one digit for all
+    std::uint32_t sum = 0;
+    for (std::size_t b = 0; b < buckets; ++b) {
+      const std::uint32_t here = c[b];
+      c[b] = sum;
+      sum += here;
+    }
+    for (std::size_t j = 0; j < n; ++j) dst[c[(src[j] >> shift) & mask]++] = src[j];
+    std::swap(src, dst);
+  }
+  scratch.segment_of.resize_discard(n);
+  scratch.order.resize_discard(n);
+  scratch.starts.resize_discard(n + 1);
+  out_ids.resize_discard(n);
+  index_t* segment_of = scratch.segment_of.data();
+  index_t* order = scratch.order.data();
+  index_t* starts = scratch.starts.data();
+  index_t* unique = out_ids.data();
+  const std::uint64_t position = (std::uint64_t{1} << place) - 1;
+  // Without a branch: whether an id starts a segment is as unpredictable
+  // as the ids (half the time at word frequencies), so every id is written
+  // at the next segment's place, which only a new id moves on.
+  std::size_t m = 0;
+  std::uint64_t previous = ~std::uint64_t{0};
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::uint64_t key = src[k] >> place;
+    const bool first = key != previous;
+    const std::uint64_t at = src[k] & position;
+    order[k] = static_cast<index_t>(at);
+    unique[m] = static_cast<index_t>((key + low) ^ (std::uint64_t{1} << 63));
+    starts[m] = static_cast<index_t>(k);
+    m += first;
+    segment_of[at] = static_cast<index_t>((m - 1) << 1 | first);
+    previous = key;
+  }
+  starts[m] = static_cast<index_t>(n);
+  return m;
+}
+
+/// Rows added into their segment's sum in input order, on one thread: the
+/// additions of SumSegmentRows (each sum from zero, then its rows in input
+/// order), so the same bits, but the rows are read in the order they lie and
+/// the sums (fewer, and often in cache) are the memory visited out of order,
+/// each prefetched prefetch_rows_ahead(cols) rows before its row comes
+/// (docs/benchmarks.md, "Row kernels").
+template <class T>
+PARALLAX_HOST_ISA_CLONES void add_rows_in_order(RowsAt<T> values, const index_t* segment_of, std::size_t n,
+                                                std::size_t cols, T* out) {
+  const std::size_t ahead = prefetch_rows_ahead(cols);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + ahead < n) prefetch_bytes(out + static_cast<std::size_t>(segment_of[i + ahead] >> 1) * cols, cols * sizeof(T));
+    const index_t here = segment_of[i];
+    const T* row = values.row(i, cols);
+    T* o = out + static_cast<std::size_t>(here >> 1) * cols;
+    if (here & 1) {
+#pragma omp simd
+      for (std::size_t c = 0; c < cols; ++c) o[c] = T(0) + row[c];
+    } else {
+#pragma omp simd
+      for (std::size_t c = 0; c < cols; ++c) o[c] += row[c];
+    }
+  }
+}
+
+/// coalesce_rows on the host: radix_group, then add_rows_in_order on one
+/// thread or SumSegmentRows on several (threads splitting the input rows
+/// would each stream all of them past their caches, and splitting the
+/// segments would reorder the additions), or Thrust's sort where
+/// radix_group cannot take the ids.
+template <class T>
+std::size_t coalesce_rows_host(const Exec<HostSpace>& ex, const index_t* ids, identity_t<RowsAt<T>> values,
+                               std::size_t n, std::size_t cols, Buffer<index_t, HostSpace>& out_ids,
+                               Buffer<T, HostSpace>& out_values, CoalesceScratch<HostSpace>& scratch) {
+  const std::optional<std::size_t> found = radix_group(ids, n, scratch, out_ids);
+  if (!found) return coalesce_rows_thrust(ex, ids, values, n, cols, out_ids, out_values, scratch);
+  const std::size_t m = *found;
   out_ids.resize(m);
   out_values.resize_discard(m * cols);
-  sum_segments(ex, values, scratch.order.data(), scratch.starts.data(), m, n, cols, out_values.data());
+  if (m == 0 || cols == 0) return m;
+#if defined(_OPENMP)
+  if (omp_get_max_threads() > 1 && n * cols >= host_parallel_threshold)
+    return sum_coalesced(ex, values, n, m, cols, out_ids, out_values, scratch);
+#endif
+  add_rows_in_order<T>(values, scratch.segment_of.data(), n, cols, out_values.data());
   return m;
 }
 
