@@ -154,3 +154,24 @@ TEST_CASE("plan::Model's times follow its links and pick the fastest", "[plan]")
   CHECK_THAT(test::error_of([&] { px::plan::Model(c, {bad}); }),
              Catch::Contains("'emb' has ids of 3 ranks") && Catch::Contains("has 8"));
 }
+
+TEST_CASE("plan::Model: the tables of one group share ShardedPS's calls and their latencies", "[plan]") {
+  // Links so fast that only latencies count: a group of 26 tables (as
+  // 02_ctr's) moves in the calls of one table (ShardedOptions::group_tables),
+  // so the hybrid pays the same latencies; AllGatherv moves each table in
+  // calls of its own, so the all-reduce architecture pays 26 times as many.
+  px::plan::Cluster c;
+  c.hosts = 2;
+  c.ranks_per_host = 2;
+  c.intra = {1e30, 2e-6};
+  c.inter = {1e30, 20e-6};
+  const auto table = [](int k) { return px::plan::Variable::sparse_of("t" + std::to_string(k), 1000, 16, 64); };
+  std::vector<px::plan::Variable> one{table(0)}, many;
+  for (int k = 0; k < 26; ++k) many.push_back(table(k));
+  const px::plan::Model m1(c, one), m26(c, many);
+  CHECK(m26.estimate("hybrid").comm_s == Approx(m1.estimate("hybrid").comm_s).epsilon(1e-9));
+  CHECK(m26.estimate("allreduce").comm_s == Approx(26 * m1.estimate("allreduce").comm_s).epsilon(1e-9));
+  // Tables of another width are a group of their own, with calls of its own.
+  many.push_back(px::plan::Variable::sparse_of("wide", 1000, 32, 64));
+  CHECK(px::plan::Model(c, many).estimate("hybrid").comm_s == Approx(2 * m1.estimate("hybrid").comm_s).epsilon(1e-9));
+}

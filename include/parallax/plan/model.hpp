@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iomanip>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -191,12 +192,14 @@ class Model {
       groups = shapes.size();
     }
     bool any_sparse = false;
+    std::map<std::pair<std::size_t, int>, GroupCalls> group_calls;
     for (const auto& v : vars_) {
       if (!v.sparse) continue;
       any_sparse = true;
       if (arch == "allreduce") all_gathered(v, e, local, memory);
-      else sharded(v, e, local, memory, groups);
+      else sharded(v, local, memory, groups, group_calls.try_emplace({v.cols, static_cast<int>(v.type)}, n).first->second);
     }
+    for (const auto& [shape, calls] : group_calls) sharded_calls(calls, e);
     if (any_sparse && arch != "allreduce") e.partitions = partitions_of(first_sparse());
 
     for (int r = 0; r < n; ++r) {
@@ -369,13 +372,22 @@ class Model {
     return t;
   }
 
+  /// The calls of one table group under ShardedPS: its tables' rows
+  /// travel together, one call of each kind a step
+  /// (ShardedOptions::group_tables), so the group pays each latency once.
+  struct GroupCalls {
+    explicit GroupCalls(int n) : pull_route(n), reply(n), push(n), hop(n) {}
+    Calls pull_route, reply, push, hop;
+    bool shared = false, aggregate = false;
+  };
+
   /// ShardedPS: a pull (route of ids, reply of rows) and a push (route of
-  /// rows); each route also carries an 8(G + 2)-byte header per peer for G
-  /// table groups, shared among the group's tables. One host of several
-  /// ranks reads rows from the owners' shared shards: no ids go out, the
-  /// rows are booked as the owner's reply.
-  void sharded(const Variable& v, Estimate& e, std::vector<double>& local, std::vector<double>& memory,
-               std::size_t groups) const {
+  /// rows), added to the calls of v's table group; each route also carries
+  /// an 8(G + 2)-byte header per peer for G table groups, shared among the
+  /// group's tables. One host of several ranks reads rows from the owners'
+  /// shared shards: no ids go out, the rows are booked as the owner's reply.
+  void sharded(const Variable& v, std::vector<double>& local, std::vector<double>& memory, std::size_t groups,
+               GroupCalls& calls) const {
     const int n = cluster_.size();
     const auto un = static_cast<std::size_t>(n);
     const Touch t = touch(v);
@@ -383,7 +395,9 @@ class Model {
     const bool shared = cluster_.hosts == 1 && n > 1;
     const double header = 8.0 * static_cast<double>(groups + 2) / static_cast<double>(sparse_in_group(v));
     const bool aggregate = cluster_.local_aggregation && cluster_.hosts > 1 && cluster_.hosts < n;
-    Calls pull_route(n), reply(n), push(n), hop(n);
+    calls.shared = shared;
+    calls.aggregate = aggregate;
+    Calls &pull_route = calls.pull_route, &reply = calls.reply, &push = calls.push, &hop = calls.hop;
     for (int i = 0; i < n; ++i)
       for (int p = 0; p < n; ++p) {
         if (i == p) continue;
@@ -393,14 +407,6 @@ class Model {
         if (!aggregate) push.add(i, p, header + block(v, u));
       }
     if (aggregate) aggregated_push(v, t, header, hop, push);
-    e.comm_s += pull_route.seconds(cluster_) + (shared ? 0.0 : reply.seconds(cluster_)) + push.seconds(cluster_) +
-                (aggregate ? hop.seconds(cluster_) : 0.0);
-    pull_route.book(cluster_, e.bytes);
-    reply.book(cluster_, e.bytes);
-    if (shared)  // read in place: no call of its own
-      for (auto& b : e.bytes) --b.calls;
-    if (aggregate) hop.book(cluster_, e.bytes);
-    push.book(cluster_, e.bytes);
     const PartitionMap map(v.rows, partitions_of(v), n);
     for (std::size_t r = 0; r < un; ++r) {
       double served = 0;
@@ -409,6 +415,18 @@ class Model {
                   t.owner_union[r] * row * costs_.update_per_byte;
       memory[r] += static_cast<double>(map.shard_rows(static_cast<int>(r))) * row * (1.0 + costs_.optimizer_slots);
     }
+  }
+
+  /// A table group's calls: their time, and their bytes booked.
+  void sharded_calls(const GroupCalls& c, Estimate& e) const {
+    e.comm_s += c.pull_route.seconds(cluster_) + (c.shared ? 0.0 : c.reply.seconds(cluster_)) +
+                c.push.seconds(cluster_) + (c.aggregate ? c.hop.seconds(cluster_) : 0.0);
+    c.pull_route.book(cluster_, e.bytes);
+    c.reply.book(cluster_, e.bytes);
+    if (c.shared)  // read in place: no call of its own
+      for (auto& b : e.bytes) --b.calls;
+    if (c.aggregate) c.hop.book(cluster_, e.bytes);
+    c.push.book(cluster_, e.bytes);
   }
 
   /// A row block of `rows` rows on the wire: ids and values, padded to 8
