@@ -43,17 +43,6 @@ const char* const about =
     "samples/s and bytes sent per step per rank; exits 0 when held-out accuracy beats the majority class\n"
     "by --margin.";
 
-/// Examples [first, first + count) of global batch `step` (held out: from
-/// indices training never reaches).
-mlp::Batch make_batch(const examples::TeacherData& data, std::uint64_t base, std::size_t first, std::size_t count) {
-  mlp::Batch b;
-  b.rows = count;
-  b.x.resize(count * data.inputs());
-  b.labels.resize(count);
-  for (std::size_t e = 0; e < count; ++e) b.labels[e] = data.make(base + first + e, b.x.data() + e * data.inputs());
-  return b;
-}
-
 template <class Arch>
 int train(px::Context& ctx, const Args& a) {
   using Space = examples::DefaultSpace;
@@ -74,7 +63,7 @@ int train(px::Context& ctx, const Args& a) {
   examples::Progress progress(trainer, shard.global, o.log_every, "samples", o.warmup);
   for (std::uint64_t step = 0; step < o.steps; ++step) {
     const mlp::Batch batch = examples::timed(examples::Part::input, [&] {
-      return make_batch(data, step * shard.global, shard.first, shard.batch);
+      return data.batch<mlp::Batch>(step * shard.global, shard.first, shard.batch);
     });
     progress.record(model.train_step(trainer, batch, o.overlapped()));
   }
@@ -82,7 +71,8 @@ int train(px::Context& ctx, const Args& a) {
 
   // Held-out accuracy against the majority class.
   const px::BatchShare share = px::share_of(a.eval_examples, ctx);  // every rank evaluates its share
-  const mlp::Batch held = make_batch(data, std::uint64_t{1} << 40, share.first, share.count);
+  // Held out: from indices training never reaches.
+  const auto held = data.batch<mlp::Batch>(std::uint64_t{1} << 40, share.first, share.count);
   std::vector<double> sums(2 + a.model.classes, 0.0);  // loss, correct, count per class
   std::tie(sums[0], sums[1]) = model.evaluate(trainer, held);
   for (auto y : held.labels) sums[2 + static_cast<std::size_t>(y)] += 1;

@@ -53,16 +53,6 @@ const char* const about =
     "or both, with GPipe or 1F1B micro-batches. Prints the placement of the layers, loss, accuracy, the\n"
     "activations held at once and the measured bubble; exits 0 when the model learned.";
 
-/// Examples [first, first + count) of step `step`'s global batch.
-pm::Batch make_batch(const examples::TeacherData& data, std::uint64_t base, std::size_t first, std::size_t count) {
-  pm::Batch b;
-  b.rows = count;
-  b.x.resize(count * data.inputs());
-  b.labels.resize(count);
-  for (std::size_t e = 0; e < count; ++e) b.labels[e] = data.make(base + first + e, b.x.data() + e * data.inputs());
-  return b;
-}
-
 /// Seconds of each layer's forward and backward pass on a micro-batch of
 /// `rows` examples: every rank times every layer (each a one-layer stage of
 /// its own, built for the measurement), and the ranks average the times so
@@ -70,7 +60,7 @@ pm::Batch make_batch(const examples::TeacherData& data, std::uint64_t base, std:
 std::vector<double> profile(const px::Context& ctx, const pm::Config& cfg, const examples::TeacherData& data,
                             std::size_t rows) {
   rows = std::max<std::size_t>(rows, 1);
-  const pm::Batch batch = make_batch(data, std::uint64_t{1} << 41, 0, rows);
+  const auto batch = data.batch<pm::Batch>(std::uint64_t{1} << 41, 0, rows);
   std::vector<float> in(rows * cfg.width, 0.5f), out(rows * cfg.width), grad(rows * cfg.width, 1e-3f), saved;
   const pp::MicroBatch mb{0, 0, rows, rows};
   using Space = examples::DefaultSpace;
@@ -132,7 +122,7 @@ int train(px::Context& ctx, const Args& a) {
   std::size_t bubble_steps = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (std::uint64_t step = 0; step < o.steps; ++step) {
-    const pm::Batch batch = make_batch(data, step * global, static_cast<std::size_t>(grid.replica()) * replica_rows,
+    const auto batch = data.batch<pm::Batch>(step * global, static_cast<std::size_t>(grid.replica()) * replica_rows,
                                        replica_rows);
     model.set_batch(batch);
     last = pipe.run(batch.rows);

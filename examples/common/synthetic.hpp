@@ -279,6 +279,18 @@ class TeacherData {
     return best;
   }
 
+  /// Examples [base + first, base + first + count) as a batch of a model
+  /// whose Batch has `rows`, `x` (rows x inputs()) and `labels`.
+  template <class Batch>
+  Batch batch(std::uint64_t base, std::size_t first, std::size_t count) const {
+    Batch b;
+    b.rows = count;
+    b.x.resize(count * inputs_);
+    b.labels.resize(count);
+    for (std::size_t e = 0; e < count; ++e) b.labels[e] = make(base + first + e, b.x.data() + e * inputs_);
+    return b;
+  }
+
  private:
   std::size_t inputs_, classes_, hidden_;
   std::uint64_t seed_;
