@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs dependencies, builds
 # the host configuration and runs every test (1-4 MPI ranks each), runs the
-# tests again under AddressSanitizer + UndefinedBehaviorSanitizer
-# (scripts/sanitize.sh), runs every libFuzzer target for a bounded time
+# tests again under AddressSanitizer + UndefinedBehaviorSanitizer and the
+# asynchronous-training tests under ThreadSanitizer (scripts/sanitize.sh),
+# runs every libFuzzer target for a bounded time
 # (scripts/fuzz.sh), then compiles and links the CUDA configuration when nvcc
 # is present (its tests need a GPU: scripts/gpu-check.sh runs them).
 #
 #   scripts/test.sh                          # everything
 #   PARALLAX_SKIP_CUDA=1 scripts/test.sh     # skip a stage: also
-#   PARALLAX_SKIP_SANITIZE=1, PARALLAX_SKIP_FUZZ=1; FUZZ_SECONDS=20 (per target)
+#   PARALLAX_SKIP_SANITIZE=1, PARALLAX_SKIP_TSAN=1, PARALLAX_SKIP_FUZZ=1;
+#   FUZZ_SECONDS=20 (per target)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup.sh"
@@ -29,6 +31,11 @@ stage "host tests"
 if [ -z "${PARALLAX_SKIP_SANITIZE:-}" ]; then
   stage "sanitizers (ASan + UBSan + LSan)"
   "$root/scripts/sanitize.sh"
+fi
+
+if [ -z "${PARALLAX_SKIP_TSAN:-}" ]; then
+  stage "ThreadSanitizer (asynchronous training, 1-4 ranks)"
+  SANITIZER=thread "$root/scripts/sanitize.sh"
 fi
 
 if [ -z "${PARALLAX_SKIP_FUZZ:-}" ]; then
