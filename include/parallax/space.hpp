@@ -284,9 +284,11 @@ constexpr std::size_t prefetch_rows_ahead(std::size_t cols) noexcept {
 /// the same at any vector width, and no FMA is formed (tests/optim.cpp
 /// compares the kernels with the rules bit for bit). GCC 12+ on x86-64 ELF
 /// outside nvcc; elsewhere the kernels are built once, for the compiler's
-/// target. Defining PARALLAX_NO_ISA_CLONES turns it off.
+/// target. Defining PARALLAX_NO_ISA_CLONES turns it off; so does
+/// ThreadSanitizer, which instruments the clones' resolvers, and the loader
+/// runs those before TSan's runtime is up (the program crashes at start).
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 && defined(__x86_64__) && defined(__ELF__) && \
-    !defined(__CUDACC__) && !defined(PARALLAX_NO_ISA_CLONES)
+    !defined(__CUDACC__) && !defined(PARALLAX_NO_ISA_CLONES) && !defined(__SANITIZE_THREAD__)
 #define PARALLAX_HOST_ISA_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), optimize("fp-contract=off")))
 #else
