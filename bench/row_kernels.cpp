@@ -23,6 +23,7 @@
 //                            and written with no arithmetic, prefetched: the floor
 //                            of any one-slot update of scattered rows in place
 //   AdamRows/library         optim::apply_rows(Adam) (two state rows)
+//   AdamRows/contiguous      the same kernel on as many contiguous rows
 //   GatherRows/library       detail::GatherRows (a lookup's gather)
 //   GatherRows/no_prefetch   the same kernel with its prefetch(r) hidden
 //   GatherAt/library         detail::GatherAt (the gather from shared shards)
@@ -33,6 +34,8 @@
 //                            ids, word_lm's embedding gradient at 8,192 words
 //   Coalesce/thrust          the same with Thrust's stable sort of the ids (what
 //                            other spaces run), the baseline of the radix grouping
+//   Coalesce/sorted_sums     the radix grouping, then the sums gathering rows in
+//                            sorted order (SumSegmentRows, a segment per task on the team)
 //   Coalesce/group           the radix grouping alone (detail::radix_group)
 //   Memcpy/coalesce          its baseline: the 16,384 rows copied
 //   AddInto/ring             RingAllReducer's reduction (ContiguousView::add): a
@@ -200,6 +203,16 @@ void AdamRows_library(benchmark::State& state) {
   pb::RowWorkload::of(state.range(0)).adam();  // made before the timed loop
   run_rows(state, adam_rows, 7 * kRowBytes);
 }
+void adam_contiguous(pb::RowWorkload& w, std::size_t s) {
+  px::optim::apply_rows(host, px::optim::Adam{1e-3f}, 1, w.table.data(), w.contiguous_ids(s), w.grad.data(),
+                        pb::RowWorkload::touched, pb::RowWorkload::cols, w.adam(), 1.0f);
+}
+void AdamRows_contiguous(benchmark::State& state) {
+  auto& w = pb::RowWorkload::of(state.range(0));
+  w.adam();  // made before the timed loop
+  w.contiguous_ids(0);
+  run_rows(state, adam_contiguous, 7 * kRowBytes);
+}
 
 /// Rows of a sparse gradient before it is coalesced: 16,384 rows (word_lm's
 /// context words at 8,192 words a step) with ids drawn log-uniformly from
@@ -247,6 +260,14 @@ void Coalesce_thrust(benchmark::State& state) {
   run_coalesce(state, [](UncoalescedRows& r, std::size_t s) {
     return px::detail::coalesce_rows_thrust(host, r.ids[s].data(), r.values.data(), r.n, r.cols, r.out_ids,
                                             r.out_values, r.scratch);
+  });
+}
+/// The radix grouping, then the segment sums gathering rows in sorted order,
+/// a segment per task on the team: the baseline of the sums in input order.
+void Coalesce_sorted_sums(benchmark::State& state) {
+  run_coalesce(state, [](UncoalescedRows& r, std::size_t s) {
+    const std::size_t m = *px::detail::radix_group(r.ids[s].data(), r.n, r.scratch, r.out_ids);
+    return px::detail::sum_coalesced(host, r.values.data(), r.n, m, r.cols, r.out_ids, r.out_values, r.scratch);
   });
 }
 /// The grouping alone (bytes counted as for the whole coalesce, so its
@@ -322,9 +343,11 @@ BENCHMARK(AdagradRows_contiguous)->Name("AdagradRows/contiguous")->Arg(0)->Arg(1
 BENCHMARK(GatherAt_library)->Name("GatherAt/library")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(TouchRows_floor)->Name("TouchRows/floor")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(AdamRows_library)->Name("AdamRows/library")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(AdamRows_contiguous)->Name("AdamRows/contiguous")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(Memcpy_rows)->Name("Memcpy/rows")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(Coalesce_library)->Name("Coalesce/library")->Unit(benchmark::kMicrosecond);
 BENCHMARK(Coalesce_thrust)->Name("Coalesce/thrust")->Unit(benchmark::kMicrosecond);
+BENCHMARK(Coalesce_sorted_sums)->Name("Coalesce/sorted_sums")->Unit(benchmark::kMicrosecond);
 BENCHMARK(Coalesce_group)->Name("Coalesce/group")->Unit(benchmark::kMicrosecond);
 BENCHMARK(Memcpy_coalesce)->Name("Memcpy/coalesce")->Unit(benchmark::kMicrosecond);
 BENCHMARK(AddInto_ring)->Name("AddInto/ring")->Unit(benchmark::kMicrosecond);

@@ -59,8 +59,9 @@ TEST_CASE("group_stably groups by a small key, in input order within a group", "
 namespace {
 
 // radix_group against a stable sort of (id, position), the slow way: the
-// same unique ids, and each row's segment and whether it comes first there;
-// and the whole coalesce against Thrust's, bit for bit.
+// same unique ids, order and segment starts, and each row's segment and
+// whether it comes first there; and the whole coalesce against Thrust's,
+// bit for bit.
 void check_radix_group(const std::vector<px::index_t>& ids) {
   const std::size_t n = ids.size();
   px::detail::CoalesceScratch<px::HostSpace> scratch;
@@ -71,15 +72,21 @@ void check_radix_group(const std::vector<px::index_t>& ids) {
   std::vector<px::index_t> order(n);
   std::iota(order.begin(), order.end(), px::index_t{0});
   std::stable_sort(order.begin(), order.end(), [&](px::index_t a, px::index_t b) { return ids[a] < ids[b]; });
-  std::vector<px::index_t> expected_unique, expected_segment_of(n);
+  std::vector<px::index_t> expected_unique, expected_starts, expected_segment_of(n);
   for (std::size_t k = 0; k < n; ++k) {
     const bool first = k == 0 || ids[order[k]] != ids[order[k - 1]];
-    if (first) expected_unique.push_back(ids[order[k]]);
+    if (first) {
+      expected_unique.push_back(ids[order[k]]);
+      expected_starts.push_back(static_cast<px::index_t>(k));
+    }
     expected_segment_of[order[k]] = static_cast<px::index_t>((expected_unique.size() - 1) * 2 + first);
   }
+  expected_starts.push_back(static_cast<px::index_t>(n));
   REQUIRE(*m == expected_unique.size());
   CHECK(std::vector<px::index_t>(scratch.segment_of.data(), scratch.segment_of.data() + n) == expected_segment_of);
   CHECK(std::vector<px::index_t>(unique.data(), unique.data() + *m) == expected_unique);
+  CHECK(std::vector<px::index_t>(scratch.order.data(), scratch.order.data() + n) == order);
+  CHECK(std::vector<px::index_t>(scratch.starts.data(), scratch.starts.data() + *m + 1) == expected_starts);
 
   // Values whose sums depend on the order of the additions.
   constexpr std::size_t cols = 3;

@@ -210,7 +210,12 @@ constexpr unsigned bit_width(std::uint64_t v) noexcept {
 /// otherwise.
 inline std::optional<std::size_t> radix_group(const index_t* ids, std::size_t n, CoalesceScratch<HostSpace>& scratch,
                                               Buffer<index_t, HostSpace>& out_ids) {
-  if (n == 0) return std::size_t{0};
+  if (n == 0) {
+    out_ids.resize_discard(0);
+    scratch.starts.resize_discard(1);
+    scratch.starts.data()[0] = 0;
+    return std::size_t{0};
+  }
   std::uint64_t low = static_cast<std::uint64_t>(ids[0]) ^ (std::uint64_t{1} << 63), high = low;
   for (std::size_t i = 1; i < n; ++i) {
     // Flipping the sign bit orders int64 as uint64.
@@ -321,11 +326,13 @@ PARALLAX_HOST_ISA_CLONES void add_rows_in_order(RowsAt<T> values, const index_t*
   }
 }
 
-/// coalesce_rows on the host: radix_group, then add_rows_in_order on one
-/// thread or SumSegmentRows on several (threads splitting the input rows
-/// would each stream all of them past their caches, and splitting the
-/// segments would reorder the additions), or Thrust's sort where
-/// radix_group cannot take the ids.
+/// coalesce_rows on the host: radix_group, then add_rows_in_order, both on
+/// the calling thread, or Thrust's sort and SumSegmentRows where
+/// radix_group cannot take the ids. One thread: threads that split the
+/// input rows would each stream all of them (a thread's rows are not
+/// contiguous), and splitting the segments over threads that gather their
+/// rows in sorted order (SumSegmentRows) was no faster on two cores
+/// (docs/benchmarks.md, "Row kernels").
 template <class T>
 std::size_t coalesce_rows_host(const Exec<HostSpace>& ex, const index_t* ids, identity_t<RowsAt<T>> values,
                                std::size_t n, std::size_t cols, Buffer<index_t, HostSpace>& out_ids,
@@ -336,10 +343,6 @@ std::size_t coalesce_rows_host(const Exec<HostSpace>& ex, const index_t* ids, id
   out_ids.resize(m);
   out_values.resize_discard(m * cols);
   if (m == 0 || cols == 0) return m;
-#if defined(_OPENMP)
-  if (omp_get_max_threads() > 1 && n * cols >= host_parallel_threshold)
-    return sum_coalesced(ex, values, n, m, cols, out_ids, out_values, scratch);
-#endif
   add_rows_in_order<T>(values, scratch.segment_of.data(), n, cols, out_values.data());
   return m;
 }
