@@ -103,7 +103,8 @@ void check_radix_group(const std::vector<px::index_t>& ids) {
       px::detail::coalesce_rows_thrust(ex, ids.data(), values.data(), n, cols, ids_b, sums_b, scratch_b);
   REQUIRE(ma == mb);
   CHECK(std::equal(ids_a.data(), ids_a.data() + ma, ids_b.data()));
-  CHECK(std::memcmp(sums_a.data(), sums_b.data(), ma * cols * sizeof(float)) == 0);
+  // (memcmp must not be given the null data of empty buffers.)
+  CHECK((ma == 0 || std::memcmp(sums_a.data(), sums_b.data(), ma * cols * sizeof(float)) == 0));
 }
 
 }  // namespace
