@@ -45,9 +45,8 @@ build="$root/build/sanitize"
 supp="$root/tests/sanitizers"
 
 # -O0 -g1 (line tables): the build is most of this stage's time, and -O0
-# compiles these template-heavy tests 2.9x faster than -O1 (tests/trainer.cpp:
-# 48 s against 138 s; -O2 -g took 4.3 min), while the tests run on small data
-# and take a minute or two either way. At -O0 every access the source makes
+# compiles these template-heavy tests fastest while the tests run on small
+# data (docs/testing.md, "Sanitizers"). At -O0 every access the source makes
 # stays in the code, so the sanitizers see at least what they see at -O1.
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None -DPARALLAX_ENABLE_CUDA=OFF \
   -DPARALLAX_BUILD_EXAMPLES=OFF -DPARALLAX_BUILD_BENCH=OFF \
