@@ -24,6 +24,8 @@
 //                            of any one-slot update of scattered rows in place
 //   AdamRows/library         optim::apply_rows(Adam) (two state rows)
 //   AdamRows/contiguous      the same kernel on as many contiguous rows
+//   AdamRows/floor           Adam's rows (gradient, table, both moments) read and
+//                            written with no arithmetic, prefetched: its floor
 //   GatherRows/library       detail::GatherRows (a lookup's gather)
 //   GatherRows/no_prefetch   the same kernel with its prefetch(r) hidden
 //   GatherAt/library         detail::GatherAt (the gather from shared shards)
@@ -214,6 +216,41 @@ void AdamRows_contiguous(benchmark::State& state) {
   run_rows(state, adam_contiguous, 7 * kRowBytes);
 }
 
+/// Adam's accesses without its arithmetic: a gradient row read, and the
+/// table's and both moments' rows of set s read and written (the table's
+/// plus the gradient, each moment plus one), prefetched as the library's
+/// update is. What the scattered accesses of a two-slot update allow: the
+/// floor AdamRows/library is quoted against beside Memcpy/rows.
+struct TouchAdamRows {
+  float* w;
+  float* s0;
+  float* s1;
+  const px::index_t* rows;
+  const float* g;
+  std::size_t cols;
+  void operator()(std::size_t j, std::size_t c) const {
+    const std::size_t at = static_cast<std::size_t>(rows[j]) * cols + c;
+    w[at] += g[j * cols + c];
+    s0[at] += 1.0f;
+    s1[at] += 1.0f;
+  }
+  void prefetch(std::size_t j) const {
+    const std::size_t at = static_cast<std::size_t>(rows[j]) * cols;
+    px::prefetch_bytes(w + at, cols * sizeof(float));
+    px::prefetch_bytes(s0 + at, cols * sizeof(float));
+    px::prefetch_bytes(s1 + at, cols * sizeof(float));
+  }
+};
+void touch_adam_rows(pb::RowWorkload& w, std::size_t s) {
+  px::for_each_rows(host, pb::RowWorkload::touched, pb::RowWorkload::cols,
+                    TouchAdamRows{w.table.data(), w.adam().slot(0), w.adam().slot(1), w.ids[s].data(), w.grad.data(),
+                                  pb::RowWorkload::cols});
+}
+void AdamRows_floor(benchmark::State& state) {
+  pb::RowWorkload::of(state.range(0)).adam();  // made before the timed loop
+  run_rows(state, touch_adam_rows, 7 * kRowBytes);
+}
+
 /// Rows of a sparse gradient before it is coalesced: 16,384 rows (word_lm's
 /// context words at 8,192 words a step) with ids drawn log-uniformly from
 /// 200,000, as word frequencies fall, so the frequent ones repeat; 8 sets.
@@ -344,6 +381,7 @@ BENCHMARK(GatherAt_library)->Name("GatherAt/library")->Arg(0)->Arg(1)->Unit(benc
 BENCHMARK(TouchRows_floor)->Name("TouchRows/floor")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(AdamRows_library)->Name("AdamRows/library")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(AdamRows_contiguous)->Name("AdamRows/contiguous")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(AdamRows_floor)->Name("AdamRows/floor")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(Memcpy_rows)->Name("Memcpy/rows")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(Coalesce_library)->Name("Coalesce/library")->Unit(benchmark::kMicrosecond);
 BENCHMARK(Coalesce_thrust)->Name("Coalesce/thrust")->Unit(benchmark::kMicrosecond);
