@@ -78,7 +78,10 @@ class Compute {
   /// sleeps for its time instead (reps are then microseconds), leaving the
   /// core to the communication thread as a GPU kernel would.
   explicit Compute(bool sleeping = false) : buf_(4096, 1.0f), sleeping_(sleeping) {}
-  void run(long reps) {
+  // Not inlined: every mode runs the same machine code for its compute (a
+  // copy inlined into each mode's lambda ran up to 1.6x slower in one of
+  // them, depending on where it landed).
+  [[gnu::noinline]] void run(long reps) {
     if (sleeping_) {
       std::this_thread::sleep_for(std::chrono::microseconds(reps));
       return;
@@ -89,7 +92,7 @@ class Compute {
       for (std::size_t i = 0; i < n; ++i) b[i] = b[i] * 0.999f + 0.001f;
   }
   /// Writes a gradient from the buffer (part of a layer's backward).
-  void write(float* grad, std::size_t n) const {
+  [[gnu::noinline]] void write(float* grad, std::size_t n) const {
     for (std::size_t i = 0; i < n; ++i) grad[i] = buf_[i & 4095] * 1e-3f;
   }
   /// Sweeps that take `us` microseconds on this rank while every rank runs

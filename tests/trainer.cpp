@@ -4,6 +4,7 @@
 #include "support.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <map>
@@ -1043,6 +1044,29 @@ TEST_CASE("the communication thread runs where it has a core, or where the user 
   INFO(hardware << " hardware threads, " << ctx.topology().local_size() << " local ranks of " << ctx.threads()
                 << " threads");
   CHECK(overlapping(true, true) == spare);
+}
+
+TEST_CASE("an automatic engine yields where the communication thread shares the rank's cores", "[trainer][overlap]") {
+  auto& ctx = test::world();
+  if (std::getenv("PARALLAX_YIELD")) return;  // the environment decides, whatever the options say
+  px::Variable<px::Dense, float> w(ctx, "w", {4});
+  using Yield = px::engine::Options::Yield;
+  auto yields = [&](bool overlap, Yield yield) {
+    px::TrainerOptions o;
+    o.overlap = overlap;
+    o.overlap_needs_spare_core = false;  // the thread on any host
+    o.engine.yield = yield;
+    return px::Trainer<px::arch::Hybrid, px::optim::Sgd>(ctx, o, px::optim::Sgd{0.1f}, w).engine().yields();
+  };
+  const long hardware = static_cast<long>(std::thread::hardware_concurrency());
+  const bool spare = hardware >= static_cast<long>(ctx.topology().local_size()) * (ctx.threads() + 1);
+  const bool oversubscribed = ctx.topology().oversubscribed();
+  INFO(hardware << " hardware threads, " << ctx.topology().local_size() << " local ranks of " << ctx.threads()
+                << " threads");
+  CHECK(yields(true, Yield::automatic) == (oversubscribed || !spare));
+  CHECK(yields(false, Yield::automatic) == oversubscribed);  // no thread: ranks against cores only
+  CHECK_FALSE(yields(true, Yield::never));
+  CHECK(yields(false, Yield::always));
 }
 
 TEST_CASE("a bad gradient marked ready fails the step on every rank, and the next step works", "[trainer][overlap]") {

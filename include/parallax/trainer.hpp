@@ -120,7 +120,7 @@ class Trainer {
 
   template <class... Args>
   Trainer(const Context& ctx, TrainerOptions options, Optimizer opt, Args&... vars)
-      : ctx_(&ctx), options_(std::move(options)), opt_(opt), engine_(std::make_unique<Engine>(ctx, options_.engine)),
+      : ctx_(&ctx), options_(std::move(options)), opt_(opt), engine_(std::make_unique<Engine>(ctx, engine_options(ctx, options_))),
         worker_(communication_thread(ctx, options_)) {
     static_assert(sizeof...(Args) > 0, "a Trainer needs at least one variable");
     static_assert((is_variable_v<detail::variable_of_t<Args>> && ...),
@@ -665,12 +665,27 @@ class Trainer {
       throw;
     }
   }
+  /// Whether the host's hardware threads cover every local rank's OpenMP
+  /// team and one more thread each (the communication thread's core).
+  static bool spare_core(const Context& ctx) {
+    const long hardware = static_cast<long>(std::thread::hardware_concurrency());
+    return hardware >= static_cast<long>(ctx.topology().local_size()) * (ctx.threads() + 1);
+  }
   /// The trainer's Background: its worker.
   static bool communication_thread(const Context& ctx, const TrainerOptions& o) {
     if (!o.overlap || !ctx.serialized_threads()) return false;
     if (!o.overlap_needs_spare_core || !std::is_same_v<space, HostSpace>) return true;
-    const long hardware = static_cast<long>(std::thread::hardware_concurrency());
-    return hardware >= static_cast<long>(ctx.topology().local_size()) * (ctx.threads() + 1);
+    return spare_core(ctx);
+  }
+  /// The engine's options. A communication thread without a core of its own
+  /// shares the rank's with the user's thread: an automatic engine then
+  /// yields in its waits, so a wait on one thread leaves the core to the
+  /// other (docs/benchmarks.md, "Overlap of communication with compute").
+  static engine::Options engine_options(const Context& ctx, const TrainerOptions& o) {
+    engine::Options e = o.engine;
+    if (e.yield == engine::Options::Yield::automatic && communication_thread(ctx, o) && !spare_core(ctx))
+      e.yield = engine::Options::Yield::always;
+    return e;
   }
 
   class Posting final : public policy::Background {

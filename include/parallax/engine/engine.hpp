@@ -56,8 +56,10 @@ struct Options {
   /// Whether a rank waiting for its peers gives its core away between polls
   /// (std::this_thread::yield). automatic: yes on a host that runs more
   /// ranks than it has hardware threads, where a spinning rank would hold
-  /// the core its peer needs to send, for a whole scheduler slice; no
-  /// otherwise (a core per rank: spinning answers soonest).
+  /// the core its peer needs to send, for a whole scheduler slice, and for
+  /// a Trainer whose communication thread has no core of its own (it
+  /// shares the rank's with the user's thread); no otherwise (a core per
+  /// thread: spinning answers soonest).
   enum class Yield { automatic, always, never } yield = Yield::automatic;
   /// Emulated links between hosts (engine::Mpi): "10Gbit/s,20us" holds back
   /// every call that moves bytes between hosts until a link of that
