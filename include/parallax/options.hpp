@@ -133,10 +133,12 @@ struct TrainerOptions {
   /// or a host whose hardware threads cover every local rank's OpenMP team
   /// and one more thread each. Elsewhere ready() moves each gradient at
   /// once, in the caller, while it is still in cache: on a host without a
-  /// spare core that measured faster than a thread sharing the rank's core,
-  /// and than the plain step (docs/benchmarks.md, "Overlap of communication
-  /// with compute"). False: the thread runs wherever MPI allows it.
-  /// Trainer::overlapping() says which was chosen.
+  /// spare core a thread sharing the rank's core hides nothing, and the
+  /// caller's way runs as fast as the plain step without a second thread
+  /// (docs/benchmarks.md, "Overlap of communication with compute"). False:
+  /// the thread runs wherever MPI allows it, and where it has no core of
+  /// its own an automatic engine yields in its waits (engine::Options::
+  /// yield). Trainer::overlapping() says which was chosen.
   bool overlap_needs_spare_core = true;
   /// Before each step's exchange, look for NaN and infinities in every
   /// gradient this rank gave (one pass over them); the first one found on
