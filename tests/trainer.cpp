@@ -1026,6 +1026,15 @@ TEMPLATE_TEST_CASE("gradients marked ready move early and give the same model, b
   CHECK(train_ready<Arch>(ctx, true, false) == plain);   // at once, in the caller
 }
 
+namespace {
+/// A spare core as the trainer counts it: a hardware thread for each local
+/// rank's OpenMP team and one more.
+bool spare_core(const px::Context& ctx) {
+  const long hardware = static_cast<long>(std::thread::hardware_concurrency());
+  return hardware >= static_cast<long>(ctx.topology().local_size()) * (ctx.threads() + 1);
+}
+}  // namespace
+
 TEST_CASE("the communication thread runs where it has a core, or where the user asks", "[trainer][overlap]") {
   auto& ctx = test::world();
   px::Variable<px::Dense, float> w(ctx, "w", {4});
@@ -1038,17 +1047,17 @@ TEST_CASE("the communication thread runs where it has a core, or where the user 
   REQUIRE(ctx.serialized_threads());  // tests/main.cpp asks for MPI_THREAD_SERIALIZED
   CHECK_FALSE(overlapping(false, false));
   CHECK(overlapping(true, false));
-  // A spare core: a hardware thread for each local rank's OpenMP team and one more.
-  const long hardware = static_cast<long>(std::thread::hardware_concurrency());
-  const bool spare = hardware >= static_cast<long>(ctx.topology().local_size()) * (ctx.threads() + 1);
-  INFO(hardware << " hardware threads, " << ctx.topology().local_size() << " local ranks of " << ctx.threads()
-                << " threads");
-  CHECK(overlapping(true, true) == spare);
+  INFO(std::thread::hardware_concurrency() << " hardware threads, " << ctx.topology().local_size()
+                                          << " local ranks of " << ctx.threads() << " threads");
+  CHECK(overlapping(true, true) == spare_core(ctx));
 }
 
-TEST_CASE("an automatic engine yields where the communication thread shares the rank's cores", "[trainer][overlap]") {
+TEST_CASE("an automatic engine yields where the communication thread shares the rank's cores",
+          "[trainer][overlap][needs-yield-unset]") {
   auto& ctx = test::world();
-  if (std::getenv("PARALLAX_YIELD")) return;  // the environment decides, whatever the options say
+  if (test::skip_unless(std::getenv("PARALLAX_YIELD") == nullptr,
+                        "PARALLAX_YIELD is set: the environment decides whether engines yield"))
+    return;
   px::Variable<px::Dense, float> w(ctx, "w", {4});
   using Yield = px::engine::Options::Yield;
   auto yields = [&](bool overlap, Yield yield) {
@@ -1058,12 +1067,10 @@ TEST_CASE("an automatic engine yields where the communication thread shares the 
     o.engine.yield = yield;
     return px::Trainer<px::arch::Hybrid, px::optim::Sgd>(ctx, o, px::optim::Sgd{0.1f}, w).engine().yields();
   };
-  const long hardware = static_cast<long>(std::thread::hardware_concurrency());
-  const bool spare = hardware >= static_cast<long>(ctx.topology().local_size()) * (ctx.threads() + 1);
   const bool oversubscribed = ctx.topology().oversubscribed();
-  INFO(hardware << " hardware threads, " << ctx.topology().local_size() << " local ranks of " << ctx.threads()
-                << " threads");
-  CHECK(yields(true, Yield::automatic) == (oversubscribed || !spare));
+  INFO(std::thread::hardware_concurrency() << " hardware threads, " << ctx.topology().local_size()
+                                          << " local ranks of " << ctx.threads() << " threads");
+  CHECK(yields(true, Yield::automatic) == (oversubscribed || !spare_core(ctx)));
   CHECK(yields(false, Yield::automatic) == oversubscribed);  // no thread: ranks against cores only
   CHECK_FALSE(yields(true, Yield::never));
   CHECK(yields(false, Yield::always));

@@ -120,7 +120,10 @@ class Trainer {
 
   template <class... Args>
   Trainer(const Context& ctx, TrainerOptions options, Optimizer opt, Args&... vars)
-      : ctx_(&ctx), options_(std::move(options)), opt_(opt), engine_(std::make_unique<Engine>(ctx, engine_options(ctx, options_))),
+      : ctx_(&ctx),
+        options_(std::move(options)),
+        opt_(opt),
+        engine_(std::make_unique<Engine>(ctx, engine_options(ctx, options_))),
         worker_(communication_thread(ctx, options_)) {
     static_assert(sizeof...(Args) > 0, "a Trainer needs at least one variable");
     static_assert((is_variable_v<detail::variable_of_t<Args>> && ...),
