@@ -17,6 +17,9 @@
 //   plain    backward, then step() (no ready())
 //   caller   backward with ready() per layer, TrainerOptions::overlap off:
 //            each bucket moves at once, in the caller
+//   early    as overlap, with TrainerOptions::update_when_ready: each
+//            bucket's optimizer update follows its all-reduce on the thread
+//   early_caller  as caller, with update_when_ready
 // Every step starts at a barrier; a step's time is the slowest rank's; a
 // figure is the median over --rounds x --steps steps, the modes taking turns
 // round by round. Rank 0 prints one `point ...` line per (g, c) and
@@ -151,12 +154,14 @@ struct Model {
   std::vector<Var> layers;
   std::unique_ptr<Trainer> trainer;
 
-  Model(const px::Context& ctx, const char* tag, std::size_t count, std::size_t floats, bool overlap) {
+  Model(const px::Context& ctx, const char* tag, std::size_t count, std::size_t floats, bool overlap,
+        bool update_when_ready = false) {
     for (std::size_t l = 0; l < count; ++l)
       layers.emplace_back(ctx, std::string(tag) + "_layer" + std::to_string(l), px::Shape{floats, 1});
     px::TrainerOptions o;
     o.overlap = overlap;
     o.overlap_needs_spare_core = false;  // the thread itself, on any host
+    o.update_when_ready = update_when_ready;
     o.ring.bucket_bytes = floats * sizeof(float);  // one bucket per layer
     px::Variables<Var>& all = layers;
     trainer = std::make_unique<Trainer>(ctx, o, px::optim::Sgd{1e-3f}, all);
@@ -229,6 +234,8 @@ int main(int argc, char** argv) {
     const std::size_t floats = static_cast<std::size_t>(kib * 1024 / sizeof(float));
     Model threaded(ctx, "t", layers, floats, true);
     Model caller(ctx, "c", layers, floats, false);
+    Model early(ctx, "e", layers, floats, true, true);
+    Model early_caller(ctx, "ec", layers, floats, false, true);
     Model last(ctx, "last", 1, floats, true);
     // Communication alone, and the last bucket's alone.
     std::vector<double> comm_us, last_us;
@@ -243,7 +250,14 @@ int main(int argc, char** argv) {
     for (double ratio : ratios) {
       const double target_us = ratio * comm_alone / static_cast<double>(layers);
       const long reps = compute.calibrate(target_us, comm);
-      enum Mode { compute_only, overlap, plain, in_caller, modes };
+      enum Mode { compute_only, overlap, plain, in_caller, early_thread, early_in_caller, modes };
+      // One timed step: the backward pass (ready() per layer if asked), then step().
+      auto backward_and_step = [&](Model& model, bool ready) {
+        return timed_step(comm, [&] {
+          model.backward(compute, reps, ready);
+          model.trainer->step();
+        });
+      };
       std::vector<double> times[modes];
       for (int r = 0; r < rounds + 1; ++r) {  // round 0 warms up
         for (int k = 0; k < modes; ++k) {
@@ -255,24 +269,11 @@ int main(int argc, char** argv) {
                 us = timed_step(comm, [&] { threaded.backward(compute, reps, false); });
                 threaded.trainer->step();  // untimed: clears the gradients
                 break;
-              case overlap:
-                us = timed_step(comm, [&] {
-                  threaded.backward(compute, reps, true);
-                  threaded.trainer->step();
-                });
-                break;
-              case plain:
-                us = timed_step(comm, [&] {
-                  threaded.backward(compute, reps, false);
-                  threaded.trainer->step();
-                });
-                break;
-              case in_caller:
-                us = timed_step(comm, [&] {
-                  caller.backward(compute, reps, true);
-                  caller.trainer->step();
-                });
-                break;
+              case overlap: us = backward_and_step(threaded, true); break;
+              case plain: us = backward_and_step(threaded, false); break;
+              case in_caller: us = backward_and_step(caller, true); break;
+              case early_thread: us = backward_and_step(early, true); break;
+              case early_in_caller: us = backward_and_step(early_caller, true); break;
             }
             if (r > 0) times[m].push_back(us);
           }
@@ -280,12 +281,14 @@ int main(int argc, char** argv) {
       }
       if (ctx.is_root()) {
         const double c = median(times[compute_only]), o = median(times[overlap]), p = median(times[plain]),
-                     q = median(times[in_caller]);
+                     q = median(times[in_caller]), e = median(times[early_thread]),
+                     ec = median(times[early_in_caller]);
         const double bound = std::max(c, comm_alone) + last_bucket;
         const double bar = 1.2 * std::max(c, comm_alone) + last_bucket;
         std::printf("point grad_kib=%g layers=%zu ratio=%g compute_us=%.1f comm_us=%.1f last_us=%.1f overlap_us=%.1f "
-                    "plain_us=%.1f caller_us=%.1f bound_us=%.1f bar_us=%.1f async=%s compute=%s\n",
-                    kib, layers, ratio, c, comm_alone, last_bucket, o, p, q, bound, bar, async ? async : "0",
+                    "plain_us=%.1f caller_us=%.1f early_us=%.1f early_caller_us=%.1f bound_us=%.1f bar_us=%.1f "
+                    "async=%s compute=%s\n",
+                    kib, layers, ratio, c, comm_alone, last_bucket, o, p, q, e, ec, bound, bar, async ? async : "0",
                     sleeping ? "sleep" : "arithmetic");
         std::fflush(stdout);
       }

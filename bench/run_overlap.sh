@@ -3,8 +3,8 @@
 #   1. bench_overlap: a synthetic backward pass of --layers dense layers,
 #      compute and communication each 0.25x-4x the other, with ready() per
 #      layer on the communication thread (overlap), without ready() (plain),
-#      and ready() moving each bucket in the caller (TrainerOptions::overlap
-#      off); then again under MPICH's asynchronous progress thread
+#      ready() moving each bucket in the caller (TrainerOptions::overlap
+#      off), and both with TrainerOptions::update_when_ready; then again under MPICH's asynchronous progress thread
 #      (MPIR_CVAR_ASYNC_PROGRESS=1); and, as a diagnostic, with each layer's
 #      compute a sleep (a core left free for the communication thread).
 #   2. 03_dense_mlp and 01_word_lm with --overlap on and off, runs
@@ -108,15 +108,17 @@ print(f"Machine: `{open('/proc/cpuinfo').read().split('model name')[1].split(':'
 print(f"### Synthetic backward pass ({layers} layers, a fusion bucket per layer; medians, ms)\n")
 def synthetic_table(name):
     print("| gradient / layer | compute | comm | compute / comm | last bucket | overlap (ready, comm. thread) "
-          "| plain (no ready) | ready, in caller | bound max(c, comm) + last | overlap / bound | bar 1.2 max + last "
-          "| met | plain / (c + comm) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| plain (no ready) | ready, in caller | update when ready: thread | update when ready: caller "
+          "| bound max(c, comm) + last | bar 1.2 max + last | overlap / bar | update when ready (thread) / bar "
+          "| plain / (c + comm) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for p in points(name):
         c, m, last = float(p["compute_us"]), float(p["comm_us"]), float(p["last_us"])
         o, pl, q = float(p["overlap_us"]), float(p["plain_us"]), float(p["caller_us"])
+        e, ec = float(p["early_us"]), float(p["early_caller_us"])
         bound, bar = float(p["bound_us"]), float(p["bar_us"])
         print(f"| {float(p['grad_kib']):g} KiB | {ms(c)} | {ms(m)} | {c / m:.2f} | {ms(last)} | {ms(o)} | {ms(pl)} "
-              f"| {ms(q)} | {ms(bound)} | {o / bound:.2f} | {ms(bar)} | {'yes' if o <= bar else 'no'} "
+              f"| {ms(q)} | {ms(e)} | {ms(ec)} | {ms(bound)} | {ms(bar)} | {o / bar:.2f} | {e / bar:.2f} "
               f"| {pl / (c + m):.2f} |")
 
 synthetic_table("synthetic.txt")

@@ -491,3 +491,39 @@ TEST_CASE("a checkpoint keeps the base learning rate and the schedule's position
   resumed.step();
   CHECK(w2.value()[0] == w.value()[0]);
 }
+
+TEST_CASE("a step that fails after updates made when ready leaves the trainer refusing work until a restore",
+          "[checkpoint][overlap][update-when-ready]") {
+  auto& ctx = test::world();
+  TempDir dir;
+  const int last = ctx.size() - 1;
+  px::Variable<px::Sparse, float> emb(ctx, "emb", {10, 2});
+  px::Variable<px::Dense, float> w(ctx, "w", {2}, px::init::Constant{1.0});
+  px::TrainerOptions o;
+  o.update_when_ready = true;
+  o.overlap_needs_spare_core = false;
+  px::Trainer<px::arch::Hybrid, px::optim::Sgd> trainer(ctx, o, px::optim::Sgd{0.1f}, emb, w);
+  const std::string saved = trainer.save(dir.path);  // step 0
+  // The dense bucket is summed and updated at ready(); the bad id (on the
+  // last rank) fails the step afterwards, on every rank.
+  w.grad()[0] = 1.f;
+  trainer.ready(w);
+  emb.grad().add(std::vector<px::index_t>{ctx.rank() == last ? 12 : 1}, std::vector<float>{1.f, 1.f});
+  trainer.ready(emb);
+  CHECK_THAT(test::error_of([&] { trainer.step(); }), Catch::Contains("row index 12"));
+  CHECK(trainer.fetch(w)[0] == Approx(0.9f));  // updated early, and not undone
+  w.grad()[0] = 1.f;
+  const std::string refused = test::error_of([&] { trainer.step(); });
+  CHECK_THAT(refused, Catch::Contains("cannot be used") && Catch::Contains("step 1 failed after updating") &&
+                          Catch::Contains("restore()"));
+  CHECK_THAT(test::error_of([&] { trainer.ready(w); }), Catch::Contains("cannot be used"));
+  trainer.restore(saved);
+  CHECK(trainer.fetch(w)[0] == 1.f);
+  w.grad()[0] = 1.f;
+  trainer.ready(w);
+  emb.grad().add(std::vector<px::index_t>{1}, std::vector<float>{1.f, 1.f});
+  trainer.ready(emb);
+  CHECK_NOTHROW(trainer.step());
+  CHECK(trainer.steps() == 1);
+  CHECK(trainer.fetch(w)[0] == Approx(0.9f));
+}

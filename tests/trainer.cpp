@@ -979,9 +979,10 @@ namespace {
 
 /// Three dense layers (small buckets: one or two layers each) and two
 /// sparse tables of different widths (two groups), trained with every
-/// gradient marked ready as it is finished (last layer first) or not.
+/// gradient marked ready as it is finished (last layer first) or not, and
+/// a learning rate that changes every step.
 template <class Arch>
-std::vector<std::vector<float>> train_ready(px::Context& ctx, bool mark, bool overlap) {
+std::vector<std::vector<float>> train_ready(px::Context& ctx, bool mark, bool overlap, bool update_when_ready = false) {
   px::Variable<px::Sparse, float> e(ctx, "e", {30, 4}, px::init::Uniform{-1.f, 1.f, 1});
   px::Variable<px::Sparse, float> f(ctx, "f", {17, 2}, px::init::Uniform{-1.f, 1.f, 2});
   std::vector<px::Variable<px::Dense, float>> layers;
@@ -992,6 +993,8 @@ std::vector<std::vector<float>> train_ready(px::Context& ctx, bool mark, bool ov
   o.ring.algorithm = px::engine::Algorithm::ring;
   o.overlap = overlap;
   o.overlap_needs_spare_core = false;  // the thread itself, on any host
+  o.update_when_ready = update_when_ready;
+  o.schedule = [](std::uint64_t step) { return 1.0 / static_cast<double>(step); };
   px::Trainer<Arch, px::optim::Adam> trainer(ctx, o, px::optim::Adam{0.05f}, e, layers, f);
   const auto r = static_cast<std::size_t>(ctx.rank());
   for (std::size_t s = 0; s < 3; ++s) {
@@ -1024,6 +1027,73 @@ TEMPLATE_TEST_CASE("gradients marked ready move early and give the same model, b
   const auto plain = train_ready<Arch>(ctx, false, true);
   CHECK(train_ready<Arch>(ctx, true, true) == plain);    // on the communication thread
   CHECK(train_ready<Arch>(ctx, true, false) == plain);   // at once, in the caller
+  // Each bucket's update right after its sum, there, not in step().
+  CHECK(train_ready<Arch>(ctx, true, true, true) == plain);
+  CHECK(train_ready<Arch>(ctx, true, false, true) == plain);
+  CHECK(train_ready<Arch>(ctx, false, true, true) == plain);  // nothing marked: every update in step()
+}
+
+TEST_CASE("with update_when_ready a variable is updated once its sum is in, before step()",
+          "[trainer][overlap][update-when-ready]") {
+  auto& ctx = test::world();
+  for (const bool overlap : {true, false}) {
+    INFO("overlap " << overlap);
+    px::Variable<px::Dense, float> a(ctx, "a", {3}, px::init::Constant{1.f});
+    px::Variable<px::Dense, float> b(ctx, "b", {3}, px::init::Constant{2.f});
+    px::TrainerOptions o;
+    o.overlap = overlap;
+    o.overlap_needs_spare_core = false;
+    o.update_when_ready = true;
+    o.ring.bucket_bytes = 12;  // a bucket each
+    px::Trainer<px::arch::AllReduce, px::optim::Sgd> trainer(ctx, o, px::optim::Sgd{0.5f}, a, b);
+    const float r = static_cast<float>(ctx.rank());
+    const float mean = 0.5f * static_cast<float>(ctx.size() - 1);  // of the ranks' gradients r
+    for (int step = 1; step <= 2; ++step) {
+      std::vector<float> before_a = trainer.fetch(a), before_b = trainer.fetch(b);
+      for (int i = 0; i < 3; ++i) a.grad()[i] = b.grad()[i] = r + static_cast<float>(i);
+      trainer.ready(b);  // b is the last bucket: its sum and update need not wait for a's
+      const std::vector<float> b_early = trainer.fetch(b);
+      CHECK(trainer.fetch(a) == before_a);  // not ready: untouched
+      for (int i = 0; i < 3; ++i) {
+        CHECK(b_early[i] == Approx(before_b[i] - 0.5f * (mean + static_cast<float>(i))));
+      }
+      trainer.ready(a);
+      trainer.step();
+      CHECK(trainer.fetch(b) == b_early);  // step() did not apply it again
+      const std::vector<float> after_a = trainer.fetch(a);
+      for (int i = 0; i < 3; ++i) CHECK(after_a[i] == Approx(before_a[i] - 0.5f * (mean + static_cast<float>(i))));
+    }
+    CHECK(trainer.steps() == 2);
+  }
+}
+
+TEST_CASE("update_when_ready refuses what needs every gradient before an update", "[trainer][overlap][update-when-ready]") {
+  auto& ctx = test::world();
+  px::Variable<px::Dense, float> w(ctx, "w", {4});
+  auto build = [&](double clip, bool finite) {
+    px::TrainerOptions o;
+    o.update_when_ready = true;
+    o.clip_norm = clip;
+    o.check_finite = finite;
+    return test::error_of([&] { px::Trainer<px::arch::AllReduce, px::optim::Sgd> t(ctx, o, px::optim::Sgd{0.1f}, w); });
+  };
+  CHECK(build(0, false).empty());
+  CHECK_THAT(build(1.0, false), Catch::Contains("update_when_ready") && Catch::Contains("clip_norm must be 0"));
+  CHECK_THAT(build(0, true), Catch::Contains("update_when_ready") && Catch::Contains("check_finite must be off"));
+
+  px::TrainerOptions o;
+  o.update_when_ready = true;
+  px::Trainer<px::arch::AllReduce, px::optim::Sgd> trainer(ctx, o, px::optim::Sgd{0.1f}, w);
+  trainer.set_learning_rate(0.2);  // between steps: fine
+  w.grad()[0] = 1.f;
+  trainer.ready(w);
+  CHECK_THAT(test::error_of([&] { trainer.set_learning_rate(0.3); }),
+             Catch::Contains("set_learning_rate") && Catch::Contains("before the step's first ready()"));
+  CHECK_THAT(test::error_of([&] { trainer.save("/nonexistent"); }),
+             Catch::Contains("save()") && Catch::Contains("save after step()"));
+  trainer.step();
+  CHECK(trainer.fetch(w)[0] == Approx(-0.2f));  // the rate set before ready()
+  CHECK_NOTHROW(trainer.set_learning_rate(0.3));
 }
 
 namespace {

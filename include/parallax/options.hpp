@@ -140,6 +140,20 @@ struct TrainerOptions {
   /// its own an automatic engine yields in its waits (engine::Options::
   /// yield). Trainer::overlapping() says which was chosen.
   bool overlap_needs_spare_core = true;
+  /// Apply the optimizer to a variable as soon as its gradient is summed
+  /// after Trainer::ready() (a RingAllReduce fusion bucket's all-reduce), on
+  /// the communication thread or in the caller, instead of in step(): the
+  /// update then overlaps the rest of the backward pass too, as PyTorch's
+  /// optimizer-in-backward does. The same arithmetic on the same sums, so
+  /// the model is the same bit for bit; what changes is when: a variable's
+  /// value may change at any moment between ready() and the end of step(),
+  /// so the backward pass must not read it after marking it ready. Other
+  /// policies' variables are updated in step(). Needs clip_norm 0 and
+  /// check_finite off (both need every gradient before any update); set the
+  /// learning rate before a step's first ready(). A step that fails after
+  /// such an update (a bad id, a failed collective) leaves the model part
+  /// way through it: the trainer then refuses work until restore().
+  bool update_when_ready = false;
   /// Before each step's exchange, look for NaN and infinities in every
   /// gradient this rank gave (one pass over them); the first one found on
   /// any rank fails the step on every rank, naming the variable, the rank,

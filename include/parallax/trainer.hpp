@@ -135,6 +135,12 @@ class Trainer {
                    ...));
     if constexpr (optim::has_learning_rate_v<Optimizer>) base_lr_ = static_cast<double>(opt_.lr);
     else PARALLAX_EXPECTS(!options_.schedule, "TrainerOptions::schedule needs an optimizer with a learning rate `lr`");
+    PARALLAX_EXPECTS(!options_.update_when_ready || options_.clip_norm <= 0,
+                     "TrainerOptions::update_when_ready updates a variable before the step has every gradient, ",
+                     "so it cannot scale them by their global norm: clip_norm must be 0, not ", options_.clip_norm);
+    PARALLAX_EXPECTS(!options_.update_when_ready || !options_.check_finite,
+                     "TrainerOptions::update_when_ready updates a variable before the step has checked every "
+                     "gradient, so check_finite must be off");
 
     std::vector<detail::VarRecord> records;
     auto record = [&](auto& v) {
@@ -319,13 +325,22 @@ class Trainer {
   /// the sums are the ones step() alone would make, bit for bit. Optional:
   /// without it, step() moves every gradient. Every rank marks the same
   /// variables in the same order; a gradient must not change once ready.
+  /// With TrainerOptions::update_when_ready, a ready variable's update may
+  /// follow its sum at once (see there).
   template <class... Args>
   void ready(Args&... vars) {
     ensure_usable();
     const detail::Span span("ready");
+    if (!step_begun_) {
+      // The step's learning rate, set before any work it posts may read it.
+      if constexpr (optim::has_learning_rate_v<Optimizer>)
+        opt_.lr = static_cast<decltype(opt_.lr)>(base_lr_ * schedule_factor(steps_ + 1));
+      step_begun_ = true;
+    }
+    const policy::StepInfo info = step_info();
     auto mark = [&](auto& v) {
       policy::Member& m = member_of(v);
-      synchronizers_[synchronizer_index_of(m)].second->ready(m, background_);
+      synchronizers_[synchronizer_index_of(m)].second->ready(m, info, background_);
     };
     (detail::for_each_variable(vars, mark), ...);
   }
@@ -355,7 +370,7 @@ class Trainer {
       // No agreement: an asynchronous step waits for no other rank. A
       // problem with this rank's data abandons its step here only.
       if (problem) {
-        clear();
+        abandon_step();
         throw error(detail::concat("rank ", engine_->rank(), ": ", *problem));
       }
     } else {
@@ -365,11 +380,11 @@ class Trainer {
                                        "step(): no variable was given a gradient on any rank since the last step",
                                        checkpoints_->time_to_save());
       } catch (...) {
-        clear();  // the step is abandoned on every rank alike
+        abandon_step();  // on every rank alike
         throw;
       }
     }
-    policy::StepInfo info{steps_ + 1, options_.reduction == Reduction::mean ? 1.0 / engine_->size() : 1.0};
+    policy::StepInfo info = step_info();
     try {
       for (std::size_t i = 0; i < synchronizers_.size(); ++i) {
         const auto span = detail::Span::named("parallax", "start exchange: ", policy_names_[i]);
@@ -384,7 +399,7 @@ class Trainer {
         info.scale *= clip_factor(info.scale);
       }
     } catch (...) {
-      clear();  // an exchange the ranks disagree on, or a failed norm: nothing was applied
+      abandon_step();  // an exchange the ranks disagree on, or a failed norm
       throw;
     }
     if constexpr (optim::has_learning_rate_v<Optimizer>)
@@ -407,6 +422,8 @@ class Trainer {
   std::string save(const std::string& dir) {
     ensure_usable();
     finish_background();
+    PARALLAX_EXPECTS(!updated_early(), "save(): this step's updates began (TrainerOptions::update_when_ready); ",
+                     "save after step()");
     std::optional<double> lr;
     if constexpr (optim::has_learning_rate_v<Optimizer>) lr = base_lr_;
     quiesce();
@@ -496,6 +513,9 @@ class Trainer {
   void set_learning_rate(double lr) {
     static_assert(optim::has_learning_rate_v<Optimizer>, "this optimizer has no learning rate `lr`");
     PARALLAX_EXPECTS(std::isfinite(lr) && lr >= 0, "set_learning_rate: ", lr, " is not a finite rate >= 0");
+    PARALLAX_EXPECTS(!(options_.update_when_ready && step_begun_), "set_learning_rate: ready() was called this ",
+                     "step, whose updates may have begun at the old rate (TrainerOptions::update_when_ready); ",
+                     "set the rate before the step's first ready()");
     base_lr_ = lr;
   }
   /// The global L2 norm of the last step's gradient as applied, before
@@ -651,6 +671,26 @@ class Trainer {
   }
   void clear() {
     for (auto& [key, s] : synchronizers_) s->clear();
+    step_begun_ = false;
+  }
+  policy::StepInfo step_info() const {
+    return policy::StepInfo{steps_ + 1, options_.reduction == Reduction::mean ? 1.0 / engine_->size() : 1.0};
+  }
+  /// Whether work ready() posted this step updated some variable (update_when_ready).
+  bool updated_early() const {
+    for (const auto& [key, s] : synchronizers_)
+      if (s->updated_early()) return true;
+    return false;
+  }
+  /// The step failed: its gradients are forgotten on every rank. If some
+  /// variable was already updated (update_when_ready), the model is part
+  /// way through the step and the trainer refuses work until restore().
+  void abandon_step() {
+    if (updated_early())
+      unusable_ = detail::concat("step ", steps_ + 1, " failed after updating some variables early ",
+                                 "(TrainerOptions::update_when_ready): the model is part way through that step; ",
+                                 "restore() a checkpoint");
+    clear();
   }
   std::size_t synchronizer_index_of(const policy::Member& m) const {
     for (std::size_t i = 0; i < members_.size(); ++i)
@@ -664,7 +704,7 @@ class Trainer {
     try {
       worker_.drain();
     } catch (...) {
-      clear();
+      abandon_step();
       throw;
     }
   }
@@ -739,6 +779,7 @@ class Trainer {
   double gradient_norm_ = 0;  // of the last step, when clipping
   bool records_timeline_ = false;
   bool asynchronous_ = false;  // every synchronizer is asynchronous: steps make no collective call
+  bool step_begun_ = false;    // ready() was called since the last step (its learning rate is set)
   double last_call_end_ = -1;  // on the timeline, microseconds
   std::string unusable_;  // why the trainer refuses work, if it does
   // Prefetches (numbered from 1): the one in flight (0: none), its

@@ -46,7 +46,8 @@
 /// policy::check<Policy, Var, Engine, Optimizer>() names what a policy lacks.
 /// Before a step, the user may say a variable's gradient is final
 /// (Trainer::ready): its synchronizer's ready() may start moving it, on the
-/// trainer's communication thread. A step runs phase by phase over every
+/// trainer's communication thread, and, with TrainerOptions::
+/// update_when_ready, apply the optimizer to it there once it is summed. A step runs phase by phase over every
 /// synchronizer, in the order their policies first appear among the
 /// variables: problem() and has_gradient()
 /// (then one agreement among the ranks), start_exchange(), finish_exchange(),
@@ -164,14 +165,22 @@ class Synchronizer {
   virtual void prepare() {}
 
   /// `variable` (one of this synchronizer's members) has its final gradient
-  /// for this step. Every rank marks the same variables in the same order,
-  /// so work posted to `background` (collective calls too) matches across
-  /// ranks. A problem with the gradient must not be thrown here: the step's
-  /// agreement reports it. Default: nothing (the step moves every gradient).
-  virtual void ready(const Member& variable, Background& background) {
+  /// for step `info.step`. Every rank marks the same variables in the same
+  /// order, so work posted to `background` (collective calls too) matches
+  /// across ranks. A problem with the gradient must not be thrown here: the
+  /// step's agreement reports it. With TrainerOptions::update_when_ready the
+  /// posted work may also apply the optimizer to what it summed (`info`
+  /// and the optimizer's learning rate are the step's), and update() then
+  /// skips it. Default: nothing (the step moves every gradient).
+  virtual void ready(const Member& variable, const StepInfo& info, Background& background) {
     (void)variable;
+    (void)info;
     (void)background;
   }
+  /// Whether work posted by ready() this step applied (or will apply) the
+  /// optimizer to some variable before update(): a step that fails then
+  /// cannot be abandoned as if nothing happened. Default: never.
+  virtual bool updated_early() const { return false; }
 
   /// This rank's first problem with this step's data, as a sentence that
   /// names the variable; local (the trainer agrees on it across ranks).

@@ -6,6 +6,7 @@
 /// dense buffer and summed whole.
 
 #include <parallax/detail/algorithms.hpp>
+#include <parallax/detail/timeline.hpp>
 #include <parallax/error.hpp>
 #include <parallax/options.hpp>
 #include <parallax/policy/policy.hpp>
@@ -30,7 +31,7 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   using space = engine::space_of_t<Engine>;
 
   RingSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions& options)
-      : engine_(&engine), opt_(&opt), reducer_(engine, options.ring) {}
+      : engine_(&engine), opt_(&opt), reducer_(engine, options.ring), update_when_ready_(options.update_when_ready) {}
   RingSynchronizer(const RingSynchronizer&) = delete;
   RingSynchronizer& operator=(const RingSynchronizer&) = delete;
   /// Gives every dense variable its own gradient back, out of the arena.
@@ -85,18 +86,33 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   /// are ready and every bucket before it has started (the buckets are cut
   /// from the last variable backwards, the order a backward pass finishes
   /// them in), so every rank starts the same buckets in the same order.
-  void ready(const Member& variable, Background& background) override {
+  /// With update_when_ready, the optimizer is applied to the bucket's
+  /// variables right after its sum, there (update() skips them): the same
+  /// arithmetic on the same sums as update() would do, bit for bit.
+  void ready(const Member& variable, const StepInfo& info, Background& background) override {
     for (std::size_t k = 0; k < dense_.size(); ++k) {
       if (dense_[k]->identity() != variable.identity() || ready_[k]) continue;
       ready_[k] = true;
       --waiting_[fusion_->bucket_of(k)];
       while (started_ < waiting_.size() && waiting_[started_] == 0) {
         const std::size_t b = started_++;
-        background.post([this, b] { fusion_->run(b); });
+        if (!update_when_ready_) {
+          background.post([this, b] { fusion_->run(b); });
+          continue;
+        }
+        updated_ = started_;
+        background.post([this, b, info] {
+          fusion_->run(b);
+          const auto span = detail::Span::named("parallax", "update bucket ", b);
+          for (std::size_t i = 0; i < dense_.size(); ++i)
+            if (fusion_->bucket_of(i) == b) dense_[i]->apply(info);
+          engine_->exec().synchronize();
+        });
       }
       return;
     }
   }
+  bool updated_early() const override { return updated_ > 0; }
 
   std::optional<std::string> problem() override {
     for (Sparse* s : sparse_)
@@ -126,7 +142,8 @@ class RingSynchronizer final : public Synchronizer<Engine> {
     return sum;
   }
   void update(const StepInfo& info) override {
-    for (Dense* d : dense_) d->apply(info);
+    for (std::size_t i = 0; i < dense_.size(); ++i)
+      if (fusion_->bucket_of(i) >= updated_) dense_[i]->apply(info);
     for (Sparse* s : sparse_) s->apply(info);
     engine_->exec().synchronize();
   }
@@ -161,6 +178,7 @@ class RingSynchronizer final : public Synchronizer<Engine> {
     std::fill(waiting_.begin(), waiting_.end(), std::size_t{0});
     for (std::size_t k = 0; k < dense_.size(); ++k) ++waiting_[fusion_->bucket_of(k)];
     started_ = 0;
+    updated_ = 0;
   }
 
   /// What the synchronizer does with a dense member, whatever its type.
@@ -276,6 +294,8 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   std::vector<bool> ready_;            // per dense member: ready() this step
   std::vector<std::size_t> waiting_;   // per bucket: gradients not ready yet
   std::size_t started_ = 0;            // buckets started this step (in order)
+  std::size_t updated_ = 0;            // buckets [0, updated_) are updated by the work ready() posted
+  bool update_when_ready_;             // TrainerOptions::update_when_ready
   ReplicaLookupsAhead<space> ahead_;   // start_lookup() to finish_lookup()
 };
 

@@ -92,7 +92,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   /// tables are ready: its own route, so its rows travel while the user
   /// computes the other gradients. A table whose gradient has a problem
   /// sends no rows; the step's agreement reports the problem.
-  void ready(const Member& variable, Background& background) override {
+  void ready(const Member& variable, const StepInfo&, Background& background) override {
     for (std::size_t i = 0; i < tables_.size(); ++i) {
       if (members_of_tables_[i]->identity() != variable.identity()) continue;
       GroupBase& g = table_group_[i];
