@@ -29,9 +29,10 @@
 //       [--ratios 0.25,0.5,1,2,4] [--steps 8] [--rounds 3] [--compute arithmetic|sleep]
 //
 // --compute sleep is a diagnostic, not the benchmark: each layer sleeps for
-// its compute time, so the communication thread has a core to itself (as
-// beside a GPU kernel, or on a host with a spare core per rank). It tells
-// whether ready() overlaps at all where a core is free.
+// its compute time and leaves its gradient unwritten, so the communication
+// thread has a core to itself (as beside a GPU kernel, which writes the
+// gradients too). It tells whether ready() overlaps at all where a core is
+// free.
 
 #include <parallax/parallax.hpp>
 
@@ -94,8 +95,12 @@ class Compute {
     for (long r = 0; r < reps; ++r)
       for (std::size_t i = 0; i < n; ++i) b[i] = b[i] * 0.999f + 0.001f;
   }
-  /// Writes a gradient from the buffer (part of a layer's backward).
+  /// Writes a gradient from the buffer (part of a layer's backward). Not
+  /// with --compute sleep: there the compute runs elsewhere (as on a GPU),
+  /// and so do the writes of its gradients, which would take the core the
+  /// diagnostic means to leave free.
   [[gnu::noinline]] void write(float* grad, std::size_t n) const {
+    if (sleeping_) return;
     for (std::size_t i = 0; i < n; ++i) grad[i] = buf_[i & 4095] * 1e-3f;
   }
   /// Sweeps that take `us` microseconds on this rank while every rank runs

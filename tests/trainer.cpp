@@ -1056,6 +1056,8 @@ TEST_CASE("with update_when_ready a variable is updated once its sum is in, befo
       CHECK(trainer.fetch(a) == before_a);  // not ready: untouched
       for (int i = 0; i < 3; ++i) {
         CHECK(b_early[i] == Approx(before_b[i] - 0.5f * (mean + static_cast<float>(i))));
+        CHECK(std::as_const(b).grad()[i] == 0.f);  // applied, then zeroed for the next step
+        CHECK(std::as_const(a).grad()[i] == r + static_cast<float>(i));
       }
       trainer.ready(a);
       trainer.step();

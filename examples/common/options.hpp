@@ -32,18 +32,21 @@ struct CommonOptions {
   int threads = 0;  ///< OpenMP and BLAS threads per rank (host build); 0: share the cores
   /// on: the backward pass marks each layer's gradient ready (Trainer::ready)
   /// as it finishes it, and the trainer's communication thread moves it while
-  /// the layers below compute; off: no ready() calls, TrainerOptions::overlap
-  /// false (step() moves everything). The losses are the same bit for bit.
+  /// the layers below compute; update: the same, and each dense bucket is
+  /// updated as soon as it is summed (TrainerOptions::update_when_ready);
+  /// off: no ready() calls, TrainerOptions::overlap false (step() moves
+  /// everything). The losses are the same bit for bit.
   std::string overlap = "on";
   std::string sync = "sync";  ///< sync | async (arch ps or hybrid through AsyncPS)
   int staleness = 4;          ///< --sync async: steps a rank may run ahead of the slowest (-1: unbounded)
   int slow_rank = -1;         ///< the straggler, or -1
   double slow_factor = 1;     ///< how much slower the straggler's compute is
 
-  bool overlapped() const noexcept { return overlap == "on"; }
-  /// `t` with TrainerOptions::overlap set from --overlap.
+  bool overlapped() const noexcept { return overlap == "on" || overlap == "update"; }
+  /// `t` with TrainerOptions::overlap and update_when_ready set from --overlap.
   px::TrainerOptions trainer_options(px::TrainerOptions t = {}) const {
     t.overlap = overlapped();
+    t.update_when_ready = overlap == "update";
     t.async.staleness = staleness;
     return t;
   }
@@ -80,8 +83,9 @@ inline void add_common_options(po::options_description& desc, CommonOptions& o) 
      "divided among its ranks)")
     ("overlap", po::value(&o.overlap)->default_value(o.overlap),
      "on: the backward pass marks each layer's gradient ready as it finishes it (trainer.ready) and the "
-     "trainer's communication thread sends it while the layers below compute; off: no ready() calls, the "
-     "trainer moves every gradient in step(). The losses are bit-identical either way")
+     "trainer's communication thread sends it while the layers below compute; update: the same, and each "
+     "dense bucket is updated as soon as it is summed (TrainerOptions::update_when_ready); off: no ready() "
+     "calls, the trainer moves every gradient in step(). The losses are bit-identical every way")
     ("sync", po::value(&o.sync)->default_value(o.sync),
      "sync: every step waits for every rank's gradients; async: sparse pushes land when they are made and no "
      "step waits for the others beyond --staleness (with --arch ps everything is asynchronous; with --arch "
@@ -125,7 +129,8 @@ inline std::string check_common(const CommonOptions& o, bool plans = false) {
   if (o.steps == 0) return "--steps must be at least 1";
   if (o.log_every == 0) return "--log-every must be at least 1";
   if (o.batch == 0) return "--batch must be at least 1 (examples per rank per step)";
-  if (o.overlap != "on" && o.overlap != "off") return "--overlap must be on or off, not '" + o.overlap + "'";
+  if (o.overlap != "on" && o.overlap != "off" && o.overlap != "update")
+    return "--overlap must be on, off or update, not '" + o.overlap + "'";
   if (o.sync != "sync" && o.sync != "async") return "--sync must be sync or async, not '" + o.sync + "'";
   if (o.sync == "async" && o.arch == "allreduce")
     return "--sync async needs a parameter server: --arch ps or hybrid, not allreduce";

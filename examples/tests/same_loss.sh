@@ -8,9 +8,10 @@
 #     (float noise: the runs sum the same gradients in different orders).
 #   same_loss.sh overlap "<archs>" <mpiexec> <np-flag> <ranks> <example> [args...]
 #     Under each given architecture, --overlap off (no ready() or prefetch()
-#     calls, TrainerOptions::overlap false) and on: final_loss_hex
-#     bit-identical (overlap changes when gradients and rows move, never
-#     what is summed or read).
+#     calls, TrainerOptions::overlap false) and on, and under the first one
+#     also --overlap update (TrainerOptions::update_when_ready): final_loss_hex
+#     bit-identical (overlap changes when gradients and rows move and when
+#     updates are applied, never what is summed or read).
 #
 # The example must print a line "result: ... final_loss=<x> final_loss_hex=<x> ..."
 # and exit 0. Prints "Passed" last when the losses agree.
@@ -78,15 +79,19 @@ within)
   ;;
 overlap)
   status=0
+  ways="on update"
   for arch in $param; do
     off=$(final final_loss_hex "$arch --overlap off" --arch "$arch" --overlap off "$@")
-    on=$(final final_loss_hex "$arch --overlap on" --arch "$arch" --overlap on "$@")
-    if [ "$off" = "$on" ]; then
-      echo "$arch: --overlap off $off, on $on: identical"
-    else
-      echo "$arch: --overlap off $off, on $on: DIFFERENT"
-      status=1
-    fi
+    for way in $ways; do
+      loss=$(final final_loss_hex "$arch --overlap $way" --arch "$arch" --overlap "$way" "$@")
+      if [ "$off" = "$loss" ]; then
+        echo "$arch: --overlap off $off, $way $loss: identical"
+      else
+        echo "$arch: --overlap off $off, $way $loss: DIFFERENT"
+        status=1
+      fi
+    done
+    ways="on"
   done
   if [ "$status" -eq 0 ]; then echo Passed; else echo Failed; fi
   exit "$status"

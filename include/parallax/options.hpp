@@ -146,8 +146,9 @@ struct TrainerOptions {
   /// update then overlaps the rest of the backward pass too, as PyTorch's
   /// optimizer-in-backward does. The same arithmetic on the same sums, so
   /// the model is the same bit for bit; what changes is when: a variable's
-  /// value may change at any moment between ready() and the end of step(),
-  /// so the backward pass must not read it after marking it ready. Other
+  /// value may change, and its gradient be zeroed for the next step, at any
+  /// moment between ready() and the end of step(), so the backward pass
+  /// must not read either after marking it ready. Other
   /// policies' variables are updated in step(). Needs clip_norm 0 and
   /// check_finite off (both need every gradient before any update); set the
   /// learning rate before a step's first ready(). A step that fails after

@@ -75,8 +75,9 @@ class DenseReplica : public MemberOf<Var> {
     optim::apply_dense(engine_->exec(), *opt_, info.step, value().data(), grad().data(), value().size(), state_,
                        static_cast<T>(info.scale));
   }
-  void clear() {
-    grad().zero();
+  /// Forgets the step's gradient; `zero`: false where it is zero already.
+  void clear(bool zero = true) {
+    if (zero) grad().zero();
     this->var_.state().grad_touched = false;
   }
 

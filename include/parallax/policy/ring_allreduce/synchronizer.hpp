@@ -87,8 +87,9 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   /// from the last variable backwards, the order a backward pass finishes
   /// them in), so every rank starts the same buckets in the same order.
   /// With update_when_ready, the optimizer is applied to the bucket's
-  /// variables right after its sum, there (update() skips them): the same
-  /// arithmetic on the same sums as update() would do, bit for bit.
+  /// variables right after its sum, there, and their gradients are zeroed
+  /// (update() and clear() skip them): the same arithmetic on the same sums
+  /// as update() would do, bit for bit.
   void ready(const Member& variable, const StepInfo& info, Background& background) override {
     for (std::size_t k = 0; k < dense_.size(); ++k) {
       if (dense_[k]->identity() != variable.identity() || ready_[k]) continue;
@@ -106,7 +107,9 @@ class RingSynchronizer final : public Synchronizer<Engine> {
           const auto span = detail::Span::named("parallax", "update bucket ", b);
           for (std::size_t i = 0; i < dense_.size(); ++i)
             if (fusion_->bucket_of(i) == b) dense_[i]->apply(info);
-          engine_->exec().synchronize();
+          engine_->exec().synchronize();  // the updates read the gradients before they are zeroed
+          for (std::size_t i = 0; i < dense_.size(); ++i)
+            if (fusion_->bucket_of(i) == b) dense_[i]->zero_gradient();
         });
       }
       return;
@@ -148,7 +151,7 @@ class RingSynchronizer final : public Synchronizer<Engine> {
     engine_->exec().synchronize();
   }
   void clear() override {
-    for (Dense* d : dense_) d->clear();
+    for (std::size_t i = 0; i < dense_.size(); ++i) dense_[i]->clear(/*zero=*/fusion_->bucket_of(i) >= updated_);
     for (Sparse* s : sparse_) s->clear();
     clear_ready();
   }
@@ -192,7 +195,9 @@ class RingSynchronizer final : public Synchronizer<Engine> {
     virtual bool has_gradient() const = 0;
     virtual double square_sum() = 0;
     virtual void apply(const StepInfo&) = 0;
-    virtual void clear() = 0;
+    virtual void zero_gradient() = 0;
+    /// Forgets the step's gradient; `zero`: false where zero_gradient() did.
+    virtual void clear(bool zero) = 0;
   };
   template <class Var>
   class DenseOf final : public DenseReplica<Var, Engine, Optimizer>, public Dense {
@@ -228,7 +233,8 @@ class RingSynchronizer final : public Synchronizer<Engine> {
       return detail::sum_of_squares(this->engine().exec(), this->grad().data(), this->grad().size());
     }
     void apply(const StepInfo& info) override { Base::apply(info); }
-    void clear() override { Base::clear(); }
+    void zero_gradient() override { this->grad().zero(); }
+    void clear(bool zero) override { Base::clear(zero); }
   };
 
   /// What the synchronizer does with a sparse member, whatever its type.
