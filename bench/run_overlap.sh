@@ -7,8 +7,8 @@
 #      off), and both with TrainerOptions::update_when_ready; then again under MPICH's asynchronous progress thread
 #      (MPIR_CVAR_ASYNC_PROGRESS=1); and, as a diagnostic, with each layer's
 #      compute a sleep (a core left free for the communication thread).
-#   2. 03_dense_mlp and 01_word_lm with --overlap on and off, runs
-#      alternating, medians of samples/s.
+#   2. 03_dense_mlp and 01_word_lm with --overlap on, update and off, runs
+#      taking turns, medians of samples/s.
 #   3. The timeline's cost: 01_word_lm with PARALLAX_TIMELINE unset and set,
 #      alternating, and bench_timeline's cost of one phase's span.
 # Prints markdown tables ready to paste (docs/benchmarks.md, "Overlap of communication with compute"),
@@ -52,7 +52,7 @@ MPIR_CVAR_ASYNC_PROGRESS=1 "${bench[@]}" | tee "$out/synthetic_async.txt" >&2
 echo "== bench_overlap --compute sleep" >&2
 "${bench[@]}" --compute sleep | tee "$out/synthetic_sleep.txt" >&2
 
-# 2. The examples, --overlap on and off, alternating.
+# 2. The examples, --overlap on, update and off, taking turns.
 mlp_args=(--hidden 512 --batch 512 --steps 80 --warmup 10 --log-every 1000 --eval-examples 512 --margin -1)
 lm_args=(--vocab 100000 --dim 64 --sampled 1024 --batch 512 --steps 40 --warmup 5 --log-every 1000
          --tokens 300000 --eval-examples 0 --pass-ratio 2)
@@ -63,8 +63,11 @@ run_example() {  # <file> <exe> <args...>: appends the result line
 }
 for r in $(seq "$reps"); do
   echo "== examples, round $r of $reps; load average: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-  order="on off"
-  [ $((r % 2)) -eq 0 ] && order="off on"
+  case $((r % 3)) in
+    0) order="on update off" ;;
+    1) order="update off on" ;;
+    *) order="off on update" ;;
+  esac
   for o in $order; do
     run_example "mlp_$o.txt" 03_dense_mlp "${mlp_args[@]}" --overlap "$o"
     run_example "lm_$o.txt" 01_word_lm "${lm_args[@]}" --overlap "$o"
@@ -137,14 +140,16 @@ def examples(name):
     with open(path) as f:
         return [float(fields(l)["samples_per_s"]) for l in f]
 
-print(f"\n### The examples, --overlap on against off (2 ranks, {reps} alternating runs each, medians)\n")
-print("| example | off: samples/s | on: samples/s | on / off (throughput) | runs off | runs on |")
-print("|---|---|---|---|---|---|")
+print(f"\n### The examples, --overlap on and update against off (2 ranks, {reps} runs each taking turns, medians)\n")
+print("| example | off: samples/s | on: samples/s | update: samples/s | on / off | update / off | runs off | runs on "
+      "| runs update |")
+print("|---|---|---|---|---|---|---|---|---|")
 for label, key in (("03_dense_mlp", "mlp"), ("01_word_lm", "lm")):
-    off, on = examples(f"{key}_off.txt"), examples(f"{key}_on.txt")
-    print(f"| {label} | {statistics.median(off):.0f} | {statistics.median(on):.0f} "
-          f"| {statistics.median(on) / statistics.median(off):.3f} | {', '.join(f'{x:.0f}' for x in off)} "
-          f"| {', '.join(f'{x:.0f}' for x in on)} |")
+    off, on, up = examples(f"{key}_off.txt"), examples(f"{key}_on.txt"), examples(f"{key}_update.txt")
+    m_off, m_on, m_up = statistics.median(off), statistics.median(on), statistics.median(up)
+    runs = lambda xs: ', '.join(f'{x:.0f}' for x in xs)
+    print(f"| {label} | {m_off:.0f} | {m_on:.0f} | {m_up:.0f} | {m_on / m_off:.3f} | {m_up / m_off:.3f} "
+          f"| {runs(off)} | {runs(on)} | {runs(up)} |")
 
 unset, tset = examples("lm_timeline_unset.txt"), examples("lm_timeline_set.txt")
 size = os.path.getsize(os.path.join(out, "timeline_lm.json"))
