@@ -2,7 +2,7 @@
 # The whole test suite, from a fresh machine: installs dependencies, builds
 # the host configuration and runs every test (1-4 MPI ranks each), runs the
 # tests again under AddressSanitizer + UndefinedBehaviorSanitizer and the
-# asynchronous-training tests under ThreadSanitizer (scripts/sanitize.sh),
+# asynchronous-training and overlap tests under ThreadSanitizer (scripts/sanitize.sh),
 # runs every libFuzzer target for a bounded time
 # (scripts/fuzz.sh), then compiles and links the CUDA configuration when nvcc
 # is present (its tests need a GPU: scripts/gpu-check.sh runs them).
@@ -34,7 +34,7 @@ if [ -z "${PARALLAX_SKIP_SANITIZE:-}" ]; then
 fi
 
 if [ -z "${PARALLAX_SKIP_TSAN:-}" ]; then
-  stage "ThreadSanitizer (asynchronous training, 1-4 ranks)"
+  stage "ThreadSanitizer (asynchronous training, overlap; 1-4 ranks)"
   SANITIZER=thread "$root/scripts/sanitize.sh"
 fi
 
