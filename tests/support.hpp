@@ -12,6 +12,8 @@
 
 #include <mpi.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -46,6 +48,18 @@ inline bool all_ranks(bool ok) {
   int mine = ok ? 1 : 0, all = 0;
   MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
   return all == 1;
+}
+
+/// True on every rank iff every rank holds the same bytes in `v`: collective.
+template <class T>
+bool same_bits_everywhere(const std::vector<T>& v) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a of the bytes
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+  for (std::size_t i = 0; i < v.size() * sizeof(T); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  std::uint64_t lo = h, hi = h;
+  MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return lo == hi;
 }
 
 /// True on every rank iff every rank holds rank 0's `text`: collective.

@@ -23,10 +23,19 @@ enum class Reduction {
 /// Settings of RingAllReduce. The defaults follow docs/benchmarks.md,
 /// "Collectives".
 struct RingOptions {
-  /// ring, native (the engine's all-reduce), or automatic: native with one
-  /// rank, below `native_below_bytes`, on an oversubscribed host (see
-  /// `adapt_to_oversubscription`) and for engines over device memory (NCCL,
-  /// MpiStaged); ring otherwise.
+  /// ring, native (the engine's all-reduce), hierarchical, or automatic:
+  /// native with one rank, below `native_below_bytes`, on an oversubscribed
+  /// host (see `adapt_to_oversubscription`) and for engines over device
+  /// memory (NCCL, MpiStaged); otherwise hierarchical where there is more
+  /// than one host and every host runs the same number (> 1) of ranks, the
+  /// flat ring elsewhere. hierarchical (Horovod's
+  /// HOROVOD_HIERARCHICAL_ALLREDUCE): a reduce-scatter inside each host, a
+  /// ring all-reduce of each local rank's 1/L share between the hosts, an
+  /// all-gather inside each host (docs/design.md, "Hierarchical
+  /// all-reduce"); forced, it runs wherever every host has the same number
+  /// of ranks and falls back to the flat ring where they differ. ring forces
+  /// the flat ring (hierarchical off); RingAllReducer::hierarchical() says
+  /// which ring runs.
   engine::Algorithm algorithm = engine::Algorithm::automatic;
   /// Buffers smaller than this go to the engine's all-reduce under automatic:
   /// 4 KiB is the smallest size the ring has been benchmarked at

@@ -24,18 +24,6 @@ T expected(int n, std::size_t i) {
   return static_cast<T>(3 * n * (n + 1) / 2 + n * static_cast<long>(i % 1000) * 7);
 }
 
-/// Every rank holds the same bytes.
-template <class T>
-bool same_bits_everywhere(const std::vector<T>& v) {
-  std::uint64_t h = 1469598103934665603ull;
-  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
-  for (std::size_t i = 0; i < v.size() * sizeof(T); ++i) h = (h ^ p[i]) * 1099511628211ull;
-  std::uint64_t lo = h, hi = h;
-  MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-  return lo == hi;
-}
-
 /// One all-reduce of `count` elements of T in Space, over the space's
 /// engine: the exact sum, the same bits on every rank, the ring's bytes.
 template <class T, class Space>
@@ -55,7 +43,7 @@ void check_ring_sum(Algorithm algo, std::size_t count) {
   bool ok = true;
   for (std::size_t i = 0; i < count; ++i) ok = ok && v[i] == expected<T>(n, i);
   CHECK(ok);
-  CHECK(same_bits_everywhere(v));
+  CHECK(test::same_bits_everywhere(v));
 
   const px::Traffic t = mpi.stats().total();
   const std::uint64_t b = sizeof(T);
@@ -204,7 +192,7 @@ TEMPLATE_TEST_CASE("RingAllReduce over tensors laid end to end gives the bits of
   for (const auto& v : tensors) joined.insert(joined.end(), v.begin(), v.end());
   REQUIRE(joined.size() == whole.size());
   CHECK(std::memcmp(joined.data(), whole.data(), whole.size() * sizeof(TestType)) == 0);
-  CHECK(same_bits_everywhere(joined));
+  CHECK(test::same_bits_everywhere(joined));
   if constexpr (std::is_integral_v<TestType>) {
     bool ok = true;
     for (std::size_t i = 0; i < joined.size(); ++i) {
@@ -262,7 +250,7 @@ TEST_CASE("Tensor fusion under automatic sums exactly whichever algorithm each b
       ok = ok && tensors[t][i] == want * static_cast<float>(n);
     }
   CHECK(ok);
-  CHECK(same_bits_everywhere(tensors[1]));
+  CHECK(test::same_bits_everywhere(tensors[1]));
 }
 
 TEST_CASE("Tensor fusion packs small gradients into buckets and sums them exactly", "[policy][ring][fusion]") {

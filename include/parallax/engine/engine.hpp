@@ -28,6 +28,7 @@ enum class Algorithm {
   automatic,  ///< the policy picks by size and rank count (see the policy's docs)
   ring,       ///< parallax's own ring over point-to-point messages
   native,     ///< the engine's own collective (MPI_Iallreduce, ncclAllReduce)
+  hierarchical,  ///< the ring inside each host, between hosts, inside each host again (RingAllReduce)
 };
 
 constexpr const char* to_string(Algorithm a) noexcept {
@@ -35,6 +36,7 @@ constexpr const char* to_string(Algorithm a) noexcept {
     case Algorithm::automatic: return "automatic";
     case Algorithm::ring: return "ring";
     case Algorithm::native: return "native";
+    case Algorithm::hierarchical: return "hierarchical";
   }
   return "?";
 }

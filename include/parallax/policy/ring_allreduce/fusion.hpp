@@ -108,7 +108,7 @@ class FusedAllReducer {
       return;
     }
     const std::size_t es = size_of(b.type);
-    if (reducer_->choose(b.elements * es) == engine::Algorithm::ring) {
+    if (reducer_->choose(b.elements * es) != engine::Algorithm::native) {  // the ring, flat or hierarchical
       reducer_->ring_allreduce(tensors_.data() + b.first, b.last - b.first);
       return;
     }

@@ -15,12 +15,14 @@
 #include <parallax/engine/engine.hpp>
 #include <parallax/error.hpp>
 #include <parallax/options.hpp>
+#include <parallax/policy/ring_allreduce/hierarchy.hpp>
 #include <parallax/space.hpp>
 #include <parallax/types.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -144,25 +146,54 @@ class PieceView {
 /// taken in a fixed order for a given N (bit-for-bit repeatable), and every
 /// rank ends with identical bits; fused tensors get the same bits as one
 /// contiguous buffer holding them.
+///
+/// With H hosts of L ranks each, the ring can run hierarchically
+/// (engine::Algorithm::hierarchical, Horovod's hierarchical all-reduce): a
+/// reduce-scatter inside each host leaves each local rank 1/L of the sum of
+/// its host; the ranks of one local rank, one per host, ring all-reduce that
+/// share between the hosts (L rings side by side, each moving
+/// 2(H-1)/H of 1/L of the buffer over the hosts' links); an all-gather inside
+/// each host gives every rank the whole. Every message is a point-to-point
+/// call of the engine over its communicator, so bytes are booked intra or
+/// inter host by peer, and every wait has the engine's deadline.
 template <class Engine>
 class RingAllReducer {
  public:
   using space = engine::space_of_t<Engine>;
 
-  explicit RingAllReducer(Engine& engine, RingOptions options = {}) : engine_(&engine), options_(options) {
+  explicit RingAllReducer(Engine& engine, RingOptions options = {})
+      : engine_(&engine), options_(options), world_(detail::world_ring(engine.topology())) {
     PARALLAX_EXPECTS(options_.segment_bytes >= 64, "RingOptions::segment_bytes must be at least 64, got ",
                      options_.segment_bytes);
-    oversubscribed_ = engine.topology().oversubscribed();
+    const Topology& t = engine.topology();
+    oversubscribed_ = t.oversubscribed();
+    // The rings are drawn once, here; every rank draws the same ones.
+    const bool several = t.num_hosts() > 1 && t.local_size() > 1;
+    if (detail::uniform_hosts(t) && (options_.algorithm == engine::Algorithm::hierarchical ||
+                                     (options_.algorithm != engine::Algorithm::ring && several)))
+      rings_.emplace(t);
   }
 
   const RingOptions& options() const noexcept { return options_; }
   Engine& engine() noexcept { return *engine_; }
   /// This rank's host runs more ranks than it has hardware threads.
   bool oversubscribed() const noexcept { return oversubscribed_; }
+  /// Whether the ring runs hierarchically (see the class comment and
+  /// RingOptions::algorithm): the topology allows it and the options ask
+  /// for it or leave it to automatic.
+  bool hierarchical() const noexcept { return rings_.has_value(); }
+  /// The rings of the hierarchical all-reduce (hierarchical() must hold).
+  const detail::HostRings& host_rings() const noexcept { return *rings_; }
 
   /// The algorithm automatic picks for a buffer of this many bytes.
   engine::Algorithm choose(std::size_t bytes) const noexcept {
-    if (options_.algorithm != engine::Algorithm::automatic) return options_.algorithm;
+    const engine::Algorithm ring = hierarchical() ? engine::Algorithm::hierarchical : engine::Algorithm::ring;
+    switch (options_.algorithm) {
+      case engine::Algorithm::native: return engine::Algorithm::native;
+      case engine::Algorithm::ring: return engine::Algorithm::ring;
+      case engine::Algorithm::hierarchical: return ring;
+      case engine::Algorithm::automatic: break;
+    }
     if (engine_->size() == 1 || bytes < options_.native_below_bytes) return engine::Algorithm::native;
     if (options_.adapt_to_oversubscription && oversubscribed_) return engine::Algorithm::native;
     // Device memory: NCCL's all-reduce is its own ring on the GPUs' links,
@@ -170,7 +201,7 @@ class RingAllReducer {
     // this ring would stage every segment through pinned memory
     // (docs/benchmarks.md, "All-reduce of a device buffer").
     if constexpr (!std::is_same_v<space, HostSpace>) return engine::Algorithm::native;
-    return engine::Algorithm::ring;
+    return ring;
   }
 
   /// data[0..count) = sum over ranks of data[0..count).
@@ -181,7 +212,7 @@ class RingAllReducer {
       engine_->allreduce(data, data, count, data_type_of_v<T>, ReduceOp::sum);
     } else {
       detail::ContiguousView<T> view(data);
-      ring(view, count);
+      run(view, count);
     }
   }
 
@@ -199,9 +230,10 @@ class RingAllReducer {
 
   /// Sums `n` tensors of one type over the ranks, in place, with the ring run
   /// over them as if they were one buffer laid end to end, without copying
-  /// them into one (tensor fusion). Always the ring, whatever `choose` says:
-  /// the caller has decided (FusedAllReducer takes the engine's all-reduce on
-  /// a packed copy where `choose` prefers native).
+  /// them into one (tensor fusion). Always the ring (hierarchical where
+  /// hierarchical() holds), whatever `choose` says: the caller has decided
+  /// (FusedAllReducer takes the engine's all-reduce on a packed copy where
+  /// `choose` prefers native).
   void ring_allreduce(const TensorRef* tensors, std::size_t n) {
     if (n == 0) return;
     const DataType t = tensors[0].type;
@@ -224,111 +256,162 @@ class RingAllReducer {
     if (engine_->size() == 1) return;
     detail::PieceView<T> view(tensors, n);
     if (view.size() == 0) return;
-    ring(view, view.size());
+    run(view, view.size());
   }
 
-  /// The ring over a view of `count` elements: reduce-scatter, then all-gather.
+  /// The ring over a view of `count` elements, flat or hierarchical.
   template <class View>
-  void ring(const View& view, std::size_t count) {
+  void run(const View& view, std::size_t count) {
+    if (!rings_) {
+      reduce_scatter(view, 0, count, world_);
+      all_gather(view, 0, count, world_);
+      return;
+    }
+    // Inside the host, between hosts (this rank's share), inside the host.
+    const detail::HostRings& r = *rings_;
+    const std::size_t at = r.share_offset(count), share = r.share_count(count);
+    reduce_scatter(view, 0, count, r.host);
+    reduce_scatter(view, at, share, r.across);
+    all_gather(view, at, share, r.across);
+    all_gather(view, 0, count, r.host);
+  }
+
+  /// The segments and buffers of one ring pass over `count` elements among
+  /// `n` ranks, with the view's segments to send from. Every rank cuts every
+  /// chunk into the same number of segments, so a sender's segment g is its
+  /// receiver's segment g.
+  template <class View>
+  class Pass {
+   public:
     using T = typename View::value_type;
-    const int n = engine_->size(), me = engine_->rank();
-    const int right = detail::ring::mod(me + 1, n), left = detail::ring::mod(me - 1, n);
+    Pass(RingAllReducer& r, const View& view, std::size_t count, int n) : view_(view), ex_(r.engine_->exec()) {
+      // On an oversubscribed host ranks take turns on the cores, so a segment
+      // does not travel while another is added, and every segment is one
+      // more wait for a descheduled neighbour: each chunk goes whole.
+      const std::size_t max_chunk = detail::ring::chunk_count(count, n, 0);
+      const std::size_t seg_elems =
+          r.options_.adapt_to_oversubscription && r.oversubscribed_
+              ? std::max<std::size_t>(1, max_chunk)
+              : std::max<std::size_t>(1, r.options_.segment_bytes / sizeof(T));
+      segments = std::max<std::size_t>(1, (max_chunk + seg_elems - 1) / seg_elems);
+      const std::size_t cap = (max_chunk + segments - 1) / segments;  // largest segment
+      // Two landing buffers; over tensors also two packing buffers for
+      // segments that straddle tensors.
+      r.scratch_.resize_discard((View::contiguous ? 2 : 4) * cap * sizeof(T));
+      T* base = reinterpret_cast<T*>(r.scratch_.data());
+      land[0] = base;
+      land[1] = base + cap;
+      if constexpr (!View::contiguous) {
+        pack_[0] = base + 2 * cap;
+        pack_[1] = base + 3 * cap;
+      }
+    }
+    /// Where segment g of a chunk of `chunk_elems` starts within it, and its length.
+    std::size_t begin(std::size_t chunk_elems, std::size_t g) const { return g * chunk_elems / segments; }
+    std::size_t length(std::size_t chunk_elems, std::size_t g) const {
+      return begin(chunk_elems, g + 1) - begin(chunk_elems, g);
+    }
+    /// Segment g of the chunk of `chunk_elems` at `offset` of the view, to send from (source()).
+    const T* segment(std::size_t g, std::size_t offset, std::size_t chunk_elems) const {
+      return source(g, offset + begin(chunk_elems, g), length(chunk_elems, g));
+    }
+    /// Segment [b, b + len) of the view as a pointer to send from: the view
+    /// itself, or packed into pack[g & 1]. Called for segment g + 1 before
+    /// waiting for segment g, so the packing overlaps the transfer in flight
+    /// (pack[(g + 1) & 1] is free: segment g - 1's send has completed).
+    const T* source(std::size_t g, std::size_t b, std::size_t len) const {
+      if constexpr (View::contiguous) {
+        return view_.span(b, len);
+      } else {
+        if (T* p = view_.span(b, len)) return p;
+        view_.gather(ex_, pack_[g & 1], b, len);
+        ex_.synchronize();  // the engine reads it next
+        return pack_[g & 1];
+      }
+    }
+
+    std::size_t segments = 1;
+    T* land[2] = {nullptr, nullptr};
+
+   private:
+    const View& view_;
+    Exec<space>& ex_;
+    T* pack_[2] = {nullptr, nullptr};
+  };
+
+  /// The reduce-scatter of ring `group` over the view's elements
+  /// [at, at + count): afterwards the rank at position p holds the ring's sum
+  /// of chunk owned_chunk(p) (detail/ring.hpp). Segment g of the chunk from
+  /// the left lands in land[g & 1] and is added into the view while segment
+  /// g + 1 travels.
+  template <class View>
+  void reduce_scatter(const View& view, std::size_t at, std::size_t count, const detail::RingGroup& group) {
+    using T = typename View::value_type;
+    const int n = group.size(), me = group.me;
+    if (n == 1 || count == 0) return;
+    const int right = group.peer(me + 1), left = group.peer(me - 1);
     const DataType dt = data_type_of_v<T>;
     auto& ex = engine_->exec();
-
-    // Every rank cuts every chunk into the same number of segments, so a
-    // sender's segment g is its receiver's segment g.
-    // On an oversubscribed host ranks take turns on the cores, so a segment
-    // does not travel while another is added, and every segment is one more
-    // wait for a descheduled neighbour: each chunk goes whole.
-    const std::size_t max_chunk = detail::ring::chunk_count(count, n, 0);
-    const std::size_t seg_elems =
-        options_.adapt_to_oversubscription && oversubscribed_
-            ? std::max<std::size_t>(1, max_chunk)
-            : std::max<std::size_t>(1, options_.segment_bytes / sizeof(T));
-    const std::size_t segments = std::max<std::size_t>(1, (max_chunk + seg_elems - 1) / seg_elems);
-    const std::size_t seg_cap = (max_chunk + segments - 1) / segments;  // largest segment
-    // Two landing buffers; over tensors also two packing buffers for segments
-    // that straddle tensors.
-    const std::size_t buffers = View::contiguous ? 2 : 4;
-    scratch_.resize_discard(buffers * seg_cap * sizeof(T));
-    T* base = reinterpret_cast<T*>(scratch_.data());
-    T* land[2] = {base, base + seg_cap};
-    T* pack[2] = {View::contiguous ? nullptr : base + 2 * seg_cap, View::contiguous ? nullptr : base + 3 * seg_cap};
-    auto seg_begin = [&](std::size_t chunk_elems, std::size_t g) { return g * chunk_elems / segments; };
-    // Segment [b, b + len) of the view as a pointer to send from: the view
-    // itself, or packed into pack[g & 1]. Called for segment g + 1 before
-    // waiting for segment g, so the packing overlaps the transfer in flight
-    // (pack[(g + 1) & 1] is free: segment g - 1's send has completed).
-    auto source = [&](std::size_t g, std::size_t b, std::size_t len) -> const T* {
-      if constexpr (View::contiguous) {
-        return view.span(b, len);
-      } else {
-        if (T* p = view.span(b, len)) return p;
-        view.gather(ex, pack[g & 1], b, len);
-        ex.synchronize();  // the engine reads it next
-        return pack[g & 1];
-      }
-    };
-
-    // Reduce-scatter: segment g of the chunk from the left lands in land[g & 1]
-    // and is added into the view while segment g + 1 travels.
+    Pass<View> pass(*this, view, count, n);
+    const std::size_t segments = pass.segments;
     for (int s = 0; s < n - 1; ++s) {
-      const int cs = detail::ring::rs_send(me, n, s), cr = detail::ring::rs_send(left, n, s);
-      const std::size_t so = detail::ring::chunk_offset(count, n, cs), ro = detail::ring::chunk_offset(count, n, cr);
+      const int cs = detail::ring::rs_send(me, n, s), cr = detail::ring::rs_send(me - 1, n, s);
+      const std::size_t so = at + detail::ring::chunk_offset(count, n, cs);
+      const std::size_t ro = at + detail::ring::chunk_offset(count, n, cr);
       const std::size_t sc = detail::ring::chunk_count(count, n, cs), rc = detail::ring::chunk_count(count, n, cr);
-      auto prepare = [&](std::size_t g) {
-        const std::size_t s0 = seg_begin(sc, g), s1 = seg_begin(sc, g + 1);
-        return source(g, so + s0, s1 - s0);
-      };
       auto start = [&](std::size_t g, const T* from) {
-        const std::size_t s0 = seg_begin(sc, g), s1 = seg_begin(sc, g + 1);
-        const std::size_t r0 = seg_begin(rc, g), r1 = seg_begin(rc, g + 1);
-        return engine_->start_sendrecv(from, s1 - s0, right, land[g & 1], r1 - r0, left, dt);
+        return engine_->start_sendrecv(from, pass.length(sc, g), right, pass.land[g & 1], pass.length(rc, g), left,
+                                       dt);
       };
-      auto pending = start(0, prepare(0));
+      auto pending = start(0, pass.segment(0, so, sc));
       for (std::size_t g = 0; g < segments; ++g) {
-        const T* next = g + 1 < segments ? prepare(g + 1) : nullptr;
+        const T* next = g + 1 < segments ? pass.segment(g + 1, so, sc) : nullptr;
         engine_->wait(pending);
-        const std::size_t r0 = seg_begin(rc, g), r1 = seg_begin(rc, g + 1);
         if (g + 1 < segments) pending = start(g + 1, next);
-        view.add(ex, ro + r0, land[g & 1], r1 - r0);
+        view.add(ex, ro + pass.begin(rc, g), pass.land[g & 1], pass.length(rc, g));
         if (g + 1 < segments) ex.synchronize();  // the buffer is reused two segments on
       }
       ex.synchronize();
     }
+  }
 
-    // All-gather: the reduced chunks travel round the ring once more. A
-    // contiguous buffer sends and receives each chunk in one message, in
-    // place; over tensors, segment by segment, straight into a tensor where
-    // the segment lies in one, else through land[g & 1].
+  /// The all-gather of ring `group` over the view's elements [at, at + count),
+  /// each rank holding its owned chunk: the reduced chunks travel round the
+  /// ring once. A contiguous buffer sends and receives each chunk in one
+  /// message, in place; over tensors, segment by segment, straight into a
+  /// tensor where the segment lies in one, else through land[g & 1].
+  template <class View>
+  void all_gather(const View& view, std::size_t at, std::size_t count, const detail::RingGroup& group) {
+    using T = typename View::value_type;
+    const int n = group.size(), me = group.me;
+    if (n == 1 || count == 0) return;
+    const int right = group.peer(me + 1), left = group.peer(me - 1);
+    const DataType dt = data_type_of_v<T>;
+    auto& ex = engine_->exec();
+    std::optional<Pass<View>> pass;
+    if constexpr (!View::contiguous) pass.emplace(*this, view, count, n);
     for (int s = 0; s < n - 1; ++s) {
-      const int cs = detail::ring::ag_send(me, n, s), cr = detail::ring::ag_send(left, n, s);
-      const std::size_t so = detail::ring::chunk_offset(count, n, cs), ro = detail::ring::chunk_offset(count, n, cr);
+      const int cs = detail::ring::ag_send(me, n, s), cr = detail::ring::ag_send(me - 1, n, s);
+      const std::size_t so = at + detail::ring::chunk_offset(count, n, cs);
+      const std::size_t ro = at + detail::ring::chunk_offset(count, n, cr);
       const std::size_t sc = detail::ring::chunk_count(count, n, cs), rc = detail::ring::chunk_count(count, n, cr);
       if constexpr (View::contiguous) {
         engine_->sendrecv(view.span(so, sc), sc, right, view.span(ro, rc), rc, left, dt);
       } else {
+        const std::size_t segments = pass->segments;
         T* direct[2] = {nullptr, nullptr};
-        auto prepare = [&](std::size_t g) {
-          const std::size_t s0 = seg_begin(sc, g), s1 = seg_begin(sc, g + 1);
-          return source(g, so + s0, s1 - s0);
-        };
         auto start = [&](std::size_t g, const T* from) {
-          const std::size_t s0 = seg_begin(sc, g), s1 = seg_begin(sc, g + 1);
-          const std::size_t r0 = seg_begin(rc, g), r1 = seg_begin(rc, g + 1);
-          direct[g & 1] = view.span(ro + r0, r1 - r0);
-          T* into = direct[g & 1] ? direct[g & 1] : land[g & 1];
-          return engine_->start_sendrecv(from, s1 - s0, right, into, r1 - r0, left, dt);
+          direct[g & 1] = view.span(ro + pass->begin(rc, g), pass->length(rc, g));
+          T* into = direct[g & 1] ? direct[g & 1] : pass->land[g & 1];
+          return engine_->start_sendrecv(from, pass->length(sc, g), right, into, pass->length(rc, g), left, dt);
         };
-        auto pending = start(0, prepare(0));
+        auto pending = start(0, pass->segment(0, so, sc));
         for (std::size_t g = 0; g < segments; ++g) {
-          const T* next = g + 1 < segments ? prepare(g + 1) : nullptr;
+          const T* next = g + 1 < segments ? pass->segment(g + 1, so, sc) : nullptr;
           engine_->wait(pending);
-          const std::size_t r0 = seg_begin(rc, g), r1 = seg_begin(rc, g + 1);
           const bool landed = direct[g & 1] == nullptr;
           if (g + 1 < segments) pending = start(g + 1, next);
-          if (landed) view.scatter(ex, ro + r0, land[g & 1], r1 - r0);
+          if (landed) view.scatter(ex, ro + pass->begin(rc, g), pass->land[g & 1], pass->length(rc, g));
           if (g + 1 < segments) ex.synchronize();
         }
         ex.synchronize();  // the next step sends what this one received
@@ -339,6 +422,8 @@ class RingAllReducer {
   Engine* engine_;
   RingOptions options_;
   bool oversubscribed_ = false;
+  detail::RingGroup world_;                // the flat ring: every rank
+  std::optional<detail::HostRings> rings_;  // the hierarchical rings, where they run
   Buffer<std::byte, space> scratch_;
 };
 
