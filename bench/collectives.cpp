@@ -1,5 +1,7 @@
 // Collectives of issue 2: parallax's RingAllReduce (as users get it, with the
-// ring forced, and with the engine's all-reduce forced), tensor fusion, and
+// flat ring forced, with the hierarchical ring forced (issue 40: hosts of
+// several ranks, e.g. PARALLAX_RANKS_PER_HOST=2 or scripts/cluster.sh), and
+// with the engine's all-reduce forced), tensor fusion, and
 // the sparse AllGatherv, each beside the plain MPI call it competes with, in
 // the same run so every figure is a ratio. Sizes 4 KiB to 64 MiB in x4 steps.
 //
@@ -87,6 +89,10 @@ void ring_allreduce(benchmark::State& st, pb::Session& s, std::size_t bytes, px:
   pb::set_wrong(st, in.wrong(n), engine.comm());
   // Warm-up calls are booked too, and `calls` counts them (the check above is in neither).
   pb::set_bytes_sent(st, during.sent(), calls, engine.comm());
+  // The bytes that cross between hosts, per call, on the rank that sends most.
+  double inter = calls ? static_cast<double>(during.sent_inter) / static_cast<double>(calls) : 0.0;
+  MPI_Allreduce(MPI_IN_PLACE, &inter, 1, MPI_DOUBLE, MPI_MAX, engine.comm());
+  st.counters["bytes_inter"] = benchmark::Counter(inter, benchmark::Counter::kDefaults, benchmark::Counter::OneK::kIs1024);
   st.SetLabel(px::engine::to_string(reducer.choose(bytes)));
 }
 
@@ -275,6 +281,8 @@ int main(int argc, char** argv) {
     s.add("RingAllReduce/" + sz, b, [&s, b](benchmark::State& st) { ring_allreduce(st, s, b, px::RingOptions{}); });
     s.add("RingAllReduce/ring/" + sz, b,
           [&s, b, o = with(Algorithm::ring)](benchmark::State& st) { ring_allreduce(st, s, b, o); });
+    s.add("RingAllReduce/hierarchical/" + sz, b,
+          [&s, b, o = with(Algorithm::hierarchical)](benchmark::State& st) { ring_allreduce(st, s, b, o); });
     s.add("RingAllReduce/native/" + sz, b,
           [&s, b, o = with(Algorithm::native)](benchmark::State& st) { ring_allreduce(st, s, b, o); });
     s.add("MPI_Allreduce/" + sz, b, [&s, b](benchmark::State& st) { mpi_allreduce(st, s, b); });
