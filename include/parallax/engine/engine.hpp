@@ -25,10 +25,10 @@ namespace parallax::engine {
 
 /// How a policy runs a collective it could do several ways.
 enum class Algorithm {
-  automatic,  ///< the policy picks by size and rank count (see the policy's docs)
-  ring,       ///< parallax's own ring over point-to-point messages
-  native,     ///< the engine's own collective (MPI_Iallreduce, ncclAllReduce)
-  hierarchical,  ///< the ring inside each host, between hosts, inside each host again (RingAllReduce)
+  automatic,     ///< the policy picks by size, rank count and hosts (see the policy's docs)
+  ring,          ///< parallax's own ring over point-to-point messages
+  native,        ///< the engine's own collective (MPI_Iallreduce, ncclAllReduce)
+  hierarchical,  ///< the ring inside each host, then between hosts, then inside each host (RingAllReduce)
 };
 
 constexpr const char* to_string(Algorithm a) noexcept {
