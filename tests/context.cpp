@@ -120,3 +120,37 @@ TEST_CASE("emulated hosts count the machine's ranks for oversubscription", "[con
   CHECK(each.topology().local_size() == 1);
   CHECK(each.topology().oversubscribed() == (hw > 0 && each.size() > hw));
 }
+
+TEST_CASE("Context names the hosts and counts the machine's ranks", "[context][hosts]") {
+  auto& ctx = test::world();
+  const auto& t = ctx.topology();
+  // One machine: every rank shares its kernel, whatever the hosts.
+  CHECK(t.machine_ranks() == ctx.size());
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  MPI_Get_processor_name(name, &length);
+  CHECK(t.host_name(0) == name);
+  CHECK(t.rank_host_names() == std::vector<std::string>(static_cast<std::size_t>(ctx.size()), name));
+
+  px::Context emulated(MPI_COMM_WORLD, px::ContextOptions{2});
+  const auto& e = emulated.topology();
+  CHECK(e.machine_ranks() == ctx.size());
+  for (int r = 0; r < ctx.size(); ++r)
+    CHECK(e.rank_host_names()[static_cast<std::size_t>(r)] == std::string(name) + "/" + std::to_string(r / 2));
+}
+
+TEST_CASE("a diagnosis names the hosts whose ranks it lost", "[context][hosts]") {
+  using px::detail::Position;
+  const std::vector<std::string> names{"px0", "px0", "px1", "px1", "px2", "px2"};
+  Position mine = Position::make(4, 17, "allreduce", {"w", "RingAllReduce"});
+  std::vector<std::optional<Position>> heard(6);
+  heard[0] = mine;
+  heard[1] = mine;
+  heard[5] = mine;  // rank 5 answered: px2 lost only rank 4; px1 lost both
+  const std::string report = px::detail::diagnose(0, mine, heard, "gave up after 10 ms", names);
+  CHECK_THAT(report, Catch::Matchers::Contains("Ranks 2, 3, 4 did not arrive"));
+  CHECK_THAT(report, Catch::Matchers::Contains("Lost: host px1 (all 2 of its ranks); rank 4 of host px2; this rank is on px0."));
+  // Without names (or with a list of the wrong length) nothing is guessed.
+  CHECK_THAT(px::detail::diagnose(0, mine, heard, "x", {}), !Catch::Matchers::Contains("Lost:"));
+  CHECK_THAT(px::detail::diagnose(0, mine, heard, "x", {"a"}), !Catch::Matchers::Contains("Lost:"));
+}

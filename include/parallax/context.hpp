@@ -12,9 +12,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <memory>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -30,7 +33,7 @@ struct ContextOptions {
   /// PARALLAX_RANKS_PER_HOST. Ranks r with equal r / ranks_per_host share a host.
   int ranks_per_host = 0;
   /// OpenMP threads per rank for HostSpace kernels. 0: OMP_NUM_THREADS if set,
-  /// else the host's hardware threads divided among the ranks on it (at least 1).
+  /// else the machine's hardware threads divided among the ranks on it (at least 1).
   int threads = 0;
   /// Make an exception that escapes main abort the whole job (MPI_Abort) with
   /// its message, instead of leaving the other ranks waiting.
@@ -73,6 +76,20 @@ inline std::string launcher_mismatch(int world) {
   return step > 0 ? differs("SLURM_STEP_NUM_TASKS", step) : differs("SLURM_NTASKS", read("SLURM_NTASKS"));
 }
 
+/// An identifier of the running kernel (Linux's boot_id): ranks that share
+/// it share a machine's cores, whatever network namespace or container each
+/// runs in. 0 where it cannot be read.
+inline std::uint64_t machine_id() {
+  std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f == nullptr) return 0;
+  char text[64] = {};
+  const std::size_t n = std::fread(text, 1, sizeof(text) - 1, f);
+  std::fclose(f);
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(text[i])) * 1099511628211ull;
+  return n > 0 ? h : 0;
+}
+
 }  // namespace detail
 
 /// Who is where: rank, size, and the host of every rank. Immutable.
@@ -81,8 +98,9 @@ class Topology {
   Topology() = default;
   /// @param machine_ranks ranks running on this rank's machine, when hosts
   ///        are emulated (several emulated hosts on one machine); 0: the host's.
-  Topology(int rank, std::vector<int> host_of, int machine_ranks = 0)
-      : rank_(rank), host_of_(std::move(host_of)), machine_ranks_(machine_ranks) {
+  /// @param host_names name of each host (index = host number); empty: unnamed.
+  Topology(int rank, std::vector<int> host_of, int machine_ranks = 0, std::vector<std::string> host_names = {})
+      : rank_(rank), host_of_(std::move(host_of)), machine_ranks_(machine_ranks), host_names_(std::move(host_names)) {
     local_size_ = 0;
     num_hosts_ = host_of_.empty() ? 0 : *std::max_element(host_of_.begin(), host_of_.end()) + 1;
     for (int r = 0; r < size(); ++r) {
@@ -104,11 +122,13 @@ class Topology {
   bool same_host(int peer) const noexcept { return host_of(peer) == host(); }
   /// This machine runs more ranks than it has hardware threads: waiting
   /// ranks then take turns on the cores (RingOptions::adapt_to_oversubscription,
-  /// engine::Options::yield). With emulated hosts, the ranks of the real
-  /// machine count, not those of the emulated host.
+  /// engine::Options::yield). The ranks of the machine count, not those of
+  /// the host: with emulated hosts, or hosts that are network namespaces or
+  /// containers of one machine, they share its cores (and the kernel's
+  /// network stack, which spinning ranks starve: docs/cluster.md).
   bool oversubscribed() const noexcept {
     const int threads = static_cast<int>(std::thread::hardware_concurrency());
-    return threads > 0 && std::max(local_size_, machine_ranks_) > threads;
+    return threads > 0 && machine_ranks() > threads;
   }
   /// The ranks on host h, ascending.
   std::vector<int> ranks_of_host(int h) const {
@@ -118,6 +138,23 @@ class Topology {
     return out;
   }
   const std::vector<int>& hosts() const noexcept { return host_of_; }
+  /// Host h's name: the processor name MPI gives its ranks (the hostname),
+  /// with "/h" appended for emulated hosts; "" when unnamed.
+  std::string host_name(int h) const {
+    return static_cast<std::size_t>(h) < host_names_.size() ? host_names_[static_cast<std::size_t>(h)] : std::string();
+  }
+  /// The host name of every rank, by rank (empty when unnamed): what a
+  /// diagnosis prints for the ranks it lost.
+  std::vector<std::string> rank_host_names() const {
+    if (host_names_.empty()) return {};
+    std::vector<std::string> out;
+    for (int r = 0; r < size(); ++r) out.push_back(host_name(host_of(r)));
+    return out;
+  }
+  /// Ranks running on this rank's machine (sharing its kernel, so its cores),
+  /// at least its host's: more than the host's where hosts are emulated, or
+  /// are network namespaces or containers of one machine.
+  int machine_ranks() const noexcept { return std::max(local_size_, machine_ranks_); }
 
  private:
   int rank_ = 0;
@@ -126,6 +163,7 @@ class Topology {
   int local_rank_ = 0;
   int local_size_ = 1;
   int machine_ranks_ = 0;
+  std::vector<std::string> host_names_;
 };
 
 /// The job as parallax sees it. Construct one per process, before any
@@ -160,10 +198,21 @@ class Context {
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
+  /// Ends the job as one: where this Context initialised MPI, every rank
+  /// first waits (up to the collectives' deadline, PARALLAX_TIMEOUT_MS) for
+  /// every other rank to reach this point, so a rank that vanished without
+  /// finishing (killed, or exited with status 0 mid-training) fails the job
+  /// on the survivors, naming it, instead of leaving them in MPI_Finalize.
+  /// After a failure anywhere, the job is aborted (MPI_Abort, status 1).
+  /// MPI_Abort and MPI_Finalize can block forever once the network is gone
+  /// (a cut link to the launcher, a TCP transport waiting on a closed peer):
+  /// a rank still in either after the grace period exits by itself, with
+  /// status 1 from the abort and 0 from a finalize that every rank reached.
   ~Context() {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
+    if (owns_mpi_ && !detail::job_failed()) meet_at_the_end();
     if (detail::job_failed()) {
       // A collective failed: some rank is gone or elsewhere, and MPI_Finalize
       // could wait for it forever. End the whole job now, non-zero.
@@ -174,11 +223,16 @@ class Context {
       // report, already written, was lost that way at 4 ranks on 2 cores.
       // A moment's pause lets it arrive.
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      MPI_Abort(MPI_COMM_WORLD, 1);
+      abort_mpi();
     }
+    end_channel_.reset();
     if (host_comm_ != MPI_COMM_NULL) MPI_Comm_free(&host_comm_);
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
-    if (owns_mpi_) MPI_Finalize();
+    if (owns_mpi_) {
+      detail::exit_if_still_running(detail::grace_for(detail::timeout_from_environment()), 0,
+                                    "MPI_Finalize (every rank had reached the end)");
+      MPI_Finalize();
+    }
   }
 
   int rank() const noexcept { return topology_.rank(); }
@@ -264,39 +318,57 @@ class Context {
     PARALLAX_EXPECTS(per_host >= 0, "ContextOptions::ranks_per_host must be >= 0, got ", per_host);
 
     // Host key: the lowest rank of each host; then numbered densely.
-    int key = 0, machine_ranks = 0;
-    if (per_host > 0) {
-      key = (rank / per_host) * per_host;
-      MPI_Comm machine = MPI_COMM_NULL;
-      PARALLAX_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &machine));
-      PARALLAX_MPI_CHECK(MPI_Comm_size(machine, &machine_ranks));
-      MPI_Comm_free(&machine);
-    } else {
-      MPI_Comm shared = MPI_COMM_NULL;
-      PARALLAX_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared));
-      PARALLAX_MPI_CHECK(MPI_Allreduce(&rank, &key, 1, MPI_INT, MPI_MIN, shared));
-      MPI_Comm_free(&shared);
-    }
-    std::vector<int> keys(static_cast<std::size_t>(size));
-    PARALLAX_MPI_CHECK(MPI_Allgather(&key, 1, MPI_INT, keys.data(), 1, MPI_INT, comm_));
-    std::vector<int> sorted = keys;
+    int key = 0, shared_ranks = 0;
+    MPI_Comm shared = MPI_COMM_NULL;
+    PARALLAX_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared));
+    PARALLAX_MPI_CHECK(MPI_Comm_size(shared, &shared_ranks));
+    if (per_host > 0) key = (rank / per_host) * per_host;
+    else PARALLAX_MPI_CHECK(MPI_Allreduce(&rank, &key, 1, MPI_INT, MPI_MIN, shared));
+    MPI_Comm_free(&shared);
+
+    // What every rank knows of its place: host key, machine, processor name.
+    struct Place {
+      int key;
+      std::uint64_t machine;
+      char name[MPI_MAX_PROCESSOR_NAME];
+    };
+    Place mine{key, detail::machine_id(), {}};
+    int name_length = 0;
+    PARALLAX_MPI_CHECK(MPI_Get_processor_name(mine.name, &name_length));
+    std::vector<Place> places(static_cast<std::size_t>(size));
+    PARALLAX_MPI_CHECK(MPI_Allgather(&mine, sizeof(Place), MPI_BYTE, places.data(), sizeof(Place), MPI_BYTE, comm_));
+    std::vector<int> sorted;
+    for (const Place& p : places) sorted.push_back(p.key);
     std::sort(sorted.begin(), sorted.end());
     sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
-    std::vector<int> host_of(keys.size());
-    for (std::size_t r = 0; r < keys.size(); ++r)
-      host_of[r] = static_cast<int>(std::lower_bound(sorted.begin(), sorted.end(), keys[r]) - sorted.begin());
-    topology_ = Topology(rank, std::move(host_of), machine_ranks);
+    std::vector<int> host_of(places.size());
+    std::vector<std::string> host_names(sorted.size());
+    for (std::size_t r = 0; r < places.size(); ++r) {
+      host_of[r] = static_cast<int>(std::lower_bound(sorted.begin(), sorted.end(), places[r].key) - sorted.begin());
+      host_names[static_cast<std::size_t>(host_of[r])] = places[r].name;
+    }
+    if (per_host > 0)
+      for (std::size_t h = 0; h < host_names.size(); ++h) host_names[h] += "/" + std::to_string(h);
+    // Ranks on this machine: those of its MPI shared-memory domain, or more
+    // where hosts are namespaces or containers of one kernel.
+    int machine_ranks = shared_ranks;
+    if (mine.machine != 0)
+      machine_ranks = std::max(machine_ranks, static_cast<int>(std::count_if(places.begin(), places.end(), [&](const Place& p) {
+                                                return p.machine == mine.machine;
+                                              })));
+    topology_ = Topology(rank, std::move(host_of), machine_ranks, std::move(host_names));
     PARALLAX_MPI_CHECK(MPI_Comm_split(comm_, topology_.host(), rank, &host_comm_));
     PARALLAX_MPI_CHECK(MPI_Comm_set_errhandler(host_comm_, MPI_ERRORS_RETURN));
 
     threads_ = options.threads;
     if (threads_ <= 0 && std::getenv("OMP_NUM_THREADS") == nullptr) {
       const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-      threads_ = std::max(1, hw / std::max(1, topology_.local_size()));
+      threads_ = std::max(1, hw / std::max(1, topology_.machine_ranks()));
     }
     if (threads_ > 0) omp_set_num_threads(threads_);
     threads_ = omp_get_max_threads();
 
+    end_channel_ = std::make_unique<detail::FaultChannel>(comm_);
     if (options.abort_on_uncaught_exception) std::set_terminate(&Context::abort_job);
   }
 
@@ -319,13 +391,55 @@ class Context {
       std::fprintf(stderr, "parallax: rank %d: std::terminate called\n", rank);
     }
     std::fflush(stderr);
-    if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
+    if (initialized && !finalized) abort_mpi();
     std::abort();
+  }
+
+  /// MPI_Abort, and this process's own exit if the launcher cannot be
+  /// reached to carry it out.
+  static void abort_mpi() {
+    detail::exit_if_still_running(detail::grace_for(detail::timeout_from_environment()), 1, "MPI_Abort");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+
+  /// The completion handshake of ~Context: a barrier under the deadline. A
+  /// rank that never arrives is named by the ranks that did, as a collective
+  /// that timed out names it, and the job is marked failed.
+  void meet_at_the_end() {
+    const auto timeout = detail::timeout_from_environment();
+    MPI_Request barrier = MPI_REQUEST_NULL;
+    if (MPI_Ibarrier(comm_, &barrier) != MPI_SUCCESS) {
+      detail::job_failed() = true;
+      return;
+    }
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      int done = 0;
+      if (MPI_Test(&barrier, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+      if (done) return;
+      if (timeout.count() > 0 && std::chrono::steady_clock::now() >= until) break;
+      // Teardown is not latency-critical: leave the core to the peers.
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    detail::job_failed() = true;
+    detail::Position mine;
+    std::strncpy(mine.op, "~Context", sizeof(mine.op) - 1);
+    std::strncpy(mine.policy, "end", sizeof(mine.policy) - 1);
+    const auto grace = detail::grace_for(timeout);
+    const auto heard = end_channel_->exchange(mine, grace);
+    std::fprintf(stderr, "%s\n",
+                 detail::diagnose(rank(), mine, heard, detail::concat("gave up after ", timeout.count(), " ms"),
+                                  topology_.rank_host_names())
+                     .c_str());
+    std::fflush(stderr);
+    end_channel_->settle(heard, grace);
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm host_comm_ = MPI_COMM_NULL;
   Topology topology_;
+  /// Where ranks report, at the end, that a peer never arrived.
+  std::unique_ptr<detail::FaultChannel> end_channel_;
   int threads_ = 1;
   bool owns_mpi_ = false;
 };

@@ -13,10 +13,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -26,6 +29,37 @@ namespace parallax::detail {
 inline std::atomic<bool>& job_failed() {
   static std::atomic<bool> failed{false};
   return failed;
+}
+
+/// The deadline of every collective: PARALLAX_TIMEOUT_MS, else 60 s (zero:
+/// none). engine::Options holds the same default.
+inline std::chrono::milliseconds timeout_from_environment(std::chrono::milliseconds fallback = std::chrono::seconds(60)) {
+  const char* t = std::getenv("PARALLAX_TIMEOUT_MS");
+  return t && *t ? std::chrono::milliseconds(std::atoll(t)) : fallback;
+}
+
+/// How long a rank that gave up listens for the others' reports, for a
+/// deadline of `timeout`: a fifth of it, between 1 and 10 seconds.
+inline std::chrono::milliseconds grace_for(std::chrono::milliseconds timeout) {
+  return std::clamp(timeout / 5, std::chrono::milliseconds(1000), std::chrono::milliseconds(10000));
+}
+
+/// Ends this process with `status` if it is still running `after` from now:
+/// the guard around calls that may never return once the network is gone.
+/// MPI_Abort reaches the other ranks through the launcher; a rank whose link
+/// to the launcher was cut blocks in it forever, reading a socket no one
+/// will write (MPICH's hydra proxy, seen over a cut veth link), and would
+/// hold its memory and GPU as an orphan. MPI_Finalize, too, can wait on a
+/// peer that never answers (UCX's TCP transport after the job's last
+/// message, openucx/ucx#8738). `what` names the call in the message.
+inline void exit_if_still_running(std::chrono::milliseconds after, int status, const char* what) {
+  std::thread([after, status, what] {
+    std::this_thread::sleep_for(after);
+    std::fprintf(stderr, "parallax: %s did not return within %lld ms; this process exits with status %d\n", what,
+                 static_cast<long long>(after.count()), status);
+    std::fflush(stderr);
+    std::_Exit(status);
+  }).detach();
 }
 
 /// Where a rank is: the trainer step and the engine call it is waiting in.
@@ -57,6 +91,7 @@ struct Position {
     if (variable[0] != '\0') os << " (variable '" << variable << "')";
     else if (policy[0] == '\0' || std::strcmp(policy, "control") == 0) os << " (the step's control exchange)";
     else if (std::strcmp(policy, "checkpoint") == 0) os << " (a checkpoint)";
+    else if (std::strcmp(policy, "end") == 0) os << " (the end of the program, where every rank's Context waits for the others)";
     else os << " (" << policy << ", several variables)";
     if (step >= 0) os << " at step " << step;
     return os.str();
@@ -149,10 +184,44 @@ class FaultChannel {
   int rank_ = 0, size_ = 1;
 };
 
+/// " Lost: host px1 (all 2 of its ranks); rank 5 of host px2; this rank is
+/// on px0." for the silent ranks, by host, given every rank's host name
+/// (`names`, indexed by rank; "" when it does not list every rank). A host
+/// none of whose ranks answered is what a cut link or a dead machine looks
+/// like; a rank alone is a crash.
+inline std::string lost_hosts(int me, const std::vector<int>& silent, const std::vector<std::string>& names,
+                              std::size_t ranks) {
+  if (names.size() != ranks) return "";
+  std::vector<std::string> hosts;
+  for (int r : silent)
+    if (std::find(hosts.begin(), hosts.end(), names[static_cast<std::size_t>(r)]) == hosts.end())
+      hosts.push_back(names[static_cast<std::size_t>(r)]);
+  std::ostringstream os;
+  os << " Lost:";
+  for (std::size_t h = 0; h < hosts.size(); ++h) {
+    std::vector<int> on, lost;
+    for (std::size_t r = 0; r < ranks; ++r)
+      if (names[r] == hosts[h]) on.push_back(static_cast<int>(r));
+    for (int r : silent)
+      if (names[static_cast<std::size_t>(r)] == hosts[h]) lost.push_back(r);
+    os << (h ? ";" : "") << " ";
+    if (lost.size() == on.size())
+      os << "host " << hosts[h] << " (" << (on.size() == 1 ? "its rank" : "all " + std::to_string(on.size()) + " of its ranks") << ")";
+    else {
+      os << (lost.size() == 1 ? "rank " : "ranks ");
+      for (std::size_t i = 0; i < lost.size(); ++i) os << (i ? ", " : "") << lost[i];
+      os << " of host " << hosts[h];
+    }
+  }
+  os << (names[static_cast<std::size_t>(me)].empty() ? "" : "; this rank is on " + names[static_cast<std::size_t>(me)]) << ".";
+  return os.str();
+}
+
 /// The sentence a rank throws after its diagnosis: who did not arrive, who
 /// is elsewhere.
+/// `host_names`: every rank's host name, to name the hosts lost (Topology::rank_host_names()).
 inline std::string diagnose(int me, const Position& mine, const std::vector<std::optional<Position>>& heard,
-                            const std::string& cause) {
+                            const std::string& cause, const std::vector<std::string>& host_names = {}) {
   std::vector<int> silent, same;
   std::vector<std::pair<int, Position>> elsewhere;
   for (std::size_t r = 0; r < heard.size(); ++r) {
@@ -168,9 +237,11 @@ inline std::string diagnose(int me, const Position& mine, const std::vector<std:
   };
   std::ostringstream os;
   os << "parallax: rank " << me << " " << cause << " in " << mine.describe() << ".";
-  if (!silent.empty())
+  if (!silent.empty()) {
     os << (silent.size() == 1 ? " Rank " : " Ranks ") << list(silent)
-       << (silent.size() == 1 ? " did" : " did") << " not arrive (failed, killed, or stuck outside parallax).";
+       << " did not arrive (failed, killed, or stuck outside parallax).";
+    os << lost_hosts(me, silent, host_names, heard.size());
+  }
   for (const auto& [r, p] : elsewhere) os << " Rank " << r << " is in " << p.describe() << " instead.";
   if (!same.empty()) os << " Ranks waiting in the same call: " << list(same) << ".";
   if (silent.empty() && elsewhere.empty()) os << " Every rank is in this call: it is slow, not lost (raise the timeout).";

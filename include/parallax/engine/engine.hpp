@@ -81,7 +81,7 @@ struct Options {
   }
   std::chrono::milliseconds grace_period() const {
     if (grace.count() > 0) return grace;
-    return std::clamp(timeout / 5, std::chrono::milliseconds(1000), std::chrono::milliseconds(10000));
+    return detail::grace_for(timeout);
   }
 };
 

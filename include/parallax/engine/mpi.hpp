@@ -404,7 +404,7 @@ class Mpi {
     detail::job_failed() = true;
     const auto mine = detail::Position::make(step_, calls_, op, stats_.current());
     const auto heard = fault_.exchange(mine, options_.grace_period());
-    const std::string report = detail::diagnose(rank(), mine, heard, cause);
+    const std::string report = detail::diagnose(rank(), mine, heard, cause, topology_.rank_host_names());
     // Printed here as well as thrown: the job is about to end, and the
     // operator must see every rank's view even if the exception is swallowed.
     std::fprintf(stderr, "%s\n", report.c_str());
