@@ -35,6 +35,8 @@ mkdir -p "$out" && out="$(cd "$out" && pwd)"
 mkdir -p "$out"
 size_re="($(echo "$sizes" | tr ' ' '|'))"
 
+complete() { python3 -c 'import json, sys; assert json.load(open(sys.argv[1]))["benchmarks"]' "$1" 2>/dev/null; }
+
 run() {  # run <ring|hierarchical> <json>
   local filter="RingAllReduce/$1/$size_re/"
   # shellcheck disable=SC2086
@@ -44,7 +46,19 @@ run() {  # run <ring|hierarchical> <json>
     emulated)
       PARALLAX_RANKS_PER_HOST=2 PARALLAX_LINK="${LINK:-1Gbit/s,50us}" mpiexec -n 4 "${args[@]}" >&2 ;;
     cluster)
-      PARALLAX_YIELD="${PARALLAX_YIELD:-1}" "$root/scripts/cluster.sh" run --ppn 2 -- -n 4 "${args[@]}" >&2 ;;
+      PARALLAX_YIELD="${PARALLAX_YIELD:-1}" "$root/scripts/cluster.sh" run --ppn 2 -- -n 4 "${args[@]}" >&2 &
+      local launcher=$!
+      # MPI_Finalize over UCX's TCP transport between the namespaces has hung
+      # after the results were written: 20 s after complete JSON, the
+      # launcher (cluster.sh's mpiexec, which takes the ranks with it) goes.
+      while kill -0 "$launcher" 2>/dev/null; do
+        if complete "$2" && [ $(($(date +%s) - $(stat -c %Y "$2"))) -ge 20 ]; then
+          echo "run_hierarchical: results complete, the launcher still running 20 s on: stopping it" >&2
+          for m in $(pgrep -P "$launcher" -x mpiexec); do kill "$m"; done
+        fi
+        sleep 2
+      done
+      wait "$launcher" ;;
     *) echo "run_hierarchical: MODE is emulated or cluster, not '$mode'" >&2; exit 2 ;;
   esac
 }
@@ -62,7 +76,7 @@ for p in $(seq 1 "$pairs"); do
     for try in 1 2; do
       rm -f "$json"
       run "$algo" "$json" || echo "run_hierarchical: the launcher failed (try $try)" >&2
-      python3 -c 'import json, sys; assert json.load(open(sys.argv[1]))["benchmarks"]' "$json" 2>/dev/null && break
+      complete "$json" && break
       [ "$try" = 2 ] && { echo "run_hierarchical: no results in $json; the pairs so far:" >&2; failed=1; }
     done
     [ "$failed" = 1 ] && break 2

@@ -232,8 +232,12 @@ namespace {
 
 constexpr std::size_t kIn = 64, kOut = 40, kBatch = 12, kSteps = 3;
 
-float feature(std::size_t s, std::size_t e, std::size_t d) { return std::sin(0.1f * static_cast<float>(e * 13 + s * 7 + d)); }
-float target(std::size_t s, std::size_t e, std::size_t c) { return std::cos(0.2f * static_cast<float>(e + 3 * s + 5 * c)); }
+float feature(std::size_t s, std::size_t e, std::size_t d) {
+  return std::sin(0.1f * static_cast<float>(e * 13 + s * 7 + d));
+}
+float target(std::size_t s, std::size_t e, std::size_t c) {
+  return std::cos(0.2f * static_cast<float>(e + 3 * s + 5 * c));
+}
 
 struct Trained {
   std::vector<float> w, b;

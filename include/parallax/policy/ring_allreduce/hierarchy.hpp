@@ -23,6 +23,9 @@ struct RingGroup {
   int size() const noexcept { return static_cast<int>(ranks.size()); }
   /// The rank at `position` (any integer, taken modulo the size).
   int peer(int position) const noexcept { return ranks[static_cast<std::size_t>(ring::mod(position, size()))]; }
+  /// The rank this one sends to, and the one it receives from.
+  int right() const noexcept { return peer(me + 1); }
+  int left() const noexcept { return peer(me - 1); }
 };
 
 /// Every rank, in rank order: the flat ring.

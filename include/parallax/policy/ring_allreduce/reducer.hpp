@@ -347,10 +347,8 @@ class RingAllReducer {
   template <class View>
   void reduce_scatter(const View& view, std::size_t at, std::size_t count, const detail::RingGroup& group) {
     using T = typename View::value_type;
-    const int n = group.size(), me = group.me;
+    const int n = group.size(), me = group.me, right = group.right(), left = group.left();
     if (n == 1 || count == 0) return;
-    const int right = group.peer(me + 1), left = group.peer(me - 1);
-    const DataType dt = data_type_of_v<T>;
     auto& ex = engine_->exec();
     Pass<View> pass(*this, view, count, n);
     const std::size_t segments = pass.segments;
@@ -361,7 +359,7 @@ class RingAllReducer {
       const std::size_t sc = detail::ring::chunk_count(count, n, cs), rc = detail::ring::chunk_count(count, n, cr);
       auto start = [&](std::size_t g, const T* from) {
         return engine_->start_sendrecv(from, pass.length(sc, g), right, pass.land[g & 1], pass.length(rc, g), left,
-                                       dt);
+                                       data_type_of_v<T>);
       };
       auto pending = start(0, pass.segment(0, so, sc));
       for (std::size_t g = 0; g < segments; ++g) {
@@ -383,10 +381,8 @@ class RingAllReducer {
   template <class View>
   void all_gather(const View& view, std::size_t at, std::size_t count, const detail::RingGroup& group) {
     using T = typename View::value_type;
-    const int n = group.size(), me = group.me;
+    const int n = group.size(), me = group.me, right = group.right(), left = group.left();
     if (n == 1 || count == 0) return;
-    const int right = group.peer(me + 1), left = group.peer(me - 1);
-    const DataType dt = data_type_of_v<T>;
     auto& ex = engine_->exec();
     std::optional<Pass<View>> pass;
     if constexpr (!View::contiguous) pass.emplace(*this, view, count, n);
@@ -396,14 +392,15 @@ class RingAllReducer {
       const std::size_t ro = at + detail::ring::chunk_offset(count, n, cr);
       const std::size_t sc = detail::ring::chunk_count(count, n, cs), rc = detail::ring::chunk_count(count, n, cr);
       if constexpr (View::contiguous) {
-        engine_->sendrecv(view.span(so, sc), sc, right, view.span(ro, rc), rc, left, dt);
+        engine_->sendrecv(view.span(so, sc), sc, right, view.span(ro, rc), rc, left, data_type_of_v<T>);
       } else {
         const std::size_t segments = pass->segments;
         T* direct[2] = {nullptr, nullptr};
         auto start = [&](std::size_t g, const T* from) {
           direct[g & 1] = view.span(ro + pass->begin(rc, g), pass->length(rc, g));
           T* into = direct[g & 1] ? direct[g & 1] : pass->land[g & 1];
-          return engine_->start_sendrecv(from, pass->length(sc, g), right, into, pass->length(rc, g), left, dt);
+          return engine_->start_sendrecv(from, pass->length(sc, g), right, into, pass->length(rc, g), left,
+                                         data_type_of_v<T>);
         };
         auto pending = start(0, pass->segment(0, so, sc));
         for (std::size_t g = 0; g < segments; ++g) {
