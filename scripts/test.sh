@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs dependencies, builds
 # the host configuration and runs every test (1-4 MPI ranks each), runs the
+# real-host cases across network namespaces (tests/cluster), runs the
 # tests again under AddressSanitizer + UndefinedBehaviorSanitizer and the
 # asynchronous-training and overlap tests under ThreadSanitizer (scripts/sanitize.sh),
 # runs every libFuzzer target for a bounded time
@@ -9,7 +10,7 @@
 #
 #   scripts/test.sh                          # everything
 #   PARALLAX_SKIP_CUDA=1 scripts/test.sh     # skip a stage: also
-#   PARALLAX_SKIP_SANITIZE=1, PARALLAX_SKIP_TSAN=1, PARALLAX_SKIP_FUZZ=1;
+#   PARALLAX_SKIP_SANITIZE=1, PARALLAX_SKIP_TSAN=1, PARALLAX_SKIP_FUZZ=1, PARALLAX_SKIP_CLUSTER=1;
 #   FUZZ_SECONDS=20 (per target)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,7 +27,16 @@ stage "host build (HostSpace, engine::Mpi)"
 cmake -S "$root" -B "$root/build/host" -DCMAKE_BUILD_TYPE=Release -DPARALLAX_ENABLE_CUDA=OFF >/dev/null
 cmake --build "$root/build/host" -j "$jobs"
 stage "host tests"
-(cd "$root/build/host" && ctest -LE gpu --output-on-failure -j "$jobs")
+(cd "$root/build/host" && ctest -LE "gpu|cluster" --output-on-failure -j "$jobs")
+
+if [ -z "${PARALLAX_SKIP_CLUSTER:-}" ]; then
+  # Jobs across network namespaces of this machine over TCP (scripts/cluster.sh):
+  # 2 hosts x 2 ranks against emulated hosts, a checkpoint resharded from 2
+  # hosts to 3, links cut and healed, a host killed. One at a time (they share
+  # the hosts); each reports itself skipped where namespaces cannot be made.
+  stage "real hosts (network namespaces, TCP; tests/cluster)"
+  (cd "$root/build/host" && ctest -L cluster --output-on-failure)
+fi
 
 if [ -z "${PARALLAX_SKIP_SANITIZE:-}" ]; then
   stage "sanitizers (ASan + UBSan + LSan)"
