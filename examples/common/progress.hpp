@@ -35,17 +35,20 @@ struct Summary {
   double seconds = 0;          ///< steps warmup+1..end
   double bytes_per_step = 0;   ///< bytes sent per step by a rank, mean over the ranks
   double bytes_per_step_max = 0;  ///< the same, the busiest rank
+  /// Engine calls per step of a rank (collectives and point-to-point), the
+  /// busiest rank: each pays the link's latency at least once.
+  double calls_per_step = 0;
   int ranks = 1;
   /// Share of the measured time (steps warmup+1..end) in each Part, mean
   /// over the ranks; the rest is the model's other kernels.
   double share[part_count] = {};
 
-  /// The shares as the result line's fields: "gemm_share=0.412 ...".
+  /// The shares and the calls as the result line's fields: "gemm_share=0.412 ... calls_per_step=12".
   std::string shares() const {
-    char text[160];
-    std::snprintf(text, sizeof text, "gemm_share=%.3f parallax_share=%.3f input_share=%.3f",
+    char text[200];
+    std::snprintf(text, sizeof text, "gemm_share=%.3f parallax_share=%.3f input_share=%.3f calls_per_step=%.1f",
                   share[static_cast<int>(Part::gemm)], share[static_cast<int>(Part::parallax)],
-                  share[static_cast<int>(Part::input)]);
+                  share[static_cast<int>(Part::input)], calls_per_step);
     return text;
   }
 };
@@ -85,6 +88,7 @@ class Progress {
     summary_.warmup = warmup;
     window_start_ = steady_start_ = clock::now();
     sent_at_window_ = sent_at_start_ = sent();
+    calls_at_start_ = trainer.stats().total().calls;
   }
 
   /// After every step: this rank's mean loss over its share of the batch.
@@ -108,6 +112,8 @@ class Progress {
     bytes[0] = ctx_->sum(bytes[0]);
     s.bytes_per_step = bytes[0] / s.ranks;
     s.bytes_per_step_max = bytes[1];
+    s.calls_per_step = ctx_->max(static_cast<double>(trainer_->stats().total().calls - calls_at_start_) /
+                                 static_cast<double>(std::max<std::uint64_t>(steps_, 1)));
     std::vector<double> parts(part_count);
     for (int p = 0; p < part_count; ++p)
       parts[p] = s.seconds > 0 ? (profile_.seconds(Part(p)) - at_steady_[p]) / s.seconds / s.ranks : 0;
@@ -125,8 +131,8 @@ class Progress {
       else
         std::printf("  %s/s: n/a (all %llu steps were warm-up, --warmup %llu)\n", unit_,
                     static_cast<unsigned long long>(s.steps), static_cast<unsigned long long>(warmup_));
-      std::printf("  bytes sent per step per rank: %s mean, %s busiest rank (trainer.stats())\n",
-                  format_bytes(s.bytes_per_step).c_str(), format_bytes(s.bytes_per_step_max).c_str());
+      std::printf("  bytes sent per step per rank: %s mean, %s busiest rank; engine calls per step: %.1f (trainer.stats())\n",
+                  format_bytes(s.bytes_per_step).c_str(), format_bytes(s.bytes_per_step_max).c_str(), s.calls_per_step);
       if (measured) {
         const double gemm = s.share[int(Part::gemm)], parallax = s.share[int(Part::parallax)], input = s.share[int(Part::input)];
         std::printf("  time (mean over ranks): the model's matrix products %.1f%%, its other kernels %.1f%%, parallax "
@@ -175,7 +181,7 @@ class Progress {
   std::uint64_t steps_ = 0, window_steps_ = 0;
   double window_loss_ = 0;
   clock::time_point window_start_, steady_start_, last_flush_;
-  std::uint64_t sent_at_start_ = 0, sent_at_window_ = 0;
+  std::uint64_t sent_at_start_ = 0, sent_at_window_ = 0, calls_at_start_ = 0;
   Summary summary_;
   StepProfile profile_;
   StepProfile::Scope scope_;
