@@ -18,7 +18,9 @@ steps="${STEPS:-60}"
 cluster="$root/scripts/cluster.sh"
 out="$(mktemp -d /tmp/parallax-bench-cluster.XXXXXX)"
 trap '"$cluster" down' EXIT
-export PARALLAX_TIMEOUT_MS=120000
+# A short deadline: its grace period also bounds the wait for an MPI_Finalize
+# that does not return over TCP (docs/cluster.md).
+export PARALLAX_TIMEOUT_MS=10000
 
 lm=("$build/examples/01_word_lm" --vocab 800000 --dim 128 --sampled 8192 --context 2 --tokens 2000000
     --steps "$steps" --warmup 10 --log-every 1000 --eval-examples 0 --pass-ratio 0.99)
@@ -28,9 +30,10 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 
 echo "== links: bench_pingpong, 2 hosts x 2 ranks"
 for rate in 1gbit none; do
-  "$cluster" up 2 ${rate:+--rate $rate} >/dev/null
+  "$cluster" up 2 --rate "$rate" >/dev/null
   echo "-- rate $rate"
-  "$cluster" run --ppn 2 -- -n 4 "$build/bench/bench_pingpong" $((8 << 20)) 10 | sed 's/^/   /' || true
+  # bench_pingpong is plain MPI: its MPI_Finalize can hang over TCP (docs/cluster.md)
+  timeout 60 "$cluster" run --ppn 2 -- -n 4 "$build/bench/bench_pingpong" $((8 << 20)) 10 | sed "s/^/   /" || true
 done
 
 # run LABEL HOSTS RATE ARCH ARGS...: one run; appends "label arch samples/s bytes" to $out/runs.
