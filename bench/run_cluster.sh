@@ -9,6 +9,9 @@
 # 01_word_lm at the demo's vocabulary and width with a global batch of 32
 # words (16 per rank on 2 hosts, 8 on 4), one rank per host, at 1 Gbit/s and
 # 250 Mbit/s; 02_ctr at 4 hosts x 1 rank, 1 Gbit/s, a global batch of 2,048.
+# Each configuration also runs --arch auto once, with PARALLAX_PLAN_LINK set
+# to the link's rate and bench_pingpong's latency between hosts, and prints
+# the plan's predicted step against the measured one.
 # Every host is a namespace of this one machine: all ranks share its cores.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -68,6 +71,11 @@ for c in "${configs[@]}"; do
       else run "$label" "$hosts" "$rate" "$arch" "${ctr[@]}" --batch $((2048 / hosts)); fi
     done
   done
+  plan_link=$(case "$rate" in 1gbit) echo 1Gbit/s ;; 250mbit) echo 250Mbit/s ;; esac),65us
+  if [ "$model" = word_lm ]; then args=("${lm[@]}" --batch $((32 / hosts))); else args=("${ctr[@]}" --batch $((2048 / hosts))); fi
+  PARALLAX_PLAN_LINK="$plan_link" "$cluster" run --ppn 1 -- -n "$hosts" "${args[@]}" --arch auto >"$out/$label.auto.log" 2>&1 || true
+  echo "   $label --arch auto (PARALLAX_PLAN_LINK=$plan_link): $(grep -h '^plan:' "$out/$label.auto.log" || echo 'no plan line')"
+  grep -h '^plan:' "$out/$label.auto.log" | sed "s/^/$label /" >>"$out/plans" || true
 done
 
 echo
@@ -87,4 +95,7 @@ for c in "${configs[@]}"; do
     printf "| %s | %d x 1 | %s | %.0f | %.0f | %.2f | %.0f | %.0f | %.1f | %.1f |\n", m, n, r, h, a, h / a, hb, ab,
       1000 * b / h, 1000 * hmax * 8 / bits }'
 done
+echo
+echo "predicted against measured (--arch auto):"
+sed 's/^/  /' "$out/plans" 2>/dev/null || true
 echo "(runs: $out/runs)"

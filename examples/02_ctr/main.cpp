@@ -194,6 +194,7 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
     straggler.end();
   }
   const examples::Summary s = progress.finish();
+  examples::plan_check(ctx, s);
   const double others = straggler.report(ctx, trainer, "samples");
 
   // Held-out log loss and accuracy, against the best constant prediction.

@@ -8,8 +8,9 @@
 /// is overridable by naming an architecture instead.
 ///
 /// The cluster is the job's: its hosts (real or emulated) and, between
-/// them, the emulated link of PARALLAX_LINK when set (docs/cluster.md);
-/// otherwise plan::Cluster's defaults. The step's own compute is the same
+/// them, the link PARALLAX_PLAN_LINK describes ("1Gbit/s,60us": planning
+/// only, for real hosts), else the emulated link of PARALLAX_LINK when set
+/// (docs/cluster.md), else plan::Cluster's defaults. The step's own compute is the same
 /// under every architecture and left out; the local costs are
 /// plan::LocalCosts' defaults (docs/cluster.md, "Calibration").
 
@@ -17,7 +18,10 @@
 #include <parallax/parallax.hpp>
 #include <parallax/plan/model.hpp>
 
+#include "progress.hpp"
+
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -30,9 +34,22 @@ inline px::plan::Cluster job_cluster(const px::Context& ctx) {
   px::plan::Cluster c;
   c.hosts = ctx.topology().num_hosts();
   c.ranks_per_host = ctx.max(ctx.topology().local_size());
-  const auto link = px::detail::parse_link(px::engine::Options{}.from_environment().link);
+  const char* planned = std::getenv("PARALLAX_PLAN_LINK");
+  const auto link = px::detail::parse_link(planned && *planned ? std::string(planned)
+                                                               : px::engine::Options{}.from_environment().link);
   if (link.enabled()) c.inter = {link.bytes_per_second, link.latency_s};
   return c;
+}
+
+/// The chosen architecture's predicted communication and parallax's local
+/// work per step, once choose_arch() ran (plan_check() compares it with the run).
+struct ChosenPlan {
+  std::string arch;
+  double comm_s = -1, local_s = 0;
+};
+inline ChosenPlan& chosen_plan() {
+  static ChosenPlan plan;
+  return plan;
 }
 
 /// The fastest architecture's name for `variables` (sparse ones with
@@ -52,7 +69,25 @@ inline std::string choose_arch(const px::Context& ctx, std::vector<px::plan::Var
     std::printf("%s--arch auto: chose %s\n", px::plan::Model::table(candidates).c_str(), best.arch.c_str());
     std::fflush(stdout);
   }
+  chosen_plan() = {best.arch, best.comm_s, best.local_s};
   return best.arch;
+}
+
+/// After an --arch auto run, on rank 0: the predicted step (the plan's
+/// communication and local work, plus the time this run spent outside
+/// parallax: the model's own compute and its batches, which the plan takes
+/// as given) against the measured one. Nothing without a plan.
+inline void plan_check(const px::Context& ctx, const Summary& s) {
+  const ChosenPlan& plan = chosen_plan();
+  const std::uint64_t measured = s.steps > s.warmup ? s.steps - s.warmup : 0;
+  if (plan.comm_s < 0 || measured == 0 || !ctx.is_root()) return;
+  const double step = s.seconds / static_cast<double>(measured);
+  const double outside = step * (1 - s.share[static_cast<int>(Part::parallax)]);
+  const double predicted = plan.comm_s + plan.local_s + outside;
+  std::printf("plan: %s predicted step %.2f ms (communication %.2f + parallax's local work %.2f, predicted; the model "
+              "and its batches %.2f, measured), measured %.2f ms: predicted / measured %.2f\n",
+              plan.arch.c_str(), 1e3 * predicted, 1e3 * plan.comm_s, 1e3 * plan.local_s, 1e3 * outside, 1e3 * step,
+              predicted / step);
 }
 
 }  // namespace examples
