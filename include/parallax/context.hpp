@@ -255,7 +255,10 @@ class Context {
 
   // Reductions for metrics and bookkeeping (a loss, an accuracy, a count)
   // over every rank of the job: each rank passes its value and gets the
-  // result. Collective. Gradients are the trainer's business, not these.
+  // result. Collective, under the collectives' deadline
+  // (PARALLAX_TIMEOUT_MS): a rank that never arrives is named, the job is
+  // marked failed, and timeout_error is thrown. Gradients are the trainer's
+  // business, not these.
 
   /// The sum over the ranks of x (int, std::int64_t, float or double).
   template <class T>
@@ -290,8 +293,45 @@ class Context {
   void reduce(T* x, std::size_t n, ReduceOp op) const {
     static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>,
                   "Context reductions take int, std::int64_t, float or double values");
-    PARALLAX_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, x, detail::to_mpi_count(n), detail::mpi_datatype(data_type_of_v<T>),
-                                     detail::mpi_op(op), comm_));
+    MPI_Request request = MPI_REQUEST_NULL;
+    PARALLAX_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, x, detail::to_mpi_count(n), detail::mpi_datatype(data_type_of_v<T>),
+                                      detail::mpi_op(op), comm_, &request));
+    const auto timeout = detail::timeout_from_environment();
+    if (!wait_until_deadline(request, timeout, false)) throw timeout_error(report_lost("Context::sum/max/min", "metrics", timeout));
+  }
+
+  /// Completes `request` by polling it until the deadline (zero: none),
+  /// yielding between polls on an oversubscribed machine, or sleeping where
+  /// `sleep` (teardown). False when the deadline passed or a peer is lost.
+  bool wait_until_deadline(MPI_Request& request, std::chrono::milliseconds timeout, bool sleep) const {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    const bool yield = topology_.oversubscribed();
+    for (;;) {
+      int done = 0;
+      if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+      if (done) return true;
+      if (timeout.count() > 0 && std::chrono::steady_clock::now() >= until) return false;
+      if (sleep) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      else if (yield) std::this_thread::yield();
+    }
+  }
+
+  /// After a call of the Context's own missed its deadline: marks the job
+  /// failed, compares notes with the ranks that also gave up (as a failed
+  /// engine call does), prints the diagnosis and returns it.
+  std::string report_lost(const char* op, const char* policy, std::chrono::milliseconds timeout) const {
+    detail::job_failed() = true;
+    detail::Position mine;
+    std::strncpy(mine.op, op, sizeof(mine.op) - 1);
+    std::strncpy(mine.policy, policy, sizeof(mine.policy) - 1);
+    const auto grace = detail::grace_for(timeout);
+    const auto heard = end_channel_->exchange(mine, grace);
+    const std::string report = detail::diagnose(rank(), mine, heard, detail::concat("gave up after ", timeout.count(), " ms"),
+                                                topology_.rank_host_names());
+    std::fprintf(stderr, "%s\n", report.c_str());
+    std::fflush(stderr);
+    end_channel_->settle(heard, grace);
+    return report;
   }
 
   void setup(MPI_Comm comm, const ContextOptions& options) {
@@ -412,27 +452,8 @@ class Context {
       detail::job_failed() = true;
       return;
     }
-    const auto until = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      int done = 0;
-      if (MPI_Test(&barrier, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
-      if (done) return;
-      if (timeout.count() > 0 && std::chrono::steady_clock::now() >= until) break;
-      // Teardown is not latency-critical: leave the core to the peers.
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    detail::job_failed() = true;
-    detail::Position mine;
-    std::strncpy(mine.op, "~Context", sizeof(mine.op) - 1);
-    std::strncpy(mine.policy, "end", sizeof(mine.policy) - 1);
-    const auto grace = detail::grace_for(timeout);
-    const auto heard = end_channel_->exchange(mine, grace);
-    std::fprintf(stderr, "%s\n",
-                 detail::diagnose(rank(), mine, heard, detail::concat("gave up after ", timeout.count(), " ms"),
-                                  topology_.rank_host_names())
-                     .c_str());
-    std::fflush(stderr);
-    end_channel_->settle(heard, grace);
+    // Teardown is not latency-critical: waiting ranks sleep, leaving the core to the peers.
+    if (!wait_until_deadline(barrier, timeout, true)) report_lost("~Context", "end", timeout);
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;

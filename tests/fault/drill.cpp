@@ -2,11 +2,13 @@
 // fail at a chosen or random step. run_drill.cmake runs it under mpiexec and
 // checks the exit status, the messages and the time bound.
 //
-//   drill --mode kill|stop|skip|leave|none --victim R --at-step S|random --steps K
+//   drill --mode kill|stop|stop-at-metric|skip|leave|none --victim R --at-step S|random --steps K
 //         [--timeout-ms T] [--check-calls] [--async S]
 //
 // kill: the victim raises SIGKILL; stop: SIGSTOP (a hung process); skip: the
-// victim leaves out one step() and goes on to the next step; leave: the
+// victim leaves out one step() and goes on to the next step;
+// stop-at-metric: every rank sums a metric over the ranks (Context::sum)
+// after each step, and the victim stops (SIGSTOP) just before it; leave: the
 // victim leaves the loop before step S and returns from main (its trainer
 // and Context end normally) while the others train on. Each rank prints
 // how long after the fault's step began it finished or stopped. --async S
@@ -88,6 +90,10 @@ int main(int argc, char** argv) {
       if (mode == "skip" && ctx.rank() == victim && s == at_step) continue;
       trainer.step();
       ++done;
+      if (mode == "stop-at-metric") {
+        if (ctx.rank() == victim && s == at_step) std::raise(SIGSTOP);
+        (void)ctx.sum(1.0);
+      }
     }
     std::fprintf(stderr, "drill: rank %d finished %ld steps, %.1f s after step %ld began\n", ctx.rank(), done,
                  since_fault(), at_step);

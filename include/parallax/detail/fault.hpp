@@ -91,6 +91,7 @@ struct Position {
     if (variable[0] != '\0') os << " (variable '" << variable << "')";
     else if (policy[0] == '\0' || std::strcmp(policy, "control") == 0) os << " (the step's control exchange)";
     else if (std::strcmp(policy, "checkpoint") == 0) os << " (a checkpoint)";
+    else if (std::strcmp(policy, "metrics") == 0) os << " (a metric reduced over the ranks)";
     else if (std::strcmp(policy, "end") == 0) os << " (the end of the program, where every rank's Context waits for the others)";
     else os << " (" << policy << ", several variables)";
     if (step >= 0) os << " at step " << step;
