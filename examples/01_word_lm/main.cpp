@@ -127,8 +127,8 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
     straggler.end();  // --slow-rank sleeps here, as if its compute were slower
   }
   const examples::Summary s = progress.finish();
-  examples::plan_check(ctx, s);
   // example-end
+  examples::plan_check(ctx, s);
   const double others = straggler.report(ctx, trainer, "words");
 
   // Perplexity with the full softmax on held-out words, split over the ranks.
