@@ -73,7 +73,7 @@ struct Options {
   /// PARALLAX_CHECK_CALLS=1, PARALLAX_YIELD=0|1, PARALLAX_LINK).
   Options from_environment() const {
     Options o = *this;
-    if (const char* t = std::getenv("PARALLAX_TIMEOUT_MS")) o.timeout = std::chrono::milliseconds(std::atoll(t));
+    o.timeout = detail::timeout_from_environment(o.timeout);
     if (const char* c = std::getenv("PARALLAX_CHECK_CALLS")) o.check_calls = std::atoi(c) != 0;
     if (const char* y = std::getenv("PARALLAX_YIELD")) o.yield = std::atoi(y) != 0 ? Yield::always : Yield::never;
     if (const char* l = std::getenv("PARALLAX_LINK")) o.link = l;
