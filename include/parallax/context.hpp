@@ -3,6 +3,7 @@
 /// The process's place in the job: MPI start-up, ranks, and which ranks share
 /// a host (real hosts from MPI_Comm_split_type, or emulated groups for tests).
 
+#include <parallax/detail/exit_monitor.hpp>
 #include <parallax/detail/fault.hpp>
 #include <parallax/detail/mpi.hpp>
 #include <parallax/error.hpp>
@@ -180,11 +181,15 @@ class Context {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
+      // Before MPI_Init, while this process has one thread: a rank that
+      // exits with status 0 before the job finished must fail the job.
+      detail::ExitMonitor::start();
       int provided = 0;
       PARALLAX_MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided));
       owns_mpi_ = true;
     }
     setup(MPI_COMM_WORLD, options);
+    detail::ExitMonitor::set_rank(rank());
   }
 
   /// Joins an already initialised MPI over `comm` (MPI_COMM_WORLD by default).
@@ -229,6 +234,7 @@ class Context {
     if (host_comm_ != MPI_COMM_NULL) MPI_Comm_free(&host_comm_);
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
     if (owns_mpi_) {
+      detail::ExitMonitor::job_finished();  // every rank met at the end
       detail::exit_if_still_running(detail::grace_for(detail::timeout_from_environment()), 0,
                                     "MPI_Finalize (every rank had reached the end)");
       MPI_Finalize();

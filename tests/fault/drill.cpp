@@ -2,7 +2,7 @@
 // fail at a chosen or random step. run_drill.cmake runs it under mpiexec and
 // checks the exit status, the messages and the time bound.
 //
-//   drill --mode kill|stop|stop-at-metric|skip|leave|none --victim R --at-step S|random --steps K
+//   drill --mode kill|stop|stop-at-metric|skip|leave|exit0|none --victim R --at-step S|random --steps K
 //         [--timeout-ms T] [--check-calls] [--async S]
 //
 // kill: the victim raises SIGKILL; stop: SIGSTOP (a hung process); skip: the
@@ -77,6 +77,10 @@ int main(int argc, char** argv) {
       if (ctx.rank() == victim && s == at_step) {
         if (mode == "kill") std::raise(SIGKILL);
         if (mode == "stop") std::raise(SIGSTOP);
+        if (mode == "exit0") {
+          std::fprintf(stderr, "drill: rank %d exits with status 0 before step %ld\n", ctx.rank(), s);
+          _exit(0);
+        }
         if (mode == "leave") {
           std::fprintf(stderr, "drill: rank %d leaves the loop before step %ld\n", ctx.rank(), s);
           break;
