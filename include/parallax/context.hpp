@@ -231,6 +231,7 @@ class Context {
       abort_mpi();
     }
     end_channel_.reset();
+    if (owns_abort_comm_) MPI_Comm_free(&abort_comm());
     if (host_comm_ != MPI_COMM_NULL) MPI_Comm_free(&host_comm_);
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
     if (owns_mpi_) {
@@ -415,6 +416,11 @@ class Context {
     threads_ = omp_get_max_threads();
 
     end_channel_ = std::make_unique<detail::FaultChannel>(comm_);
+    if (abort_comm() == MPI_COMM_NULL) {
+      PARALLAX_MPI_CHECK(MPI_Comm_dup(comm_, &abort_comm()));
+      PARALLAX_MPI_CHECK(MPI_Comm_set_errhandler(abort_comm(), MPI_ERRORS_RETURN));
+      owns_abort_comm_ = true;
+    }
     if (options.abort_on_uncaught_exception) std::set_terminate(&Context::abort_job);
   }
 
@@ -437,8 +443,40 @@ class Context {
       std::fprintf(stderr, "parallax: rank %d: std::terminate called\n", rank);
     }
     std::fflush(stderr);
-    if (initialized && !finalized) abort_mpi();
+    if (initialized && !finalized) {
+      meet_before_abort();
+      abort_mpi();
+    }
     std::abort();
+  }
+
+  /// A communicator of its own for meet_before_abort(), or MPI_COMM_NULL.
+  static MPI_Comm& abort_comm() {
+    static MPI_Comm comm = MPI_COMM_NULL;
+    return comm;
+  }
+
+  /// Before the first MPI_Abort tears the job down, the ranks that are
+  /// ending it meet for a moment: an error every rank throws (a bad id, a
+  /// wrong shape) escapes main on every rank, and the first rank's abort
+  /// killed the others before they printed theirs (seen at 3 ranks). They
+  /// meet in a barrier of their own, for at most min(grace, 3 s): a rank
+  /// that fails alone waits that long for peers that are not coming. Then
+  /// a moment more, for the launcher to forward what they printed.
+  static void meet_before_abort() {
+    if (abort_comm() != MPI_COMM_NULL) {
+      MPI_Request barrier = MPI_REQUEST_NULL;
+      if (MPI_Ibarrier(abort_comm(), &barrier) == MPI_SUCCESS) {
+        const auto until = std::chrono::steady_clock::now() +
+                           std::min<std::chrono::milliseconds>(detail::grace_for(detail::timeout_from_environment()),
+                                                               std::chrono::seconds(3));
+        for (int done = 0; !done && std::chrono::steady_clock::now() < until;) {
+          if (MPI_Test(&barrier, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+          if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
 
   /// MPI_Abort, and this process's own exit if the launcher cannot be
@@ -469,6 +507,7 @@ class Context {
   std::unique_ptr<detail::FaultChannel> end_channel_;
   int threads_ = 1;
   bool owns_mpi_ = false;
+  bool owns_abort_comm_ = false;
 };
 
 }  // namespace parallax

@@ -2,7 +2,7 @@
 // fail at a chosen or random step. run_drill.cmake runs it under mpiexec and
 // checks the exit status, the messages and the time bound.
 //
-//   drill --mode kill|stop|stop-at-metric|skip|leave|exit0|none --victim R --at-step S|random --steps K
+//   drill --mode kill|stop|stop-at-metric|skip|leave|exit0|bad-id|none --victim R --at-step S|random --steps K
 //         [--timeout-ms T] [--check-calls] [--async S]
 //
 // kill: the victim raises SIGKILL; stop: SIGSTOP (a hung process); skip: the
@@ -88,6 +88,7 @@ int main(int argc, char** argv) {
       }
       std::vector<px::index_t> ids;
       for (int i = 0; i < 32; ++i) ids.push_back((s * 131 + i * 17 + ctx.rank() * 7) % 1000);
+      if (mode == "bad-id" && ctx.rank() == victim && s == at_step) ids[5] = 1000;  // one past the table
       auto rows = trainer.lookup(emb, ids);
       emb.grad().add(ids, std::vector<float>(rows.size(), 0.01f));
       for (auto& g : w.grad()) g = 0.01f;
@@ -108,6 +109,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "drill: rank %d gave up %.1f s after step %ld began\n", ctx.rank(), since_fault(), at_step);
     return 3;  // parallax printed the diagnosis; ~Context ends the job (MPI_Abort)
   } catch (const std::exception& e) {
+    // bad-id: the error every rank throws leaves main, as in a program that
+    // catches nothing: Context's terminate handler prints it and ends the job.
+    if (mode == "bad-id") throw;
     std::fprintf(stderr, "drill: rank %d stopped: %s\n", ctx.rank(), e.what());
     return 3;
   }
