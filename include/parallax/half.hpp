@@ -66,7 +66,7 @@ struct HalfSplit {
 /// the next magnitude (and from the largest finite to infinity), so carries
 /// into the exponent need no care.
 PARALLAX_HOST_DEVICE inline std::uint32_t round_nearest_even(HalfSplit s) noexcept {
-  if (s.shift == 0 || s.shift > 32) return s.trunc;  // shift > 32: rem < 2^24 < half a unit
+  if (s.shift > 32) return s.trunc;  // rem < 2^24 < half a unit
   const std::uint64_t half = std::uint64_t{1} << (s.shift - 1);
   const bool up = s.rem > half || (s.rem == half && (s.trunc & 1u));
   return s.trunc + (up ? 1u : 0u);
@@ -105,7 +105,7 @@ PARALLAX_HOST_DEVICE inline std::uint16_t float_to_half(float x, bool stochastic
   const std::uint32_t u = float_bits(x);
   const std::uint32_t sign = (u >> 16) & 0x8000u;
   const std::uint32_t a = u & 0x7FFFFFFFu;
-  if (Bf16) {
+  if constexpr (Bf16) {
     if (a > 0x7F800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);  // quiet NaN, payload kept
     if (a == 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7F80u);
     const HalfSplit s = split_bf16(a);
