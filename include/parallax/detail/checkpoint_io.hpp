@@ -419,21 +419,24 @@ class CheckpointReader {
   template <class T>
   void read_rows(std::size_t v, int what, std::uint64_t first, std::uint64_t n, T* out) {
     const ManifestVariable& mv = manifest_.variables[v];
-    const DataType saved = *saved_type_named(mv.type);  // parse() accepted it
-    if (saved == data_type_of_v<T>) return read_saved_rows(v, what, first, n, out);
-    if (!restorable(saved, data_type_of_v<T>))
+    const std::optional<DataType> saved = saved_type_named(mv.type);
+    if (!saved) throw error(concat("checkpoint variable '", mv.name, "' has the unknown element type '", mv.type, "'"));
+    if (*saved == data_type_of_v<T>) return read_saved_rows(v, what, first, n, out, sizeof(T));
+    if (!restorable(*saved, data_type_of_v<T>))
       throw error(concat("checkpoint variable '", mv.name, "' was saved as ", mv.type, " and cannot be restored as ",
                          to_string(data_type_of_v<T>)));
-    std::vector<unsigned char> raw(n * mv.cols * size_of(saved));
-    read_saved_rows(v, what, first, n, raw.data());
-    convert_elements(saved, raw.data(), out, n * mv.cols);
+    std::vector<unsigned char> raw(n * mv.cols * size_of(*saved));
+    read_saved_rows(v, what, first, n, raw.data(), size_of(*saved));
+    convert_elements(*saved, raw.data(), out, n * mv.cols);
   }
 
  private:
-  /// read_rows() in the saved type, into `out` (room for n rows of it).
-  void read_saved_rows(std::size_t v, int what, std::uint64_t first, std::uint64_t n, void* out_bytes) {
+  /// read_rows() in the saved type (`element` bytes each), into `out_bytes`
+  /// (room for n rows of it).
+  void read_saved_rows(std::size_t v, int what, std::uint64_t first, std::uint64_t n, void* out_bytes,
+                       std::size_t element) {
     const ManifestVariable& mv = manifest_.variables[v];
-    const std::uint64_t row_bytes = mv.cols * size_of(*saved_type_named(mv.type));
+    const std::uint64_t row_bytes = mv.cols * element;
     auto* out = static_cast<char*>(out_bytes);
     auto read_from = [&](int r, std::uint64_t local, std::uint64_t count, char* dst) {
       RankFile& f = file(r);
