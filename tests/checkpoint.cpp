@@ -8,8 +8,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 
 namespace fs = std::filesystem;
@@ -526,4 +528,179 @@ TEST_CASE("a step that fails after updates made when ready leaves the trainer re
   CHECK_NOTHROW(trainer.step());
   CHECK(trainer.steps() == 1);
   CHECK(trainer.fetch(w)[0] == Approx(0.9f));
+}
+
+namespace {
+
+/// A variable of element type T that the test holds itself, as a policy
+/// member Checkpoints saves and restores: replicated (rank 0 saves every
+/// row) or sharded in ranks + 1 partitions, with one optimizer slot. The
+/// policies do not take 16-bit variables yet; this lets the checkpoint
+/// side be tested on its own.
+template <class T>
+class HeldVariable final : public px::policy::Member {
+ public:
+  HeldVariable(std::string name, std::size_t rows, std::size_t cols, bool sharded, int rank, int ranks)
+      : name_(std::move(name)), rows_(rows), cols_(cols), sharded_(sharded), rank_(rank),
+        map_(rows, ranks + 1, ranks) {
+    value.resize(stored_rows() * cols);
+    slot.resize(value.size());
+  }
+  /// Element (local row i, col c) set from its global row by `f(row, c, what)`.
+  template <class F>
+  void fill(F f) {
+    for (std::size_t i = 0; i < stored_rows(); ++i)
+      for (std::size_t c = 0; c < cols_; ++c) {
+        value[i * cols_ + c] = T(f(global_row(i), c, 0));
+        slot[i * cols_ + c] = T(f(global_row(i), c, 1));
+      }
+  }
+  std::size_t global_row(std::size_t i) const {
+    return sharded_ ? static_cast<std::size_t>(map_.global_row(rank_, i)) : i;
+  }
+
+  std::vector<T> value, slot;  // the rows this rank stores
+
+  const void* identity() const override { return this; }
+  const std::string& name() const override { return name_; }
+  const char* policy() const override { return "held"; }
+  px::detail::VarRecord record() const override {
+    return px::detail::VarRecord::make(name_, {rows_, cols_}, px::data_type_of_v<T>, sharded_, "held");
+  }
+  std::size_t stored_rows() const override { return sharded_ ? map_.shard_rows(rank_) : rows_; }
+  /// This rank's rows (the test reads `value` directly).
+  void fetch(void* out) override { std::memcpy(out, value.data(), value.size() * sizeof(T)); }
+  int saved_partitions() const override { return sharded_ ? map_.parts : 0; }
+  void save(px::detail::AtomicFile& out) override {
+    if (!sharded_ && rank_ != 0) return;
+    T* slots[1] = {slot.data()};
+    px::policy::save_state<T, px::HostSpace>(out, value.data(), slots, 1, value.size());
+  }
+  void load(px::detail::CheckpointReader& in, std::size_t index) override {
+    T* slots[1] = {slot.data()};
+    px::policy::load_state<T, px::HostSpace>(in, index, sharded_ ? &map_ : nullptr, rank_, rows_, cols_, value.data(),
+                                             slots, 1);
+  }
+
+ private:
+  std::string name_;
+  std::size_t rows_, cols_;
+  bool sharded_;
+  int rank_;
+  px::PartitionMap map_;
+};
+
+/// A dense and a sharded variable of element type T.
+template <class T>
+struct HeldModel {
+  HeldVariable<T> w, emb;
+  explicit HeldModel(px::Context& ctx)
+      : w("w", 7, 3, false, ctx.rank(), ctx.size()), emb("emb", 29, 4, true, ctx.rank(), ctx.size()) {}
+  std::vector<px::policy::Member*> members() { return {&w, &emb}; }
+  px::Checkpoints<px::engine::Mpi> checkpoints(px::engine::Mpi& engine) {
+    return px::Checkpoints<px::engine::Mpi>(engine, {}, "held-sgd", 1, members());
+  }
+};
+
+/// Values over many binades, with every mantissa bit in use: for fp16 some
+/// are subnormal (below 2^-14) and some overflow (from 65520).
+float original(std::size_t row, std::size_t c, int what) {
+  const float frac = std::fmod(0.6180339887f * static_cast<float>(row * 5 + c * 3 + what * 11 + 1), 1.f);
+  const int binade = static_cast<int>((row * 7 + c * 13 + static_cast<std::size_t>(what) * 3) % 48) - 28;
+  return std::ldexp(1.f + frac, binade) * ((row + c) % 3 == 0 ? -1.f : 1.f);
+}
+
+/// How many stored elements (value and slot) of `m` differ in their bits
+/// from want(row, c, what).
+template <class T, class F>
+std::size_t differences(HeldVariable<T>& m, std::size_t cols, F want) {
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < m.stored_rows(); ++i)
+    for (std::size_t c = 0; c < cols; ++c) {
+      const T v = want(m.global_row(i), c, 0), s = want(m.global_row(i), c, 1);
+      wrong += std::memcmp(&m.value[i * cols + c], &v, sizeof(T)) != 0;
+      wrong += std::memcmp(&m.slot[i * cols + c], &s, sizeof(T)) != 0;
+    }
+  return wrong;
+}
+
+template <class T>
+std::size_t differences(HeldModel<T>& m, std::function<T(std::size_t, std::size_t, int)> want) {
+  return differences(m.w, 3, want) + differences(m.emb, 4, want);
+}
+
+std::vector<std::string> described(const std::vector<px::CheckpointConversion>& all) {
+  std::vector<std::string> out;
+  for (const auto& c : all) out.push_back(c.describe());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint restores into another precision, rounding to nearest even, and says so",
+          "[checkpoint][half]") {
+  auto& ctx = test::world();
+  px::engine::Mpi engine(ctx);
+  TempDir dir;
+
+  HeldModel<float> f32(ctx);
+  f32.w.fill(original);
+  f32.emb.fill(original);
+  const std::string saved_f32 = f32.checkpoints(engine).save(dir.path, 1);
+
+  // f32 -> bf16: every value and slot rounded to nearest even, named.
+  HeldModel<px::bf16> b(ctx);
+  auto from_f32 = b.checkpoints(engine);
+  CHECK(from_f32.restore(saved_f32) == 1);
+  CHECK(test::all_ranks(differences<px::bf16>(b, [](std::size_t r, std::size_t c, int w) {
+                          return px::bf16(original(r, c, w));
+                        }) == 0));
+  CHECK(described(from_f32.restored_conversions()) ==
+        std::vector<std::string>{"variable 'w': saved as f32, restored as bf16, rounded to nearest even",
+                                 "variable 'emb': saved as f32, restored as bf16, rounded to nearest even"});
+
+  // bf16 -> f32: exact.
+  const std::string saved_bf16 = b.checkpoints(engine).save(dir.path, 2);
+  HeldModel<float> back(ctx);
+  auto from_bf16 = back.checkpoints(engine);
+  from_bf16.restore(saved_bf16);
+  CHECK(test::all_ranks(differences<float>(back, [](std::size_t r, std::size_t c, int w) {
+                          return static_cast<float>(px::bf16(original(r, c, w)));
+                        }) == 0));
+  REQUIRE(from_bf16.restored_conversions().size() == 2);
+  CHECK(from_bf16.restored_conversions()[1].exact);
+  CHECK(from_bf16.restored_conversions()[1].describe() == "variable 'emb': saved as bf16, restored as f32, exactly");
+
+  // f32 -> f16 (subnormals, overflow to infinity) and bf16 -> f16.
+  HeldModel<px::fp16> h(ctx);
+  auto into_f16 = h.checkpoints(engine);
+  into_f16.restore(saved_f32);
+  CHECK(test::all_ranks(differences<px::fp16>(h, [](std::size_t r, std::size_t c, int w) {
+                          return px::fp16(original(r, c, w));
+                        }) == 0));
+  into_f16.restore(saved_bf16);
+  CHECK(test::all_ranks(differences<px::fp16>(h, [](std::size_t r, std::size_t c, int w) {
+                          return px::fp16(static_cast<float>(px::bf16(original(r, c, w))));
+                        }) == 0));
+  CHECK(into_f16.restored_conversions().front().describe() ==
+        "variable 'w': saved as bf16, restored as f16, rounded to nearest even");
+
+  // The same type: nothing converted, nothing named.
+  HeldModel<px::bf16> same(ctx);
+  auto plain = same.checkpoints(engine);
+  plain.restore(saved_bf16);
+  CHECK(plain.restored_conversions().empty());
+  CHECK(test::all_ranks(differences<px::bf16>(same, [](std::size_t r, std::size_t c, int w) {
+                          return px::bf16(original(r, c, w));
+                        }) == 0));
+
+  // f64 converts to nothing (through float it would round twice): refused
+  // on every rank before anything loads.
+  HeldModel<double> wide(ctx);
+  wide.w.fill([](std::size_t, std::size_t, int) { return 7.0; });
+  auto refused = wide.checkpoints(engine);
+  CHECK_THROWS_WITH(refused.restore(saved_f32), Catch::Contains("is of a different model") &&
+                                                    Catch::Contains("'w' (7 x 3, f32, dense)"));
+  CHECK(wide.w.value[0] == 7.0);
+  CHECK_FALSE(refused.damaged());
 }

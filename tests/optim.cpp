@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <omp.h>
 #include <type_traits>
 #include <vector>
 
@@ -177,4 +178,201 @@ TEMPLATE_TEST_CASE("the row and dense kernels give the rule's bits, with decay o
       CHECK(std::memcmp(got.data(), s0.data(), got.size() * sizeof(float)) == 0);
     }
   }
+}
+
+namespace {
+
+/// A table of `rows` x `cols` stored as H, its float optimizer state, and
+/// the float reference of both, updated by the rule element by element.
+template <class H, class Opt>
+struct HalfTable {
+  std::size_t rows, cols;
+  std::vector<H> w;
+  px::optim::State<Opt, float, px::HostSpace> state;
+  std::vector<float> s0, s1;  // the reference's state
+  HalfTable(const Opt& opt, std::size_t r, std::size_t c)
+      : rows(r), cols(c), w(r * c), state(opt, r * c), s0(r * c, opt.template slot_initial<float>(0)),
+        s1(r * c, opt.template slot_initial<float>(1)) {
+    for (std::size_t i = 0; i < w.size(); ++i)
+      w[i] = H(std::sin(0.3f * static_cast<float>(i)) * (i % 7 == 0 ? 300.f : 1.f));
+  }
+};
+
+/// The 16-bit value next to h, upwards or downwards.
+template <class H>
+H step_toward(H h, bool up) {
+  if ((h.bits & 0x7FFF) == 0) return H::from_bits(up ? 0x0001 : 0x8001);
+  const bool negative = h.bits & 0x8000;
+  return H::from_bits(static_cast<std::uint16_t>(up != negative ? h.bits + 1 : h.bits - 1));
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const T* b) {
+  return std::memcmp(a.data(), b, a.size() * sizeof(T)) == 0;
+}
+
+std::vector<float> gradient(std::size_t k, std::size_t cols, int step) {
+  std::vector<float> g(k * cols);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = std::cos(0.7f * static_cast<float>(i) + static_cast<float>(step));
+  return g;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("rows stored in 16 bits update in float and round to nearest even", "[optim][half]", px::bf16,
+                   px::fp16) {
+  using H = TestType;
+  auto run = [](auto opt) {
+    using Opt = decltype(opt);
+    HalfTable<H, Opt> t(opt, 6, 37);
+    std::vector<H> want = t.w;
+    const std::vector<px::index_t> rows{4, 0, 2}, ids{104, 100, 102};
+    const px::Exec<px::HostSpace> ex;
+    for (int step = 1; step <= 3; ++step) {
+      const auto g = gradient(rows.size(), t.cols, step);
+      const auto rule = opt.template rule<float>(static_cast<std::uint64_t>(step));
+      for (std::size_t j = 0; j < rows.size(); ++j)
+        for (std::size_t c = 0; c < t.cols; ++c) {
+          const std::size_t at = static_cast<std::size_t>(rows[j]) * t.cols + c;
+          float value = want[at];
+          rule(value, g[j * t.cols + c] * 0.5f, t.s0[at], t.s1[at]);
+          want[at] = H(value);
+        }
+      px::optim::apply_rows(ex, opt, static_cast<std::uint64_t>(step), t.w.data(), rows.data(), ids.data(), g.data(),
+                            rows.size(), t.cols, t.state, 0.5f);
+    }
+    INFO(Opt::name);
+    CHECK(same_bits(want, t.w.data()));
+    if (Opt::slots > 0) CHECK(same_bits(t.s0, t.state.slot(0)));
+    if (Opt::slots > 1) CHECK(same_bits(t.s1, t.state.slot(1)));
+  };
+  run(px::optim::Sgd{0.1f});
+  run(px::optim::Sgd{0.1f, 0.25f});
+  run(px::optim::Momentum{0.1f, 0.8f, true});
+  run(px::optim::Adagrad{0.1f, 0.1f, 1e-7f});
+  run(px::optim::Adam{0.1f, 0.9f, 0.999f, 1e-8f, 0.25f});
+}
+
+TEMPLATE_TEST_CASE("stochastic rounding of updated rows: the seeded draws, on any thread or rank count",
+                   "[optim][half]", px::bf16, px::fp16) {
+  using H = TestType;
+  const px::optim::Adam opt{0.01f};
+  const px::optim::Rounding rounding{px::optim::Rounding::stochastic, 2026};
+  // 512 rows of 64: enough elements for the host's OpenMP team.
+  constexpr std::size_t rows = 512, cols = 64;
+  std::vector<px::index_t> local(rows), ids(rows);
+  for (std::size_t j = 0; j < rows; ++j) {
+    local[j] = static_cast<px::index_t>((j * 37) % rows);  // unique, scattered
+    ids[j] = local[j] * 3 + 1;                            // global ids of a sharded table
+  }
+  const auto g = gradient(rows, cols, 1);
+  const px::Exec<px::HostSpace> ex;
+  auto update = [&](HalfTable<H, px::optim::Adam>& t, std::size_t first, std::size_t count, px::optim::Rounding r) {
+    px::optim::apply_rows(ex, opt, 5, t.w.data(), local.data() + first, ids.data() + first, g.data() + first * cols,
+                          count, cols, t.state, 1.f, r);
+  };
+
+  // The stored bits are the rule's float result rounded with the draw of
+  // (seed, step, id, column): one of its two neighbours.
+  HalfTable<H, px::optim::Adam> one(opt, rows, cols);
+  std::vector<H> want = one.w;
+  const auto rule = opt.template rule<float>(5);
+  std::size_t neighbours = 0, moved_up = 0;
+  for (std::size_t j = 0; j < rows; ++j)
+    for (std::size_t c = 0; c < cols; ++c) {
+      const std::size_t at = static_cast<std::size_t>(local[j]) * cols + c;
+      float value = want[at];
+      rule(value, g[j * cols + c], one.s0[at], one.s1[at]);
+      want[at] = H::round_stochastic(value, px::optim::rounding_bits(2026, 5, static_cast<std::uint64_t>(ids[j]), c));
+      // The two neighbours of the float result: nearest rounding gives one.
+      const H near(value);
+      const bool near_is_below = static_cast<float>(near) <= value;
+      const H other = step_toward<H>(near, near_is_below);
+      neighbours += want[at].bits == near.bits || want[at].bits == other.bits;
+      moved_up += static_cast<float>(want[at]) > value;
+    }
+  update(one, 0, rows, rounding);
+  CHECK(same_bits(want, one.w.data()));
+  CHECK(neighbours == rows * cols);
+  CHECK(moved_up > rows * cols / 4);  // not always the same way
+  CHECK(moved_up < rows * cols * 3 / 4);
+
+  // One thread or the team: the same bits.
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  HalfTable<H, px::optim::Adam> serial(opt, rows, cols);
+  update(serial, 0, rows, rounding);
+  omp_set_num_threads(saved);
+  CHECK(same_bits(one.w, serial.w.data()));
+
+  // Rows updated in two calls (two shards) with their global ids: the same bits.
+  HalfTable<H, px::optim::Adam> split(opt, rows, cols);
+  update(split, 0, 200, rounding);
+  update(split, 200, rows - 200, rounding);
+  CHECK(same_bits(one.w, split.w.data()));
+
+  // Another seed draws otherwise.
+  HalfTable<H, px::optim::Adam> other(opt, rows, cols);
+  update(other, 0, rows, {px::optim::Rounding::stochastic, 2027});
+  CHECK_FALSE(same_bits(one.w, other.w.data()));
+}
+
+TEMPLATE_TEST_CASE("stochastic rounding keeps updates below half a unit that nearest rounding loses", "[optim][half]",
+                   px::bf16, px::fp16) {
+  using H = TestType;
+  // SGD steps of 2^-14 from 1: a sixteenth of the unit just below 1 for
+  // fp16 (2^-11 there), far less for bf16 (2^-8). Nearest rounding stays at
+  // 1 for ever; stochastic rounding follows the float run on average.
+  const px::optim::Sgd opt{std::ldexp(1.f, -14)};
+  constexpr std::size_t rows = 64, cols = 64, steps = 512;
+  std::vector<px::index_t> ids(rows);
+  for (std::size_t j = 0; j < rows; ++j) ids[j] = static_cast<px::index_t>(j);
+  const std::vector<float> g(rows * cols, 1.f);
+  const px::Exec<px::HostSpace> ex;
+  std::vector<H> nearest(rows * cols, H(1.f)), stochastic = nearest;
+  px::optim::State<px::optim::Sgd, float, px::HostSpace> none(opt, 0);
+  for (std::size_t s = 1; s <= steps; ++s) {
+    px::optim::apply_rows(ex, opt, s, nearest.data(), ids.data(), ids.data(), g.data(), rows, cols, none, 1.f);
+    px::optim::apply_rows(ex, opt, s, stochastic.data(), ids.data(), ids.data(), g.data(), rows, cols, none, 1.f,
+                          {px::optim::Rounding::stochastic, 9});
+  }
+  const double exact = 1.0 - steps * std::ldexp(1.0, -14);  // 0.96875
+  double mean = 0;
+  for (const H& h : stochastic) mean += static_cast<float>(h);
+  mean /= static_cast<double>(stochastic.size());
+  CHECK(static_cast<float>(nearest[0]) == 1.f);
+  CHECK(static_cast<float>(nearest.back()) == 1.f);
+  // Each element's error is a sum of unbiased roundings of at most one
+  // unit (2^-8) each: over 4096 elements the mean is within a few 1e-4.
+  CHECK(std::fabs(mean - exact) < 2e-3);
+}
+
+TEMPLATE_TEST_CASE("row-wise Adagrad keeps one float per row", "[optim][half]", float, px::bf16) {
+  using W = TestType;
+  const px::optim::Adagrad opt{0.1f, 0.25f, 1e-7f};
+  constexpr std::size_t rows = 9, cols = 13;
+  std::vector<W> w(rows * cols);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = W(std::sin(0.3f * static_cast<float>(i)));
+  std::vector<W> want = w;
+  std::vector<float> acc(rows, opt.initial_accumulator), want_acc = acc;
+  const std::vector<px::index_t> local{7, 2, 5}, ids{7, 2, 5};
+  const px::Exec<px::HostSpace> ex;
+  for (int step = 1; step <= 3; ++step) {
+    const auto g = gradient(local.size(), cols, step);
+    for (std::size_t j = 0; j < local.size(); ++j) {
+      const auto r = static_cast<std::size_t>(local[j]);
+      float squares = 0;
+      for (std::size_t c = 0; c < cols; ++c) squares += (g[j * cols + c] * 2.f) * (g[j * cols + c] * 2.f);
+      want_acc[r] += squares / static_cast<float>(cols);
+      const float rate = opt.lr / (std::sqrt(want_acc[r]) + opt.eps);
+      for (std::size_t c = 0; c < cols; ++c)
+        want[r * cols + c] = W(static_cast<float>(want[r * cols + c]) - rate * (g[j * cols + c] * 2.f));
+    }
+    px::optim::apply_rows_rowwise_adagrad(ex, opt, static_cast<std::uint64_t>(step), w.data(), local.data(),
+                                          ids.data(), g.data(), local.size(), cols, acc.data(), 2.f);
+  }
+  CHECK(same_bits(want, w.data()));
+  CHECK(same_bits(want_acc, acc.data()));
+  CHECK(acc[0] == opt.initial_accumulator);  // untouched rows keep theirs
+  CHECK(w[0] == want[0]);
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 
 #include <omp.h>
@@ -30,6 +31,45 @@ TEMPLATE_TEST_CASE("Buffer round-trips host data and grows keeping contents", "[
   px::Buffer<int, Space> moved = std::move(b);
   CHECK(moved.size() == 6);
   CHECK(b.empty());  // NOLINT(bugprone-use-after-move): moved-from is empty by contract
+}
+
+/// Rounds floats into 16-bit storage in a space's kernel.
+template <class H>
+struct StoreHalf {
+  const float* in;
+  H* out;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t i) const { out[i] = H(in[i]); }
+};
+
+TEMPLATE_TEST_CASE("Buffer holds 16-bit floats, rounded by kernels in its space as on the host", "[space][half]",
+                   PARALLAX_TEST_SPACES) {
+  using Space = TestType;
+  std::vector<float> values;
+  for (int i = 0; i < 1001; ++i) values.push_back(std::ldexp(1.f + 0.0137f * static_cast<float>(i), i % 40 - 30) * (i & 1 ? -1.f : 1.f));
+  values.insert(values.end(), {65520.f, std::ldexp(1.f, -25), 1.f + std::ldexp(1.f, -8), -0.f});
+  auto in = px::Buffer<float, Space>::from_host(values);
+  px::Buffer<px::bf16, Space> b(values.size());
+  px::Buffer<px::fp16, Space> h(values.size());
+  px::Exec<Space> ex;
+  px::for_each(ex, values.size(), StoreHalf<px::bf16>{in.data(), b.data()});
+  px::for_each(ex, values.size(), StoreHalf<px::fp16>{in.data(), h.data()});
+  ex.synchronize();
+  CHECK(b.bytes() == 2 * values.size());
+  const auto got_b = b.to_host();
+  const auto got_h = h.to_host();
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < values.size(); ++i)
+    wrong += got_b[i].bits != px::bf16(values[i]).bits || got_h[i].bits != px::fp16(values[i]).bits;
+  CHECK(wrong == 0);
+  // Copies and growth move the 16 bits unchanged.
+  b.resize(3 * values.size());
+  const auto copy = px::Buffer<px::bf16, Space>::from_host(got_b);
+  b.append(copy.data(), copy.size());
+  const auto grown = b.to_host();
+  CHECK(std::memcmp(grown.data(), got_b.data(), got_b.size() * 2) == 0);
+  CHECK(std::memcmp(grown.data() + 3 * values.size(), got_b.data(), got_b.size() * 2) == 0);
+  h.zero();
+  CHECK(h.to_host()[7].bits == 0);
 }
 
 TEST_CASE("Buffer grows by half its capacity at least, so creeping sizes settle", "[space]") {

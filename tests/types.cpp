@@ -9,6 +9,9 @@ static_assert(!px::is_sparse_v<int>);
 static_assert(px::data_type_of_v<float> == px::DataType::f32);
 static_assert(px::data_type_of_v<std::int64_t> == px::DataType::i64);
 static_assert(px::size_of(px::DataType::f64) == 8);
+static_assert(px::data_type_of_v<px::bf16> == px::DataType::bf16);
+static_assert(px::data_type_of_v<px::fp16> == px::DataType::f16);
+static_assert(px::is_floating(px::DataType::bf16) && !px::is_floating(px::DataType::i32));
 
 TEST_CASE("Shape counts elements and compares", "[types]") {
   constexpr px::Shape m{3, 4};
@@ -22,4 +25,8 @@ TEST_CASE("DataType names and sizes", "[types]") {
   CHECK(std::string(px::to_string(px::DataType::f32)) == "f32");
   CHECK(px::size_of(px::DataType::u8) == 1);
   CHECK(px::size_of(px::DataType::i32) == 4);
+  CHECK(px::size_of(px::DataType::bf16) == 2);
+  CHECK(px::size_of(px::DataType::f16) == 2);
+  CHECK(std::string(px::to_string(px::DataType::bf16)) == "bf16");
+  CHECK(std::string(px::to_string(px::DataType::f16)) == "f16");
 }

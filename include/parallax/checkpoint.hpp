@@ -25,6 +25,23 @@
 
 namespace parallax {
 
+/// A variable that restore() converted: saved in one element type, restored
+/// into a variable of another (any two of f32, bf16 and f16).
+struct CheckpointConversion {
+  std::string variable;
+  DataType saved = DataType::f32;
+  DataType restored = DataType::f32;
+  /// Whether every value came through unchanged (a widening to f32); else
+  /// each was rounded to nearest, ties to even (values beyond the target's
+  /// range became infinities).
+  bool exact = false;
+  /// "variable 'emb': saved as f32, restored as bf16, rounded to nearest even".
+  std::string describe() const {
+    return detail::concat("variable '", variable, "': saved as ", to_string(saved), ", restored as ", to_string(restored),
+                          exact ? ", exactly" : ", rounded to nearest even");
+  }
+};
+
 /// A complete checkpoint found on disk.
 struct CheckpointInfo {
   std::uint64_t step = 0;
@@ -243,9 +260,12 @@ class Checkpoints {
   /// again), and returns the step it was saved at. Everything is checked
   /// first (manifest, model, every file's size and CRC-32C) and a problem
   /// found by any rank is thrown on every rank before anything is loaded.
-  /// If loading itself fails, damaged() says so afterwards.
+  /// If loading itself fails, damaged() says so afterwards. A variable saved
+  /// in another of f32, bf16 and f16 than its own type is converted (rounded
+  /// to nearest even where narrower), and restored_conversions() names it.
   std::uint64_t restore(const std::string& path) {
     auto scope = engine_->stats().scope("", "checkpoint");
+    conversions_.clear();
     const int me = engine_->rank(), n = engine_->size();
     std::optional<std::string> problem;
     detail::Manifest m;
@@ -293,6 +313,7 @@ class Checkpoints {
     damaged_ = false;
     last_save_ = std::chrono::steady_clock::now();
     restored_learning_rate_ = m.learning_rate;
+    conversions_ = conversions_from(m);
     return m.step;
   }
 
@@ -302,6 +323,10 @@ class Checkpoints {
   /// The learning rate recorded by the checkpoint the last restore() loaded,
   /// if it recorded one.
   std::optional<double> restored_learning_rate() const noexcept { return restored_learning_rate_; }
+  /// The variables the last successful restore() converted from the element
+  /// type they were saved in, in registration order (empty when every type
+  /// matched). The same on every rank.
+  const std::vector<CheckpointConversion>& restored_conversions() const noexcept { return conversions_; }
 
   /// The step of the newest complete checkpoint under `dir` (rank 0 looks),
   /// if any.
@@ -341,10 +366,25 @@ class Checkpoints {
                                  " variables; this model has ", here.variables.size(), " (a different model?)"));
     for (std::size_t v = 0; v < m.variables.size(); ++v) {
       const auto &a = m.variables[v], &b = here.variables[v];
-      if (a.name != b.name || a.sparse != b.sparse || a.type != b.type || a.rows != b.rows || a.cols != b.cols)
+      const auto saved = detail::saved_type_named(a.type), wanted = detail::saved_type_named(b.type);
+      const bool types = saved && wanted && detail::restorable(*saved, *wanted);
+      if (a.name != b.name || a.sparse != b.sparse || !types || a.rows != b.rows || a.cols != b.cols)
         throw error(detail::concat("checkpoint manifest ", mpath, " is of a different model: variable #", v, " is ",
                                    describe(a), " there but ", describe(b), " here"));
     }
+  }
+  /// The variables whose saved type differs from this model's (check_model
+  /// accepted m).
+  std::vector<CheckpointConversion> conversions_from(const detail::Manifest& m) const {
+    const detail::Manifest here = manifest_of_model();
+    std::vector<CheckpointConversion> out;
+    for (std::size_t v = 0; v < m.variables.size(); ++v) {
+      const auto saved = detail::saved_type_named(m.variables[v].type);
+      const auto restored = detail::saved_type_named(here.variables[v].type);
+      if (saved && restored && *saved != *restored)
+        out.push_back({here.variables[v].name, *saved, *restored, detail::converts_exactly(*saved, *restored)});
+    }
+    return out;
   }
   void write_rank_header(detail::AtomicFile& file) const {
     const int me = engine_->rank(), n = engine_->size();
@@ -386,6 +426,7 @@ class Checkpoints {
   std::chrono::steady_clock::time_point last_save_ = std::chrono::steady_clock::now();
   bool damaged_ = false;
   std::optional<double> restored_learning_rate_;
+  std::vector<CheckpointConversion> conversions_;
 };
 
 }  // namespace parallax

@@ -5,6 +5,7 @@
 /// and the shape of a variable.
 
 #include <parallax/config.hpp>
+#include <parallax/half.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -33,8 +34,10 @@ template <class V>
 inline constexpr bool is_sparse_v = is_sparse<V>::value;
 
 /// Element types the engines move. Only the engines see this enum; the rest of
-/// the library is typed.
-enum class DataType : std::uint8_t { f32, f64, i32, i64, u8 };
+/// the library is typed. bf16 and f16 are parallax::bf16 and parallax::fp16
+/// (half.hpp); new values go at the end, since checkpoints and the ranks'
+/// agreement record them as numbers.
+enum class DataType : std::uint8_t { f32, f64, i32, i64, u8, bf16, f16 };
 
 template <class T>
 struct data_type_of;
@@ -48,6 +51,10 @@ template <>
 struct data_type_of<std::int64_t> : std::integral_constant<DataType, DataType::i64> {};
 template <>
 struct data_type_of<std::uint8_t> : std::integral_constant<DataType, DataType::u8> {};
+template <>
+struct data_type_of<bf16> : std::integral_constant<DataType, DataType::bf16> {};
+template <>
+struct data_type_of<fp16> : std::integral_constant<DataType, DataType::f16> {};
 template <class T>
 inline constexpr DataType data_type_of_v = data_type_of<T>::value;
 
@@ -58,6 +65,8 @@ constexpr std::size_t size_of(DataType t) noexcept {
     case DataType::i32: return 4;
     case DataType::i64: return 8;
     case DataType::u8: return 1;
+    case DataType::bf16: return 2;
+    case DataType::f16: return 2;
   }
   return 0;
 }
@@ -69,8 +78,15 @@ constexpr const char* to_string(DataType t) noexcept {
     case DataType::i32: return "i32";
     case DataType::i64: return "i64";
     case DataType::u8: return "u8";
+    case DataType::bf16: return "bf16";
+    case DataType::f16: return "f16";
   }
   return "?";
+}
+
+/// Whether t is a floating-point type (f64, f32, bf16, f16).
+constexpr bool is_floating(DataType t) noexcept {
+  return t == DataType::f32 || t == DataType::f64 || t == DataType::bf16 || t == DataType::f16;
 }
 
 enum class ReduceOp : std::uint8_t { sum, max, min };

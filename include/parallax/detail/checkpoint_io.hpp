@@ -14,6 +14,7 @@
 // and none elsewhere (replicated layout).
 
 #include <parallax/error.hpp>
+#include <parallax/half.hpp>
 #include <parallax/partition.hpp>
 #include <parallax/types.hpp>
 
@@ -35,6 +36,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace parallax::detail {
@@ -203,10 +205,52 @@ inline std::pair<std::uint64_t, std::uint32_t> checksum_file(const std::string& 
 
 // ---------------------------------------------------------------- manifest
 
+// ---------------------------------------------------------------- element types
+
+/// The element types a variable may have in a checkpoint, by the name the
+/// manifest records (to_string of the DataType).
+inline std::optional<DataType> saved_type_named(const std::string& name) {
+  for (DataType t : {DataType::f32, DataType::f64, DataType::bf16, DataType::f16})
+    if (name == to_string(t)) return t;
+  return std::nullopt;
+}
+
+/// Whether a value saved as `saved` restores into a variable of `wanted`:
+/// the same type, or any two of f32, bf16 and f16 (through float, rounded
+/// to nearest even where the target is narrower). f64 restores only into
+/// f64: f64 -> 16 bits through float would round twice.
+inline bool restorable(DataType saved, DataType wanted) {
+  auto narrow = [](DataType t) { return t == DataType::f32 || t == DataType::bf16 || t == DataType::f16; };
+  return saved == wanted || (narrow(saved) && narrow(wanted));
+}
+
+/// Whether converting `saved` into `wanted` keeps every value: widening to
+/// f32, or the same type. bf16 <-> f16 rounds both ways (bf16 has the
+/// range, f16 the precision).
+inline bool converts_exactly(DataType saved, DataType wanted) { return saved == wanted || wanted == DataType::f32; }
+
+/// dst[i] = src[i] (n elements of `from`) converted to T through float,
+/// rounded to nearest even (half.hpp) where T is narrower.
+template <class T>
+void convert_elements(DataType from, const void* src, T* dst, std::size_t n) {
+  if constexpr (std::is_same_v<T, float> || is_half_v<T>) {
+    auto each = [&](const auto* in) {
+      for (std::size_t i = 0; i < n; ++i) dst[i] = T(static_cast<float>(in[i]));
+    };
+    switch (from) {
+      case DataType::f32: return each(static_cast<const float*>(src));
+      case DataType::bf16: return each(static_cast<const bf16*>(src));
+      case DataType::f16: return each(static_cast<const fp16*>(src));
+      default: break;
+    }
+  }
+  throw error(concat("checkpoint: cannot convert ", to_string(from), " elements to ", to_string(data_type_of_v<T>)));
+}
+
 struct ManifestVariable {
   std::string name;
   bool sparse = false;
-  std::string type;  // "f32", "f64"
+  std::string type;  // to_string of its DataType: "f32", "f64", "bf16", "f16"
   std::uint64_t rows = 0, cols = 0;
   int partitions = 0;  // 0: replicated on rank 0; else sharded with this P
 };
@@ -297,7 +341,7 @@ struct Manifest {
         ManifestVariable v;
         std::string kind;
         need(static_cast<bool>(ls >> v.name >> kind >> v.type >> v.rows >> v.cols >> v.partitions) &&
-             (kind == "sparse" || kind == "dense") && (v.type == "f32" || v.type == "f64") && v.rows > 0 &&
+             (kind == "sparse" || kind == "dense") && saved_type_named(v.type) && v.rows > 0 &&
              v.cols > 0 && v.partitions >= 0 && static_cast<std::uint64_t>(v.partitions) <= v.rows);
         v.sparse = kind == "sparse";
         m.variables.push_back(v);
@@ -370,17 +414,37 @@ class CheckpointReader {
 
   /// out[(i - first) * cols + c] = saved element (row i, col c) of variable v,
   /// of its value (what = 0) or optimizer slot what - 1, for i in [first, first + n).
+  /// Saved in another type than T (restorable()), the elements are converted
+  /// (convert_elements).
   template <class T>
   void read_rows(std::size_t v, int what, std::uint64_t first, std::uint64_t n, T* out) {
     const ManifestVariable& mv = manifest_.variables[v];
-    const std::uint64_t row_bytes = mv.cols * sizeof(T);
-    auto read_from = [&](int r, std::uint64_t local, std::uint64_t count, T* dst) {
+    const std::optional<DataType> saved = saved_type_named(mv.type);
+    if (!saved) throw error(concat("checkpoint variable '", mv.name, "' has the unknown element type '", mv.type, "'"));
+    if (*saved == data_type_of_v<T>) return read_saved_rows(v, what, first, n, out, sizeof(T));
+    if (!restorable(*saved, data_type_of_v<T>))
+      throw error(concat("checkpoint variable '", mv.name, "' was saved as ", mv.type, " and cannot be restored as ",
+                         to_string(data_type_of_v<T>)));
+    std::vector<unsigned char> raw(n * mv.cols * size_of(*saved));
+    read_saved_rows(v, what, first, n, raw.data(), size_of(*saved));
+    convert_elements(*saved, raw.data(), out, n * mv.cols);
+  }
+
+ private:
+  /// read_rows() in the saved type (`element` bytes each), into `out_bytes`
+  /// (room for n rows of it).
+  void read_saved_rows(std::size_t v, int what, std::uint64_t first, std::uint64_t n, void* out_bytes,
+                       std::size_t element) {
+    const ManifestVariable& mv = manifest_.variables[v];
+    const std::uint64_t row_bytes = mv.cols * element;
+    auto* out = static_cast<char*>(out_bytes);
+    auto read_from = [&](int r, std::uint64_t local, std::uint64_t count, char* dst) {
       RankFile& f = file(r);
       const RankFileHeader::Entry& e = f.header.entries.at(v);
       if (local + count > e.rows) io_fail(f.path, concat("holds ", e.rows, " rows of variable '", mv.name, "', not ", local + count));
       const std::uint64_t at = e.offset + static_cast<std::uint64_t>(what) * e.rows * row_bytes + local * row_bytes;
       f.in.seekg(static_cast<std::streamoff>(at));
-      f.in.read(reinterpret_cast<char*>(dst), static_cast<std::streamsize>(count * row_bytes));
+      f.in.read(dst, static_cast<std::streamsize>(count * row_bytes));
       errno = 0;
       if (!f.in) io_fail(f.path, concat("ends before the rows of variable '", mv.name, "'"));
     };
@@ -390,13 +454,13 @@ class CheckpointReader {
     while (done < n) {
       const int p = map.partition_of(static_cast<index_t>(row));
       const std::uint64_t end = std::min<std::uint64_t>(map.begin(p) + map.size(p), first + n);
-      read_from(map.owner_of_partition(p), map.shard_offset(p) + (row - map.begin(p)), end - row, out + done * mv.cols);
+      read_from(map.owner_of_partition(p), map.shard_offset(p) + (row - map.begin(p)), end - row,
+                out + done * row_bytes);
       done += end - row;
       row = end;
     }
   }
 
- private:
   struct RankFile {
     std::string path;
     std::ifstream in;

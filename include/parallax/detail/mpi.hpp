@@ -27,6 +27,8 @@ inline MPI_Datatype mpi_datatype(DataType t) {
     case DataType::i32: return MPI_INT32_T;
     case DataType::i64: return MPI_INT64_T;
     case DataType::u8: return MPI_UINT8_T;
+    case DataType::bf16:
+    case DataType::f16: break;  // MPI has none: detail/half_reduce.hpp's half_datatype() and half_op()
   }
   return MPI_DATATYPE_NULL;
 }

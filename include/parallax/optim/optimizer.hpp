@@ -17,11 +17,22 @@
 /// `decay` member may also offer `template <bool Decay> void update(...)`,
 /// the same update with the decay's presence a constant: the kernels then
 /// pick it once per call instead of testing it per element.
+///
+/// Rows stored in 16 bits (bf16, fp16): apply_rows() over a `H*` table loads
+/// each element to float, updates it with float gradients and float state,
+/// and stores it back rounded to nearest even or, with Rounding::stochastic,
+/// rounded stochastically from a hash of (seed, step, row id, column), so a
+/// run's bits depend neither on threads nor on the rank count.
+/// apply_rows_rowwise_adagrad() keeps Adagrad's accumulator per row (one
+/// float per row, FBGEMM's row-wise Adagrad) instead of per element.
 
 #include <parallax/config.hpp>
+#include <parallax/half.hpp>
+#include <parallax/init.hpp>
 #include <parallax/space.hpp>
 #include <parallax/types.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -185,6 +196,104 @@ struct RowUpdate {
 
 }  // namespace detail
 
+/// How an update stores a value in 16 bits.
+struct Rounding {
+  enum Mode : std::uint8_t {
+    nearest,     ///< to nearest, ties to even: small updates (below half a unit in the last place) are lost
+    stochastic,  ///< to a neighbour, the farther with probability its nearness: unbiased on average
+  };
+  Mode mode = nearest;
+  /// Seeds stochastic rounding's draws: a run with the same seed rounds the
+  /// same way on any rank count and thread count.
+  std::uint64_t seed = 0;
+};
+
+/// The 32 random bits stochastic rounding uses for element (row id, col) at
+/// `step` (half.hpp's round_stochastic): a counter-based hash (splitmix64,
+/// as init's), so a draw depends on nothing but these four numbers.
+PARALLAX_HOST_DEVICE inline std::uint32_t rounding_bits(std::uint64_t seed, std::uint64_t step, std::uint64_t row,
+                                                        std::uint64_t col) noexcept {
+  using parallax::detail::splitmix64;
+  std::uint64_t h = splitmix64(seed ^ 0x6A09E667F3BCC908ull);
+  h = splitmix64(h ^ step);
+  h = splitmix64(h ^ row);
+  h = splitmix64(h ^ col);
+  return static_cast<std::uint32_t>(h >> 32);
+}
+
+namespace detail {
+
+/// `x` stored as H with `rounding` (element (row id, col) at `step`).
+template <class H>
+PARALLAX_HOST_DEVICE inline H store_rounded(float x, const Rounding& rounding, std::uint64_t step, index_t id,
+                                            std::size_t col) {
+  if (rounding.mode == Rounding::stochastic)
+    return H::round_stochastic(x, rounding_bits(rounding.seed, step, static_cast<std::uint64_t>(id), col));
+  return H(x);
+}
+
+/// RowUpdate over rows stored as H: the element and its update in float,
+/// the state in float, the result stored rounded.
+template <class Rule, class H, int Slots = -1>
+struct HalfRowUpdate {
+  Rule rule;
+  H* w;
+  float* s0;
+  float* s1;
+  const index_t* rows;  // local rows of w, unique
+  const index_t* ids;   // their global row ids (stochastic rounding's draws)
+  const float* g;       // one row of cols per entry of rows
+  std::size_t cols;
+  float scale;
+  Rounding rounding;
+  std::uint64_t step;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
+    const std::size_t at = static_cast<std::size_t>(rows[j]) * cols + c;
+    float value = w[at];
+    apply_rule<Slots>(rule, value, g[j * cols + c] * scale, s0, s1, at);
+    w[at] = store_rounded<H>(value, rounding, step, ids[j], c);
+  }
+  void prefetch(std::size_t j) const {
+    const std::size_t at = static_cast<std::size_t>(rows[j]) * cols;
+    prefetch_bytes(w + at, cols * sizeof(H));
+    if (Slots >= 1 || (Slots < 0 && s0)) prefetch_bytes(s0 + at, cols * sizeof(float));
+    if (Slots >= 2 || (Slots < 0 && s1)) prefetch_bytes(s1 + at, cols * sizeof(float));
+  }
+};
+
+/// Row-wise Adagrad over one row: a <- a + mean over the row of g^2, then
+/// w <- w - lr * g / (sqrt(a) + eps) for every element, in float.
+template <class W>
+struct RowwiseAdagradUpdate {
+  W* w;
+  float* accumulator;   // one per local row
+  const index_t* rows;  // local rows of w, unique
+  const index_t* ids;   // their global row ids
+  const float* g;
+  std::size_t cols;
+  float scale, lr, eps;
+  Rounding rounding;
+  std::uint64_t step;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
+    const auto r = static_cast<std::size_t>(rows[j]);
+    const float* gj = g + j * cols;
+    float squares = 0;
+    for (std::size_t c = 0; c < cols; ++c) squares += (gj[c] * scale) * (gj[c] * scale);
+    const float a = accumulator[r] + squares / static_cast<float>(cols);
+    accumulator[r] = a;
+    const float rate = lr / (std::sqrt(a) + eps);
+    for (std::size_t c = 0; c < cols; ++c) {
+      const float value = static_cast<float>(w[r * cols + c]) - rate * (gj[c] * scale);
+      if constexpr (is_half_v<W>)
+        w[r * cols + c] = store_rounded<W>(value, rounding, step, ids[j], c);
+      else
+        w[r * cols + c] = value;
+    }
+  }
+};
+
+}  // namespace detail
+
 /// An optimizer's per-element state for `n` elements (a variable or a shard).
 template <class Optimizer, class T, class Space>
 class State {
@@ -232,6 +341,43 @@ void apply_rows(const Exec<Space>& ex, const Optimizer& opt, std::uint64_t step,
                   detail::RowUpdate<decltype(rule), T, Optimizer::slots>{rule, w, state.slot(0), state.slot(1), rows, g,
                                                                          cols, scale});
   });
+}
+
+/// apply_rows() for a table stored in 16 bits (H is bf16 or fp16): each
+/// element of the k unique local rows is loaded to float, updated with the
+/// float gradient and the optimizer's float state (`state` holds one value
+/// per element of the table, as for a float table), and stored back with
+/// `rounding`. `ids` are the rows' global ids (the stochastic draws hash
+/// them, so they do not depend on where a row lives); the same as `rows`
+/// for a table that is not sharded.
+template <class Optimizer, class H, class Space, std::enable_if_t<is_half_v<H>, int> = 0>
+void apply_rows(const Exec<Space>& ex, const Optimizer& opt, std::uint64_t step, H* w, const index_t* rows,
+                const index_t* ids, const float* g, std::size_t k, std::size_t cols,
+                State<Optimizer, float, Space>& state, float scale, Rounding rounding = {}) {
+  detail::with_decay_known<float>(opt.template rule<float>(step), [&](auto rule) {
+    for_each_rows(ex, k, cols,
+                  detail::HalfRowUpdate<decltype(rule), H, Optimizer::slots>{
+                      rule, w, state.slot(0), state.slot(1), rows, ids, g, cols, scale, rounding, step});
+  });
+}
+
+/// Row-wise Adagrad (FBGEMM's): for each of the k unique local rows r, one
+/// float accumulator a[r] (start it at `opt.initial_accumulator`):
+/// a[r] <- a[r] + mean over the row of (scale * g)^2, then
+/// w[r, :] <- w[r, :] - opt.lr * scale * g / (sqrt(a[r]) + opt.eps). W is
+/// float, or bf16 / fp16 stored back with `rounding` (ids as apply_rows').
+/// `opt` is an optim::Adagrad (anything with lr and eps). A table of R rows
+/// keeps R floats of state instead of R x cols.
+template <class Adagrad, class W, class Space>
+void apply_rows_rowwise_adagrad(const Exec<Space>& ex, const Adagrad& opt, std::uint64_t step, W* w,
+                                const index_t* rows, const index_t* ids, const float* g, std::size_t k,
+                                std::size_t cols, float* accumulator, float scale, Rounding rounding = {}) {
+  static_assert(std::is_same_v<W, float> || is_half_v<W>, "row-wise Adagrad updates float, bf16 or fp16 rows");
+  if (k == 0 || cols == 0) return;
+  for_each(ex, k,
+           detail::RowwiseAdagradUpdate<W>{w, accumulator, rows, ids, g, cols, scale, static_cast<float>(opt.lr),
+                                           static_cast<float>(opt.eps), rounding, step},
+           Cost{2 * cols});
 }
 
 }  // namespace parallax::optim
