@@ -28,6 +28,15 @@ TEMPLATE_TEST_CASE("Buffer round-trips host data and grows keeping contents", "[
   b.zero();
   CHECK(b.to_host() == std::vector<int>(6, 0));
 
+  // A source inside the buffer itself, when the append must grow it: the
+  // copy read the freed storage (AddressSanitizer: heap-use-after-free).
+  auto c = px::Buffer<int, Space>::from_host(std::vector<int>{7, 8, 9});
+  REQUIRE(c.capacity() == 3);
+  c.append(c.data() + 1, 2);
+  CHECK(c.to_host() == std::vector<int>{7, 8, 9, 8, 9});
+  c.append(c.data(), 5);
+  CHECK(c.to_host() == std::vector<int>{7, 8, 9, 8, 9, 7, 8, 9, 8, 9});
+
   px::Buffer<int, Space> moved = std::move(b);
   CHECK(moved.size() == 6);
   CHECK(b.empty());  // NOLINT(bugprone-use-after-move): moved-from is empty by contract

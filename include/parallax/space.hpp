@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -423,10 +424,18 @@ class Buffer {
     size_ = keep;
   }
   /// Appends n elements copied from `src` (same space), growing geometrically.
+  /// `src` may point into this buffer (b.append(b.data(), k)): growing
+  /// frees the old storage, so such a source is re-pointed into the new one.
   void append(const T* src, std::size_t n) {
     if (n == 0) return;
     const std::size_t old = size_;
-    if (old + n > capacity_) reserve(std::max(old + n, 2 * capacity_));
+    if (old + n > capacity_) {
+      const bool inside = data_ != nullptr && std::less_equal<const T*>()(data_, src) &&
+                          std::less<const T*>()(src, data_ + old);
+      const std::size_t at = inside ? static_cast<std::size_t>(src - data_) : 0;
+      reserve(std::max(old + n, 2 * capacity_));
+      if (inside) src = data_ + at;
+    }
     space_traits<Space>::copy(data_ + old, src, n * sizeof(T));
     size_ = old + n;
   }
