@@ -223,7 +223,9 @@ class RingAllReducer {
       case DataType::f64: return allreduce(static_cast<double*>(data), count);
       case DataType::i32: return allreduce(static_cast<std::int32_t*>(data), count);
       case DataType::i64: return allreduce(static_cast<std::int64_t*>(data), count);
-      case DataType::u8: break;
+      case DataType::u8:
+      case DataType::bf16:
+      case DataType::f16: break;  // 16-bit sums: compressed exchanges, not this reducer
     }
     throw error(detail::concat("RingAllReduce: cannot sum elements of type ", to_string(t)));
   }
@@ -245,7 +247,9 @@ class RingAllReducer {
       case DataType::f64: return ring_pieces<double>(tensors, n);
       case DataType::i32: return ring_pieces<std::int32_t>(tensors, n);
       case DataType::i64: return ring_pieces<std::int64_t>(tensors, n);
-      case DataType::u8: break;
+      case DataType::u8:
+      case DataType::bf16:
+      case DataType::f16: break;  // 16-bit sums: compressed exchanges, not this reducer
     }
     throw error(detail::concat("RingAllReduce: cannot sum elements of type ", to_string(t)));
   }
