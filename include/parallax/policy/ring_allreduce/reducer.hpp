@@ -225,7 +225,7 @@ class RingAllReducer {
       case DataType::i64: return allreduce(static_cast<std::int64_t*>(data), count);
       case DataType::u8:
       case DataType::bf16:
-      case DataType::f16: break;  // 16-bit sums: compressed exchanges, not this reducer
+      case DataType::f16: break;  // no ring over 16-bit values: the error below names the type
     }
     throw error(detail::concat("RingAllReduce: cannot sum elements of type ", to_string(t)));
   }
@@ -249,7 +249,7 @@ class RingAllReducer {
       case DataType::i64: return ring_pieces<std::int64_t>(tensors, n);
       case DataType::u8:
       case DataType::bf16:
-      case DataType::f16: break;  // 16-bit sums: compressed exchanges, not this reducer
+      case DataType::f16: break;  // no ring over 16-bit values: the error below names the type
     }
     throw error(detail::concat("RingAllReduce: cannot sum elements of type ", to_string(t)));
   }
