@@ -50,6 +50,22 @@ inline const char* to_string(Combiner c) noexcept {
   return "?";
 }
 
+/// Where a policy that can choose pools a request's bags (ShardedPS; the
+/// others pool where the rows are looked up): at the owners of the rows, a
+/// row per (bag, owner) pair each way; where they are looked up, a row per
+/// unique id each way; or whichever moves fewer bytes for this batch, over
+/// every rank (docs/design.md, "Bags").
+enum class Pooling { automatic, owner, local };
+
+inline const char* to_string(Pooling p) noexcept {
+  switch (p) {
+    case Pooling::automatic: return "automatic";
+    case Pooling::owner: return "owner";
+    case Pooling::local: return "local";
+  }
+  return "?";
+}
+
 /// One request of a batched bag lookup: `offsets_count` offsets (bags + 1:
 /// the first 0, ascending, the last n), `n` ids and, for weighted_sum, `n`
 /// weights, all in the variable's memory space and valid until the lookup
@@ -66,6 +82,7 @@ struct Bags {
   std::size_t n;
   Combiner combiner = Combiner::sum;
   const value_type* weights = nullptr;  ///< weighted_sum only
+  Pooling pooling = Pooling::automatic;  ///< where ShardedPS pools (every rank alike)
 
   Bags(V& v, const index_t* offs, std::size_t offs_count, const index_t* i, std::size_t count,
        Combiner c = Combiner::sum, const value_type* w = nullptr)
@@ -79,6 +96,11 @@ struct Bags {
        const std::vector<value_type>& w = {})
       : Bags(v, offs.data(), offs.size(), i.data(), i.size(), c, w.empty() ? nullptr : w.data()) {}
 
+  /// This request, pooled at `p`.
+  Bags& pooled_at(Pooling p) noexcept {
+    pooling = p;
+    return *this;
+  }
   /// Number of bags (0 when the offsets are missing: a problem).
   std::size_t bags() const noexcept { return offsets_count ? offsets_count - 1 : 0; }
 };
@@ -132,6 +154,45 @@ struct PoolBags {
     out[b * cols + c] = acc;
   }
 };
+
+/// PoolBags by whole bags, for the host: a task per bag adds its rows one
+/// at a time, each a loop along the row that vectorises; the same additions
+/// in the same order as PoolBags, so the same bits.
+template <class T>
+struct PoolBagRows : PoolBags<T> {
+  void operator()(std::size_t b) const {
+    const std::size_t width = this->cols;
+    T* o = this->out + b * width;
+    for (std::size_t c = 0; c < width; ++c) o[c] = T(0);
+    for (index_t k = this->segments[b]; k < this->segments[b + 1]; ++k) {
+      const T* x = this->rows.row(static_cast<std::size_t>(k), width);
+      if (this->weights) {
+        const T w = this->weights[k];
+#pragma omp simd
+        for (std::size_t c = 0; c < width; ++c) o[c] += w * x[c];
+      } else {
+#pragma omp simd
+        for (std::size_t c = 0; c < width; ++c) o[c] += x[c];
+      }
+    }
+    if (this->divide) {
+      const index_t count = this->divide[b + 1] - this->divide[b];
+      if (count > 0)
+        for (std::size_t c = 0; c < width; ++c) o[c] = o[c] / static_cast<T>(count);
+    }
+  }
+};
+
+/// Runs PoolBags over m bags: a thread per element on a device, a task per
+/// bag on the host (PoolBagRows).
+template <class T, class Space>
+void pool_segments(const Exec<Space>& ex, const PoolBags<T>& f, std::size_t m) {
+  if (m) for_each_rows(ex, m, f.cols, f);
+}
+template <class T>
+void pool_segments(const Exec<HostSpace>& ex, const PoolBags<T>& f, std::size_t m) {
+  if (m && f.cols) for_each(ex, m, PoolBagRows<T>{f}, Cost{f.cols * 4});
+}
 
 /// A pooled gradient as rows: for each bag b and k in [segments[b],
 /// segments[b + 1]), ids_out[k] = ids[k] and row k of out = weights[k] *
@@ -230,10 +291,10 @@ inline std::optional<std::string> bag_gradient_problem(const std::string& name, 
 template <class T, class Space>
 void pool_bags(const Exec<Space>& ex, const T* rows, const index_t* offsets, std::size_t bags, const T* weights,
                Combiner combiner, std::size_t cols, T* out) {
-  if (bags)
-    for_each_rows(ex, bags, cols,
-                  detail::PoolBags<T>{detail::RowsAt<T>(rows), offsets, weights,
-                                      combiner == Combiner::mean ? offsets : nullptr, out, cols});
+  detail::pool_segments(ex,
+                        detail::PoolBags<T>{detail::RowsAt<T>(rows), offsets, weights,
+                                            combiner == Combiner::mean ? offsets : nullptr, out, cols},
+                        bags);
   ex.synchronize();
 }
 
@@ -277,18 +338,29 @@ std::vector<std::vector<index_t>> check_bags(Engine& engine, const Bags<V>* batc
 }
 
 /// Bags pooled where their rows were looked up: a policy looks the ids up as
-/// plain rows (its own lookup()), pools them here, and backward() gives the
-/// ids their rows of the pooled gradient as a plain sparse gradient
+/// plain rows (its own lookup()), pools them here, and the gradient gives
+/// the ids their rows of the pooled gradient as a plain sparse gradient
 /// (SparseGrad::add_rows). Keeps a copy of each request until clear().
 template <class T, class Space>
 class LocalBags {
  public:
-  /// Pools the rows `looked_up[i]` of request i (checked already, its
-  /// offsets on the host in `offsets[i]`): one row per bag, valid until
-  /// clear().
+  /// A batched bag lookup pooled here: checks the batch (collective: a bad
+  /// request throws on every rank), looks its ids up with `plain()` (the
+  /// policy's plain lookup of every request's ids, returning the rows of
+  /// each) and pools them.
+  template <class Engine, class V, class Plain>
+  std::vector<Rows<T, Space>> lookup(Engine& engine, const Bags<V>* batch, std::size_t count, Plain&& plain) {
+    check_bags(engine, batch, count);
+    return pool(engine.exec(), batch, count, plain());
+  }
+
+  /// Pools the rows `looked_up[i]` of request i (checked already) as one
+  /// batch: one row per bag, valid until clear(). Request i is kept as
+  /// pooled() + i (as pooled() was before the call).
   template <class V>
   std::vector<Rows<T, Space>> pool(const Exec<Space>& ex, const Bags<V>* batch, std::size_t count,
                                    const std::vector<Rows<T, Space>>& looked_up) {
+    batches_.push_back(Batch{used_, count, false});
     std::vector<Rows<T, Space>> out;
     out.reserve(count);
     for (std::size_t i = 0; i < count; ++i) {
@@ -301,52 +373,54 @@ class LocalBags {
     }
     return out;
   }
+  /// Requests pooled since clear().
+  std::size_t pooled() const noexcept { return used_; }
 
-  /// The problem with a pooled gradient of `var` (no bags looked up this
-  /// step, or a shape other than the pooled rows'), or nothing. Local.
-  template <class V>
-  std::optional<std::string> gradient_problem(const BagGradient<V>& g) const {
-    const Kept* k = find(&g.var->state());
-    if (!k) return detail::no_bag_lookup(g.var->name());
-    return detail::bag_gradient_problem(g.var->name(), k->bags, k->cols, g.rows, g.cols);
-  }
-
-  /// Adds to each variable's sparse gradient the rows its last pooled
-  /// lookup's ids get from `g` (checked already). Local.
-  template <class V>
-  void backward(const Exec<Space>& ex, const BagGradient<V>* g, std::size_t count) {
-    for (std::size_t i = 0; i < count; ++i) {
-      const Kept& k = *find(&g[i].var->state());
-      auto rows = g[i].var->grad().add_rows(k.n);
-      expand_bags(ex, g[i].values, k.offsets.data(), k.bags, k.ids.data(),
-                  k.weights.size() ? k.weights.data() : nullptr, k.combiner, k.cols, rows.ids, rows.values.data,
-                  scratch_);
-    }
-  }
-
-  /// A batched bag lookup pooled here: checks the batch (collective: a bad
-  /// request throws on every rank), looks its ids up with `plain()` (the
-  /// policy's plain lookup of every request's ids, returning the rows of
-  /// each) and pools them.
-  template <class Engine, class V, class Plain>
-  std::vector<Rows<T, Space>> lookup(Engine& engine, const Bags<V>* batch, std::size_t count, Plain&& plain) {
-    check_bags(engine, batch, count);
-    return pool(engine.exec(), batch, count, plain());
-  }
-  /// The gradients of pooled rows, one per request: checked (collective: a
-  /// mismatch throws on every rank), then given to the ids (backward()).
+  /// The gradients of the step's last batch whose gradient was not given
+  /// yet, one per request in its order: checked (collective: a mismatch
+  /// throws on every rank), then given to the ids (expand()).
   template <class Engine, class V>
   void gradients(Engine& engine, const BagGradient<V>* g, std::size_t count) {
+    Batch* b = awaiting();
     std::optional<std::string> problem;
-    for (std::size_t i = 0; i < count && !problem; ++i) problem = gradient_problem(g[i]);
+    if (!b) {
+      problem = detail::no_bag_lookup(count ? g[0].var->name() : std::string());
+    } else if (count != b->count) {
+      problem = detail::concat("a gradient of bags was given for ", count,
+                               " requests; the batch of bags it belongs to had ", b->count);
+    } else {
+      for (std::size_t i = 0; i < count && !problem; ++i) problem = problem_of(b->first + i, g[i]);
+    }
     detail::agree(engine, problem);
-    backward(engine.exec(), g, count);
+    b->given = true;
+    for (std::size_t i = 0; i < count; ++i) expand(engine.exec(), b->first + i, g[i]);
+  }
+
+  /// The problem with `g` as the gradient of kept request `index` (another
+  /// variable, another shape), or nothing.
+  template <class V>
+  std::optional<std::string> problem_of(std::size_t index, const BagGradient<V>& g) const {
+    const Kept& k = *kept_[index];
+    if (k.var != &g.var->state())
+      return detail::concat("a gradient of bags for variable '", g.var->name(),
+                            "' was given where its batch looked up another variable");
+    return detail::bag_gradient_problem(g.var->name(), k.bags, k.cols, g.rows, g.cols);
+  }
+  /// Adds to the variable's sparse gradient the rows kept request `index`'s
+  /// ids get from `g` (checked already). Local.
+  template <class V>
+  void expand(const Exec<Space>& ex, std::size_t index, const BagGradient<V>& g) {
+    const Kept& k = *kept_[index];
+    auto rows = g.var->grad().add_rows(k.n);
+    expand_bags(ex, g.values, k.offsets.data(), k.bags, k.ids.data(), k.weights.size() ? k.weights.data() : nullptr,
+                k.combiner, k.cols, rows.ids, rows.values.data, scratch_);
   }
 
   /// Forgets the step's lookups (the buffers stay for the next one).
   void clear() noexcept {
     used_ = 0;
     outputs_used_ = 0;
+    batches_.clear();
   }
 
  private:
@@ -356,6 +430,10 @@ class LocalBags {
     Combiner combiner = Combiner::sum;
     Buffer<index_t, Space> offsets, ids;
     Buffer<T, Space> weights;
+  };
+  struct Batch {
+    std::size_t first, count;
+    bool given;
   };
   Kept& keep(const void* var, std::size_t cols, const index_t* offsets, std::size_t offsets_count, const index_t* ids,
              std::size_t n, const T* weights, Combiner combiner) {
@@ -374,10 +452,9 @@ class LocalBags {
     if (weights && n) space_traits<Space>::copy(k.weights.data(), weights, n * sizeof(T));
     return k;
   }
-  /// The variable's latest request this step.
-  const Kept* find(const void* var) const {
-    for (std::size_t i = used_; i-- > 0;)
-      if (kept_[i]->var == var) return kept_[i].get();
+  Batch* awaiting() noexcept {
+    for (std::size_t i = batches_.size(); i-- > 0;)
+      if (!batches_[i].given) return &batches_[i];
     return nullptr;
   }
   Buffer<T, Space>& next_output(std::size_t elements) {
@@ -389,6 +466,7 @@ class LocalBags {
 
   std::vector<std::unique_ptr<Kept>> kept_;
   std::size_t used_ = 0;
+  std::vector<Batch> batches_;
   std::vector<Buffer<T, Space>> outputs_;
   std::size_t outputs_used_ = 0;
   Buffer<T, Space> scratch_;

@@ -82,6 +82,16 @@ std::vector<double> updated_reference(const std::vector<float>& table, px::Combi
   return out;
 }
 
+// The phases of a step, as a trainer calls them.
+template <class S>
+void take_step(S& sync) {
+  const px::policy::StepInfo info{1, 1.0};
+  sync.start_exchange(info);
+  sync.finish_exchange(info);
+  sync.update(info);
+  sync.clear();
+}
+
 struct Outcome {
   std::vector<float> before, pooled, after;  // the table, this rank's pooled rows, the table after the step
 };
@@ -89,7 +99,7 @@ struct Outcome {
 // A step of bags through synchronizer S: lookup_bags, bag_gradients, the
 // step's phases; the table fetched before and after.
 template <class S>
-Outcome run(px::Combiner combiner, px::TrainerOptions o = {}) {
+Outcome run(px::Combiner combiner, px::TrainerOptions o = {}, px::Pooling pooling = px::Pooling::owner) {
   auto& ctx = test::world();
   Engine mpi(ctx);
   const px::optim::Sgd opt{lr};
@@ -102,8 +112,8 @@ Outcome run(px::Combiner combiner, px::TrainerOptions o = {}) {
   member.fetch(out.before.data());
   const Share s = share_of(mpi.rank(), mpi.size());
   const std::vector<float> none;
-  const px::Bags<Var> request(emb, s.offsets, s.ids, combiner,
-                              combiner == px::Combiner::weighted_sum ? s.weights : none);
+  px::Bags<Var> request(emb, s.offsets, s.ids, combiner, combiner == px::Combiner::weighted_sum ? s.weights : none);
+  request.pooled_at(pooling);
   const auto rows = sync.lookup_bags(&request, 1);
   REQUIRE(rows.size() == 1);
   REQUIRE(rows[0].rows == s.bags.size());
@@ -112,19 +122,16 @@ Outcome run(px::Combiner combiner, px::TrainerOptions o = {}) {
   const px::BagGradient<Var> grad(emb, s.grads);
   sync.bag_gradients(&grad, 1);
   REQUIRE(sync.has_gradient());
-  const px::policy::StepInfo info{1, 1.0};
-  sync.start_exchange(info);
-  sync.finish_exchange(info);
-  sync.update(info);
-  sync.clear();
+  take_step(sync);
   out.after.resize(R * C);
   member.fetch(out.after.data());
   return out;
 }
 
 template <class S>
-void check_against_one_process(px::Combiner combiner, px::TrainerOptions o = {}) {
-  const Outcome a = run<S>(combiner, o);
+void check_against_one_process(px::Combiner combiner, px::TrainerOptions o = {},
+                               px::Pooling pooling = px::Pooling::owner) {
+  const Outcome a = run<S>(combiner, o, pooling);
   const int n = test::world().size(), me = test::world().rank();
   const Share s = share_of(me, n);
   double worst = 0;
@@ -141,7 +148,7 @@ void check_against_one_process(px::Combiner combiner, px::TrainerOptions o = {})
   CHECK(test::all_ranks(worst_update <= 1e-5));
   CHECK(test::same_bits_everywhere(a.after));
   // Again, from scratch: the same bits.
-  const Outcome b = run<S>(combiner, o);
+  const Outcome b = run<S>(combiner, o, pooling);
   CHECK(test::all_ranks(std::memcmp(a.pooled.data(), b.pooled.data(), a.pooled.size() * sizeof(float)) == 0 &&
                         std::memcmp(a.after.data(), b.after.data(), a.after.size() * sizeof(float)) == 0));
 }
@@ -152,7 +159,9 @@ TEST_CASE("ShardedPS pools bags at the owners as one process pools plain rows", 
   const auto combiner = GENERATE(px::Combiner::sum, px::Combiner::mean, px::Combiner::weighted_sum);
   px::TrainerOptions o;
   o.sharded.shared_memory = GENERATE(true, false);
-  check_against_one_process<Sharded>(combiner, o);
+  const auto pooling = GENERATE(px::Pooling::owner, px::Pooling::local, px::Pooling::automatic);
+  INFO("pooling " << px::to_string(pooling));
+  check_against_one_process<Sharded>(combiner, o, pooling);
 }
 
 TEST_CASE("AllGatherv pools bags where they were looked up as one process does", "[policy][allgatherv][bags]") {
@@ -160,7 +169,7 @@ TEST_CASE("AllGatherv pools bags where they were looked up as one process does",
   check_against_one_process<Gathered>(combiner);
 }
 
-TEST_CASE("ShardedPS: several tables and requests in one batch, and a step with plain rows too",
+TEST_CASE("ShardedPS: several tables and requests in one batch, pooled at the owners and here, and plain rows too",
           "[policy][sharded_ps][bags]") {
   auto& ctx = test::world();
   Engine mpi(ctx);
@@ -179,8 +188,10 @@ TEST_CASE("ShardedPS: several tables and requests in one batch, and a step with 
   const std::vector<px::index_t> ob = me == 1 ? std::vector<px::index_t>{0} : std::vector<px::index_t>{0, 3, 4};
   const std::vector<px::index_t> ib = me == 1 ? std::vector<px::index_t>{} : std::vector<px::index_t>{10, 4, 10, 9};
   const std::vector<float> wb = me == 1 ? std::vector<float>{} : std::vector<float>{2.f, -1.f, 0.5f, 3.f};
-  const std::vector<px::Bags<Var>> batch{px::Bags<Var>(a, oa, ia), px::Bags<Var>(b, ob, ib, px::Combiner::weighted_sum, wb),
-                                         px::Bags<Var>(a, oa, ia, px::Combiner::mean)};
+  // Pooled at the owners, as the bytes say, and here: one batch.
+  const std::vector<px::Bags<Var>> batch{px::Bags<Var>(a, oa, ia).pooled_at(px::Pooling::owner),
+                                         px::Bags<Var>(b, ob, ib, px::Combiner::weighted_sum, wb),
+                                         px::Bags<Var>(a, oa, ia, px::Combiner::mean).pooled_at(px::Pooling::local)};
   const auto rows = sync.lookup_bags(batch.data(), batch.size());
   REQUIRE(rows.size() == 3);
   bool exact = true;
@@ -207,11 +218,7 @@ TEST_CASE("ShardedPS: several tables and requests in one batch, and a step with 
                                                 px::BagGradient<Var>(a, gm)};
   sync.bag_gradients(grads.data(), grads.size());
   a.grad().add(std::vector<px::index_t>{7}, std::vector<float>(C, 4.f));
-  const px::policy::StepInfo info{1, 1.0};
-  sync.start_exchange(info);
-  sync.finish_exchange(info);
-  sync.update(info);
-  sync.clear();
+  take_step(sync);
   std::vector<float> ua(R * C), ub(11 * C);
   ma.fetch(ua.data());
   mb.fetch(ub.data());
@@ -257,8 +264,9 @@ TEST_CASE("ShardedPS: a bag lookup carries one row per (bag, owner) each way, wi
   const px::PartitionMap map(R, n, n);
   const Share s = share_of(me, n);
   const std::vector<float> none;
-  const px::Bags<Var> request(emb, s.offsets, s.ids, weighted ? px::Combiner::weighted_sum : px::Combiner::sum,
-                              weighted ? s.weights : none);
+  px::Bags<Var> request(emb, s.offsets, s.ids, weighted ? px::Combiner::weighted_sum : px::Combiner::sum,
+                        weighted ? s.weights : none);
+  request.pooled_at(px::Pooling::owner);
   // Ids and (bag, owner) pairs rank r sends rank p.
   auto counts = [&](int r, int p, std::uint64_t& ids, std::uint64_t& pairs) {
     ids = pairs = 0;
@@ -384,14 +392,64 @@ TEST_CASE("ranks that pool other variables or combiners all throw one message na
   sync.prepare();
   const int odd = mpi.size() - 1;
   const std::vector<px::index_t> offsets{0, 1}, ids{3};
-  const px::Bags<Var> q(emb, offsets, ids, mpi.rank() == odd ? px::Combiner::mean : px::Combiner::sum);
+  // Pooled at the owners: the route names what each rank carried.
+  px::Bags<Var> q(emb, offsets, ids, mpi.rank() == odd ? px::Combiner::mean : px::Combiner::sum);
+  q.pooled_at(px::Pooling::owner);
   const std::string msg = test::error_of([&] { sync.lookup_bags(&q, 1); });
   INFO(msg);
   CHECK(msg.find("parallax: ranks make different batched lookups: ") == 0);
   CHECK(msg.find(": bags of 'emb' (sum); rank " + std::to_string(odd) + ": bags of 'emb' (mean).") != std::string::npos);
   CHECK(test::same_on_every_rank(msg));
+  // Pooling::automatic: the ranks compare their batches before they weigh them.
+  q.pooled_at(px::Pooling::automatic);
+  const std::string automatic = test::error_of([&] { sync.lookup_bags(&q, 1); });
+  CHECK(automatic ==
+        "parallax: ranks make different batched lookups of bags: every rank must look up the same sparse variables, "
+        "with the same combiners and pooling, in the same order, in each batch (the ids may differ, and may be none)");
+  CHECK(test::same_on_every_rank(automatic));
   // In step again.
   const px::Bags<Var> same(emb, offsets, ids, px::Combiner::mean);
   CHECK(sync.lookup_bags(&same, 1)[0].rows == 1);
   sync.clear();
+}
+
+// Pooling::automatic: whichever moves fewer bytes in the step (lookup, bag
+// gradients, push), over every rank. Wide rows and bags of many distinct
+// ids: at the owners; bags of one id among few: here.
+TEST_CASE("ShardedPS: automatic pooling picks what moves fewer bytes", "[policy][sharded_ps][bags]") {
+  if (test::skip_below_ranks(2)) return;
+  auto& ctx = test::world();
+  const bool wide = GENERATE(true, false);
+  const std::size_t rows = 1000, cols = wide ? 64 : 2, bags = 40;
+  std::vector<px::index_t> offsets{0}, ids;
+  for (std::size_t b = 0; b < bags; ++b) {
+    const std::size_t k = wide ? 20 : 1;
+    for (std::size_t j = 0; j < k; ++j)
+      ids.push_back(static_cast<px::index_t>(wide ? (b * 37 + j * 11 + static_cast<std::size_t>(ctx.rank())) % rows : b % 3));
+    offsets.push_back(static_cast<px::index_t>(ids.size()));
+  }
+  const std::vector<float> grads(bags * cols, 0.5f);
+  auto step_bytes = [&](px::Pooling pooling) {
+    Engine mpi(ctx);
+    const px::optim::Sgd opt{lr};
+    Sharded sync(mpi, opt, px::TrainerOptions{});
+    Var emb(ctx, "emb", {rows, cols});
+    sync.add(emb);
+    sync.prepare();
+    mpi.stats().reset();
+    px::Bags<Var> q(emb, offsets, ids);
+    q.pooled_at(pooling);
+    sync.lookup_bags(&q, 1);
+    const px::BagGradient<Var> g(emb, grads);
+    sync.bag_gradients(&g, 1);
+    take_step(sync);
+    std::uint64_t sent = mpi.stats().policy("ShardedPS").sent();
+    MPI_Allreduce(MPI_IN_PLACE, &sent, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    return sent;
+  };
+  const auto owner = step_bytes(px::Pooling::owner), local = step_bytes(px::Pooling::local),
+             automatic = step_bytes(px::Pooling::automatic);
+  INFO("bytes sent over all ranks: at the owners " << owner << ", here " << local << ", automatic " << automatic);
+  CHECK((wide ? owner < local : local < owner));
+  CHECK(automatic == std::min(owner, local));
 }

@@ -207,10 +207,11 @@ class BagPool {
       for_each(ex, ids, detail::ShardOffsetOfKey{owner_keys_.data(), base, cols_, owner_at_.data()});
     }
     served_.resize_discard(segments * cols_);
-    if (segments)
-      for_each_rows(ex, segments, cols_,
-                    detail::PoolBags<T>{detail::RowsAt<T>(tables.shard().data(), owner_at_.data()), owner_first_.data(),
-                                        weighted_ ? owner_weights_.data() : nullptr, nullptr, served_.data(), cols_});
+    detail::pool_segments(ex,
+                          detail::PoolBags<T>{detail::RowsAt<T>(tables.shard().data(), owner_at_.data()),
+                                              owner_first_.data(), weighted_ ? owner_weights_.data() : nullptr, nullptr,
+                                              served_.data(), cols_},
+                          segments);
     ex.synchronize();
     replies_ = segments_.start_reply(served_.data(), cols_);
   }
@@ -224,11 +225,12 @@ class BagPool {
     if (segments) for_each(ex, segments, detail::ReplyOffsetOfSegment{segments_.sent_order(), cols_, reply_at_.data()});
     for (std::size_t r = 0; r < requests_.size(); ++r) {
       const Request& q = requests_[r];
-      if (q.bags())
-        for_each_rows(ex, q.bags(), cols_,
-                      detail::PoolBags<T>{detail::RowsAt<T>(replies_, reply_at_.data()), bag_first_.data() + bag_first_of_[r],
-                                          nullptr, q.combiner == Combiner::mean ? offsets_[r].data() : nullptr, q.out,
-                                          cols_});
+      detail::pool_segments(ex,
+                            detail::PoolBags<T>{detail::RowsAt<T>(replies_, reply_at_.data()),
+                                                bag_first_.data() + bag_first_of_[r], nullptr,
+                                                q.combiner == Combiner::mean ? offsets_[r].data() : nullptr, q.out,
+                                                cols_},
+                            q.bags());
     }
     ex.synchronize();
   }
