@@ -437,10 +437,10 @@ TEST_CASE("ShardedPS: automatic pooling picks what moves fewer bytes", "[policy]
     sync.add(emb);
     sync.prepare();
     mpi.stats().reset();
-    px::Bags<Var> q(emb, offsets, ids);
+    px::Bags q{emb, offsets, ids};  // CTAD, as the tutorial writes it
     q.pooled_at(pooling);
     sync.lookup_bags(&q, 1);
-    const px::BagGradient<Var> g(emb, grads);
+    const px::BagGradient g{emb, grads};
     sync.bag_gradients(&g, 1);
     take_step(sync);
     std::uint64_t sent = mpi.stats().policy("ShardedPS").sent();
@@ -453,3 +453,8 @@ TEST_CASE("ShardedPS: automatic pooling picks what moves fewer bytes", "[policy]
   CHECK((wide ? owner < local : local < owner));
   CHECK(automatic == std::min(owner, local));
 }
+
+// Which policies take bags, as a trainer would ask before forwarding.
+static_assert(px::policy::looks_up_bags_v<px::ShardedPS, Var, Engine, px::optim::Sgd>);
+static_assert(px::policy::looks_up_bags_v<px::AllGatherv, Var, Engine, px::optim::Sgd>);
+static_assert(!px::policy::looks_up_bags_v<px::AsyncPS, Var, Engine, px::optim::Sgd>);
