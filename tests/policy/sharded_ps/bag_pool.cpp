@@ -458,3 +458,34 @@ TEST_CASE("ShardedPS: automatic pooling picks what moves fewer bytes", "[policy]
 static_assert(px::policy::looks_up_bags_v<px::ShardedPS, Var, Engine, px::optim::Sgd>);
 static_assert(px::policy::looks_up_bags_v<px::AllGatherv, Var, Engine, px::optim::Sgd>);
 static_assert(!px::policy::looks_up_bags_v<px::AsyncPS, Var, Engine, px::optim::Sgd>);
+
+// The tutorial's bags (docs/tutorial.md, "Multi-hot features: bags"),
+// pooled at the owners, here, and as AllGatherv does: the same rows.
+TEST_CASE("the tutorial's bags pool as it says", "[policy][sharded_ps][allgatherv][bags]") {
+  auto& ctx = test::world();
+  Engine mpi(ctx);
+  const px::optim::Sgd opt{lr};
+  const auto pooling = GENERATE(px::Pooling::owner, px::Pooling::local, px::Pooling::automatic);
+  const bool gathered = GENERATE(false, true);
+  Sharded sharded(mpi, opt, px::TrainerOptions{});
+  Gathered replicas(mpi, opt, px::TrainerOptions{});
+  Var items(ctx, "items", {10, C}, px::init::Uniform{-1.f, 1.f, 3});
+  px::policy::Member& member = gathered ? replicas.add(items) : sharded.add(items);
+  sharded.prepare();
+  std::vector<float> table(10 * C);
+  member.fetch(table.data());
+  // example-begin bags_request
+  // Sample 0 clicked items 3 and 9, sample 1 nothing, sample 2 item 3 twice.
+  std::vector<px::index_t> offsets{0, 2, 2, 4}, ids{3, 9, 3, 3};
+  px::Bags clicks{items, offsets, ids, px::Combiner::mean};
+  // example-end
+  clicks.pooled_at(pooling);
+  const auto rows = gathered ? replicas.lookup_bags(&clicks, 1) : sharded.lookup_bags(&clicks, 1);
+  const auto got = test::to_host(rows[0]);
+  bool ok = rows[0].rows == 3;
+  for (std::size_t c = 0; c < C; ++c) {
+    ok = ok && std::abs(got[c] - (table[3 * C + c] + table[9 * C + c]) / 2) <= 1e-6f;
+    ok = ok && got[C + c] == 0.f && std::abs(got[2 * C + c] - table[3 * C + c]) <= 1e-6f;
+  }
+  CHECK(test::all_ranks(ok));
+}

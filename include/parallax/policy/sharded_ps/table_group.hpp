@@ -668,8 +668,6 @@ class TableGroup {
     extra_keys_.clear();
     extra_values_.clear();
   }
-  /// Whether add_owned_rows() gave rows since the last finish_push().
-  bool has_owned_rows() const noexcept { return extra_keys_.size() != 0; }
 
   /// Sums the rows the route brought this rank, by row and then by source
   /// rank, then those add_owned_rows() gave. Returns m and fills local_rows /
