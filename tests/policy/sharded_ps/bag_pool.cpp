@@ -416,7 +416,7 @@ TEST_CASE("ranks that pool other variables or combiners all throw one message na
 // Pooling::automatic: whichever moves fewer bytes in the step (lookup, bag
 // gradients, push), over every rank. Wide rows and bags of many distinct
 // ids: at the owners; bags of one id among few: here.
-TEST_CASE("ShardedPS: automatic pooling picks what moves fewer bytes", "[policy][sharded_ps][bags]") {
+TEST_CASE("ShardedPS: automatic pooling picks what moves fewer bytes", "[policy][sharded_ps][bags][np2+]") {
   if (test::skip_below_ranks(2)) return;
   auto& ctx = test::world();
   const bool wide = GENERATE(true, false);
