@@ -43,6 +43,18 @@
 /// cancel_lookup() forgets it. Without these two, a policy's variables
 /// cannot be prefetched (a compile error names it).
 ///
+/// To look up bags of ids pooled into one row per bag (bags.hpp;
+/// docs/design.md, "Bags"), a sparse variable's synchronizer has
+///
+///     template <class V>
+///     std::vector<Rows<typename V::value_type, space>> lookup_bags(const Bags<V>* batch, std::size_t n);
+///     template <class V>
+///     void bag_gradients(const BagGradient<V>* grads, std::size_t n);
+///
+/// both collective: the pooled rows, one per bag, and the gradient of the
+/// step's last batch of bags that awaits one. looks_up_bags_v says whether
+/// a policy has them (ShardedPS and AllGatherv do).
+///
 /// policy::check<Policy, Var, Engine, Optimizer>() names what a policy lacks.
 /// Before a step, the user may say a variable's gradient is final
 /// (Trainer::ready): its synchronizer's ready() may start moving it, on the
@@ -55,6 +67,7 @@
 /// update(), clear(). Every rank makes the same calls in the same order, so
 /// collectives inside the phases match.
 
+#include <parallax/bags.hpp>
 #include <parallax/detail/agreement.hpp>
 #include <parallax/detail/algorithms.hpp>
 #include <parallax/detail/checkpoint_io.hpp>
@@ -263,6 +276,15 @@ struct looks_up_ahead<
                                                          std::declval<Background&>())),
                 decltype(std::declval<S&>().template finish_lookup<V>())>> : std::true_type {};
 
+template <class S, class V, class = void>
+struct looks_up_bags : std::false_type {};
+template <class S, class V>
+struct looks_up_bags<
+    S, V,
+    std::void_t<decltype(std::declval<S&>().lookup_bags(std::declval<const Bags<V>*>(), std::size_t{})),
+                decltype(std::declval<S&>().bag_gradients(std::declval<const BagGradient<V>*>(), std::size_t{}))>>
+    : std::true_type {};
+
 template <class P, class E, class O>
 constexpr bool synchronizer_ok() {
   if constexpr (names_synchronizer<P, E, O>::value) {
@@ -288,6 +310,11 @@ constexpr bool lookup_ok() {
 /// (start_lookup / finish_lookup; see the file comment).
 template <class Policy, class Var, class Engine, class Optimizer>
 inline constexpr bool looks_up_ahead_v = contract::looks_up_ahead<synchronizer_t<Policy, Engine, Optimizer>, Var>::value;
+
+/// Whether Policy's synchronizer can look up bags of variables of type Var
+/// (lookup_bags / bag_gradients; see the file comment).
+template <class Policy, class Var, class Engine, class Optimizer>
+inline constexpr bool looks_up_bags_v = contract::looks_up_bags<synchronizer_t<Policy, Engine, Optimizer>, Var>::value;
 
 /// Whether Policy can synchronise variables of type Var in a trainer over
 /// Engine with Optimizer (see check()).

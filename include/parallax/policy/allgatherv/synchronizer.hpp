@@ -4,6 +4,7 @@
 /// rank; each step every rank gathers every rank's gradient rows and applies
 /// the same lazy update to its replica.
 
+#include <parallax/bags.hpp>
 #include <parallax/error.hpp>
 #include <parallax/options.hpp>
 #include <parallax/policy/allgatherv.hpp>
@@ -63,6 +64,27 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
   }
   void clear() override {
     for (auto& m : members_) m->clear();
+    bags_.clear();
+  }
+
+  /// A batch of bag lookups (docs/design.md, "Bags"): every rank holds every
+  /// row, so each rank pools the rows of its own bags. A bad request throws
+  /// on every rank. Collective (one small all-reduce).
+  template <class V>
+  std::vector<Rows<typename V::value_type, space>> lookup_bags(const Bags<V>* batch, std::size_t n) {
+    return bags_.template of<typename V::value_type>().lookup(*engine_, batch, n, [&] {
+      std::vector<Lookup<V>> plain;
+      for (std::size_t i = 0; i < n; ++i) plain.emplace_back(*batch[i].var, batch[i].ids, batch[i].n);
+      return lookup(plain.data(), plain.size());
+    });
+  }
+  /// The gradients of the pooled rows, one per request: each id gets its
+  /// bag's row (times its weight; divided by the bag's ids for mean) in its
+  /// variable's sparse gradient, gathered at the step like any other.
+  /// Collective (one small all-reduce).
+  template <class V>
+  void bag_gradients(const BagGradient<V>* grads, std::size_t n) {
+    bags_.template of<typename V::value_type>().gradients(*engine_, grads, n);
   }
 
   template <class V>
@@ -133,6 +155,7 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
   const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
   std::vector<std::unique_ptr<Entry>> members_;
   ReplicaLookupsAhead<space> ahead_;  // start_lookup() to finish_lookup()
+  LocalBagsOfEachType<space> bags_;   // this step's bag lookups, for their gradients
 };
 
 }  // namespace parallax::policy

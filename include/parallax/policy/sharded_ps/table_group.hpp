@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace parallax {
@@ -147,6 +148,15 @@ struct GatherReply {
   }
   PARALLAX_HOST_DEVICE void operator()(std::size_t i, std::size_t c) const { out[i * cols + c] = reply[row(i) * cols + c]; }
   void prefetch(std::size_t i) const { prefetch_bytes(reply + row(i) * cols, cols * sizeof(T)); }
+};
+
+/// out[j] = where row j of `rows` lies.
+template <class T>
+struct RowAddresses {
+  RowsAt<T> rows;
+  std::size_t cols;
+  const T** out;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const { out[j] = rows.row(j, cols); }
 };
 
 /// where[order[j]] = j: the inverse of a permutation.
@@ -329,6 +339,17 @@ class TableGroup {
   std::size_t cols() const noexcept { return cols_; }
   const std::string& name(std::size_t t) const noexcept { return tables_[t].name; }
   const PartitionMap& map(std::size_t t) const noexcept { return tables_[t].map; }
+  /// The group's total rows: a key's owner is key / span().
+  std::size_t span() const noexcept { return span_; }
+  /// The group key of row `id` of table t (host; see the file comment).
+  index_t key_of(std::size_t t, index_t id) const noexcept {
+    const PartitionMap& map = tables_[t].map;
+    const int o = map.owner(id);
+    return static_cast<index_t>(static_cast<std::size_t>(o) * span_ +
+                                static_cast<std::size_t>(host_base_[t * static_cast<std::size_t>(engine_->size()) +
+                                                                    static_cast<std::size_t>(o)]) +
+                                map.local_row(id));
+  }
   /// Where table t starts in this rank's group shard (rows).
   std::size_t base(std::size_t t) const noexcept {
     return static_cast<std::size_t>(host_base_[t * static_cast<std::size_t>(engine_->size()) +
@@ -632,14 +653,48 @@ class TableGroup {
     return exchange_;
   }
 
+  /// Room for k more gradient rows of rows this rank owns, summed by the
+  /// next finish_push() after the rows the route brings: k keys (each of
+  /// this rank's shard) and k x cols values, in space, for the caller to
+  /// write (an owner expanding pooled gradients, BagPool). Valid until the
+  /// next call; forgotten by finish_push() and clear_owned_rows().
+  std::pair<index_t*, T*> add_owned_rows(std::size_t k) {
+    const std::size_t at = extra_keys_.size();
+    extra_keys_.resize(at + k);
+    extra_values_.resize((at + k) * cols_);
+    return {extra_keys_.data() + at, extra_values_.data() + at * cols_};
+  }
+  void clear_owned_rows() noexcept {
+    extra_keys_.clear();
+    extra_values_.clear();
+  }
+
   /// Sums the rows the route brought this rank, by row and then by source
-  /// rank. Returns m and fills local_rows / sums with the m rows of this
-  /// rank's group shard that received contributions (ascending) and their
-  /// sums.
+  /// rank, then those add_owned_rows() gave. Returns m and fills local_rows /
+  /// sums with the m rows of this rank's group shard that received
+  /// contributions (ascending) and their sums.
   std::size_t finish_push(Buffer<index_t, space>& local_rows, Buffer<T, space>& sums) {
     auto& ex = engine_->exec();
-    const std::size_t m = detail::coalesce_rows(ex, exchange_.received_ids(), exchange_.received_values(),
-                                                exchange_.received(), cols_, owned_keys_, sums, scratch_);
+    const std::size_t received = exchange_.received(), extra = extra_keys_.size();
+    const index_t* ids = exchange_.received_ids();
+    detail::RowsAt<T> values = exchange_.received_values();
+    if (extra) {
+      // Both as rows where they lie: the received rows first, then the others.
+      merged_keys_.resize_discard(received + extra);
+      merged_at_.resize_discard(received + extra);
+      if (received) {
+        ex.copy(merged_keys_.data(), ids, received * sizeof(index_t));
+        for_each(ex, received, detail::RowAddresses<T>{values, cols_, merged_at_.data()});
+      }
+      ex.copy(merged_keys_.data() + received, extra_keys_.data(), extra * sizeof(index_t));
+      for_each(ex, extra, detail::RowAddresses<T>{detail::RowsAt<T>(extra_values_.data()), cols_, merged_at_.data() + received});
+      ex.synchronize();
+      ids = merged_keys_.data();
+      values = detail::RowsAt<T>(merged_at_.data());
+    }
+    const std::size_t m =
+        detail::coalesce_rows(ex, ids, values, received + extra, cols_, owned_keys_, sums, scratch_);
+    clear_owned_rows();
     local_rows.resize_discard(m);
     const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * span_);
     if (m) for_each(ex, m, detail::Subtract{owned_keys_.data(), local_rows.data(), base});
@@ -746,6 +801,9 @@ class TableGroup {
 
   // The push.
   Buffer<index_t, space> push_keys_, hop_keys_, owned_keys_;
+  Buffer<index_t, space> extra_keys_, merged_keys_;  // add_owned_rows(), and with the received rows
+  Buffer<T, space> extra_values_;
+  Buffer<const T*, space> merged_at_;
   Buffer<const T*, space> at_;
   Buffer<T, space> hop_values_;
   detail::RowExchange<T, Engine> exchange_, aggregate_exchange_;  // the push's

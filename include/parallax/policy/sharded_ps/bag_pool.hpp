@@ -1,0 +1,309 @@
+#pragma once
+/// @file
+/// Bags pooled at the owner (docs/design.md, "Bags"): ShardedPS's
+/// placement of a sparse variable's pooling next to the shard that holds its
+/// rows. One BagPool carries one batched bag lookup of a table group, from
+/// its route to the gradient its owners expand.
+///
+/// * forward: the asker splits each bag by owner into segments (one per
+///   (bag, owner) pair, owners ascending) and sends each owner two lanes of
+///   one route: the segment's ids as group keys (with a weight each when some
+///   request of the batch is weighted), and a row per segment holding its
+///   number of ids. The owner sums its rows of each segment (times the
+///   weights) and replies with one row per segment; the asker adds a bag's
+///   partial sums, owners ascending, and divides by the bag's ids for mean.
+/// * backward: the asker sends each owner one row per segment, the bag's
+///   gradient (divided by its ids for mean), in the order of the forward's
+///   segments; the owner, which kept what the forward brought it, gives each
+///   id of the segment that row (times its weight) as a gradient row of its
+///   shard (TableGroup::add_owned_rows), summed at the step's push with the
+///   rows the push brings.
+///
+/// Bytes per rank and peer: 8 per id sent (12, weighted, padded to 8 per
+/// block), 8 per segment and cols x sizeof(T) per segment replied; the
+/// backward 8 + cols x sizeof(T) per segment. A plain lookup sends 8 per
+/// unique id and replies a row per unique id, and pushes one per unique id.
+
+#include <parallax/bags.hpp>
+#include <parallax/detail/algorithms.hpp>
+#include <parallax/engine/engine.hpp>
+#include <parallax/error.hpp>
+#include <parallax/policy/sharded_ps/row_exchange.hpp>
+#include <parallax/policy/sharded_ps/table_group.hpp>
+#include <parallax/space.hpp>
+#include <parallax/types.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace parallax {
+
+namespace detail {
+
+/// at[j] = where the shard row of key keys[j] starts (elements): (key -
+/// base) x cols, base being this rank x span.
+struct ShardOffsetOfKey {
+  const index_t* keys;
+  index_t base;
+  std::size_t cols;
+  index_t* at;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
+    at[j] = static_cast<index_t>(static_cast<std::size_t>(keys[j] - base) * cols);
+  }
+};
+
+/// at[order[j]] = j x cols: where the reply row of segment order[j] lies.
+struct ReplyOffsetOfSegment {
+  const index_t* order;
+  std::size_t cols;
+  index_t* at;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
+    at[order[j]] = static_cast<index_t>(j * cols);
+  }
+};
+
+/// out[j] = the first value of row j (a received weight).
+template <class T>
+struct FirstOfRow {
+  RowsAt<T> rows;
+  T* out;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const { out[j] = rows.row(j, 1)[0]; }
+};
+
+}  // namespace detail
+
+template <class T, class Engine>
+class BagPool {
+ public:
+  using space = engine::space_of_t<Engine>;
+
+  /// One request of the batch for a table of the group, checked already
+  /// (detail::bag_problem): `offsets` on the host, the ids and weights in
+  /// space (read by plan() only), rows to `out` (bags x cols, in space).
+  struct Request {
+    std::size_t table = 0;
+    std::vector<index_t> offsets;
+    const index_t* ids = nullptr;
+    std::size_t n = 0;
+    const T* weights = nullptr;
+    Combiner combiner = Combiner::sum;
+    T* out = nullptr;
+    std::size_t bags() const noexcept { return offsets.size() - 1; }
+  };
+
+  explicit BagPool(Engine& engine) : engine_(&engine), entries_(engine), segments_(engine), gradients_(engine) {}
+  BagPool(const BagPool&) = delete;
+  BagPool& operator=(const BagPool&) = delete;
+
+  // ---------------------------------------------------------------- forward
+  //
+  // plan() (local), then detail::route_lanes() over lanes() (with other
+  // groups' lanes), then serve() (the owners pool and reply: one collective),
+  // the engine's wait_started() where it has one, and finish().
+
+  /// Splits the requests' bags into segments by owner and plans the lanes.
+  void plan(TableGroup<T, Engine>& tables, std::vector<Request> requests) {
+    requests_ = std::move(requests);
+    cols_ = tables.cols();
+    const std::size_t span = tables.span();
+    weighted_ = false;
+    std::size_t total_ids = 0, total_bags = 0;
+    for (const Request& q : requests_) {
+      // The lane's width must be every rank's: the combiner says (the ids of
+      // a weighted request may be none here).
+      weighted_ = weighted_ || q.combiner == Combiner::weighted_sum;
+      total_ids += q.n;
+      total_bags += q.bags();
+    }
+    std::vector<index_t> keys, counts, segment_bag, bag_first;
+    std::vector<std::int32_t> entry_dest, segment_dest;
+    std::vector<T> weights;
+    keys.reserve(total_ids);
+    entry_dest.reserve(total_ids);
+    if (weighted_) weights.reserve(total_ids);
+    bag_first.reserve(total_bags + 1);
+    bag_first_of_.assign(requests_.size() + 1, 0);
+    std::vector<index_t> ids;
+    std::vector<T> w;
+    std::vector<std::pair<index_t, std::size_t>> bag;  // (key, position) of a bag's ids
+    std::size_t global_bag = 0;
+    for (std::size_t r = 0; r < requests_.size(); ++r) {
+      const Request& q = requests_[r];
+      bag_first_of_[r] = global_bag;
+      ids.resize(q.n);
+      if (q.n) space_traits<space>::copy_to_host(ids.data(), q.ids, q.n * sizeof(index_t));
+      w.assign(q.weights ? q.n : 0, T(1));
+      if (q.weights && q.n) space_traits<space>::copy_to_host(w.data(), q.weights, q.n * sizeof(T));
+      for (std::size_t b = 0; b < q.bags(); ++b, ++global_bag) {
+        bag_first.push_back(static_cast<index_t>(counts.size()));
+        bag.clear();
+        for (auto j = static_cast<std::size_t>(q.offsets[b]); j < static_cast<std::size_t>(q.offsets[b + 1]); ++j)
+          bag.emplace_back(tables.key_of(q.table, ids[j]), j);
+        // Owners ascending (keys sort by owner), ids in bag order within one.
+        std::stable_sort(bag.begin(), bag.end(), [span](const auto& a, const auto& c) {
+          return static_cast<std::size_t>(a.first) / span < static_cast<std::size_t>(c.first) / span;
+        });
+        for (std::size_t k = 0; k < bag.size(); ++k) {
+          const auto owner = static_cast<std::int32_t>(static_cast<std::size_t>(bag[k].first) / span);
+          if (k == 0 || owner != segment_dest.back()) {
+            counts.push_back(0);
+            segment_dest.push_back(owner);
+            segment_bag.push_back(static_cast<index_t>(global_bag));
+          }
+          ++counts.back();
+          keys.push_back(bag[k].first);
+          entry_dest.push_back(owner);
+          if (weighted_) weights.push_back(q.weights ? w[bag[k].second] : T(1));
+        }
+      }
+    }
+    bag_first.push_back(static_cast<index_t>(counts.size()));
+    bag_first_of_[requests_.size()] = global_bag;
+    segment_bag_ = std::move(segment_bag);
+    keys_ = Buffer<index_t, space>::from_host(keys);
+    entry_dest_ = Buffer<std::int32_t, space>::from_host(entry_dest);
+    weights_ = Buffer<T, space>::from_host(weights);
+    counts_ = Buffer<index_t, space>::from_host(counts);
+    segment_dest_ = Buffer<std::int32_t, space>::from_host(segment_dest);
+    bag_first_ = Buffer<index_t, space>::from_host(bag_first);
+    offsets_.resize(requests_.size());
+    for (std::size_t r = 0; r < requests_.size(); ++r) offsets_[r] = Buffer<index_t, space>::from_host(requests_[r].offsets);
+    entries_.plan(keys_.data(), detail::RowsAt<T>(weighted_ ? weights_.data() : nullptr), entry_dest_.data(),
+                  keys.size(), weighted_ ? 1 : 0);
+    segments_.plan(counts_.data(), detail::RowsAt<T>(), segment_dest_.data(), counts.size(), 0);
+  }
+
+  /// The forward route's lanes: the ids (and weights), then the segments.
+  detail::RouteLane& entry_lane() noexcept { return entries_; }
+  detail::RouteLane& segment_lane() noexcept { return segments_; }
+  /// Ids this rank sends (segments: one per (bag, owner) pair).
+  std::size_t ids_sent() const noexcept { return keys_.size(); }
+  std::size_t segments_sent() const noexcept { return counts_.size(); }
+
+  /// The owner's half: sums its rows of every segment the route brought,
+  /// keeps the segments for the backward pass, and starts the reply.
+  /// Collective.
+  void serve(TableGroup<T, Engine>& tables) {
+    auto& ex = engine_->exec();
+    const std::size_t ids = entries_.received(), segments = segments_.received();
+    // Where each segment's ids start among the ids received: both lanes come
+    // rank after rank, each rank's segments in the order of its ids.
+    std::vector<index_t> first(segments + 1, 0);
+    if (segments) space_traits<space>::copy_to_host(first.data() + 1, segments_.received_ids(), segments * sizeof(index_t));
+    for (std::size_t s = 0; s < segments; ++s) first[s + 1] += first[s];
+    PARALLAX_EXPECTS(static_cast<std::size_t>(first[segments]) == ids, "BagPool: ", ids, " ids arrived for segments of ",
+                     first[segments]);
+    owner_first_ = Buffer<index_t, space>::from_host(first);
+    owner_keys_.resize_discard(ids);
+    owner_at_.resize_discard(ids);
+    owner_weights_.resize_discard(weighted_ ? ids : 0);
+    if (ids) {
+      ex.copy(owner_keys_.data(), entries_.received_ids(), ids * sizeof(index_t));
+      if (weighted_) for_each(ex, ids, detail::FirstOfRow<T>{entries_.received_values(), owner_weights_.data()});
+      const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * tables.span());
+      for_each(ex, ids, detail::ShardOffsetOfKey{owner_keys_.data(), base, cols_, owner_at_.data()});
+    }
+    served_.resize_discard(segments * cols_);
+    detail::pool_segments(ex,
+                          detail::PoolBags<T>{detail::RowsAt<T>(tables.shard().data(), owner_at_.data()),
+                                              owner_first_.data(), weighted_ ? owner_weights_.data() : nullptr, nullptr,
+                                              served_.data(), cols_},
+                          segments);
+    ex.synchronize();
+    replies_ = segments_.start_reply(served_.data(), cols_);
+  }
+
+  /// The asker's half: each bag's partial sums, owners ascending, into its
+  /// request's `out` (divided by its ids for mean; an empty bag: zeros).
+  void finish() {
+    auto& ex = engine_->exec();
+    const std::size_t segments = counts_.size();
+    reply_at_.resize_discard(segments);
+    if (segments) for_each(ex, segments, detail::ReplyOffsetOfSegment{segments_.sent_order(), cols_, reply_at_.data()});
+    for (std::size_t r = 0; r < requests_.size(); ++r) {
+      const Request& q = requests_[r];
+      detail::pool_segments(ex,
+                            detail::PoolBags<T>{detail::RowsAt<T>(replies_, reply_at_.data()),
+                                                bag_first_.data() + bag_first_of_[r], nullptr,
+                                                q.combiner == Combiner::mean ? offsets_[r].data() : nullptr, q.out,
+                                                cols_},
+                            q.bags());
+    }
+    ex.synchronize();
+  }
+
+  std::size_t requests() const noexcept { return requests_.size(); }
+  const Request& request(std::size_t r) const noexcept { return requests_[r]; }
+
+  // ---------------------------------------------------------------- backward
+  //
+  // plan_gradients() (local), then detail::route_lanes() over gradient_lane()
+  // (with other groups' lanes), then expand().
+
+  /// Plans the rows of the bags' gradients: `grads[r]` holds request r's
+  /// (bags x cols, in space, checked already), valid until the route.
+  void plan_gradients(const std::vector<const T*>& grads) {
+    auto& ex = engine_->exec();
+    std::vector<const T*> row_of_bag;  // per bag of the batch
+    scaled_.resize(requests_.size());
+    for (std::size_t r = 0; r < requests_.size(); ++r) {
+      const Request& q = requests_[r];
+      const T* g = grads[r];
+      if (q.combiner == Combiner::mean && q.bags()) {
+        scaled_[r].resize_discard(q.bags() * cols_);
+        for_each_rows(ex, q.bags(), cols_, detail::DivideByCount<T>{g, offsets_[r].data(), scaled_[r].data(), cols_});
+        g = scaled_[r].data();
+      }
+      for (std::size_t b = 0; b < q.bags(); ++b) row_of_bag.push_back(g + b * cols_);
+    }
+    ex.synchronize();
+    std::vector<const T*> rows(segment_bag_.size());
+    for (std::size_t s = 0; s < rows.size(); ++s) rows[s] = row_of_bag[static_cast<std::size_t>(segment_bag_[s])];
+    gradient_rows_ = Buffer<const T*, space>::from_host(rows);
+    gradients_.plan(counts_.data(), detail::RowsAt<T>(gradient_rows_.data()), segment_dest_.data(), rows.size(), cols_);
+  }
+  detail::RouteLane& gradient_lane() noexcept { return gradients_; }
+
+  /// The owner's half: each segment's gradient row given to the segment's
+  /// ids (times their weights), as rows of its shard for the step's push.
+  void expand(TableGroup<T, Engine>& tables) {
+    auto& ex = engine_->exec();
+    const std::size_t segments = gradients_.received(), ids = owner_keys_.size();
+    PARALLAX_EXPECTS(segments + 1 == owner_first_.size(), "BagPool: ", segments,
+                     " gradient rows arrived for the forward's segments of ", owner_first_.size() - 1);
+    if (!ids) return;
+    auto [keys, values] = tables.add_owned_rows(ids);
+    for_each(ex, segments,
+             detail::ExpandBags<T>{gradients_.received_values(), owner_first_.data(),
+                                   weighted_ ? owner_weights_.data() : nullptr, owner_keys_.data(), keys, values, cols_},
+             Cost{cols_ * 4});
+    ex.synchronize();
+  }
+
+ private:
+  Engine* engine_;
+  std::size_t cols_ = 0;
+  bool weighted_ = false;  // some request weighted: every id travels with a weight (1 where none)
+  std::vector<Request> requests_;
+  std::vector<std::size_t> bag_first_of_;  // per request: its first bag among the batch's
+  std::vector<index_t> segment_bag_;       // per segment sent: its bag among the batch's
+  // The asker's: ids as keys, their owners and weights; per segment its ids
+  // and owner; per bag its first segment (bags + 1); each request's offsets.
+  Buffer<index_t, space> keys_, counts_, bag_first_, reply_at_;
+  Buffer<std::int32_t, space> entry_dest_, segment_dest_;
+  Buffer<T, space> weights_;
+  std::vector<Buffer<index_t, space>> offsets_;
+  std::vector<Buffer<T, space>> scaled_;
+  Buffer<const T*, space> gradient_rows_;
+  const T* replies_ = nullptr;
+  // The owner's: what the forward brought (keys, weights, where each
+  // segment starts) and the partial sums it replied.
+  Buffer<index_t, space> owner_keys_, owner_at_, owner_first_;
+  Buffer<T, space> owner_weights_, served_;
+  detail::RowExchange<T, Engine> entries_, segments_, gradients_;
+};
+
+}  // namespace parallax
