@@ -1,14 +1,15 @@
-// engine::MpiStaged (CUDA builds, [gpu]): every call with device buffers
-// against a closed-form expectation, the pipelined paths with many chunks,
-// host and mixed buffers, the bytes booked (exactly engine::Mpi's rules), the
-// ring all-reduce over the engine, and whole trainers in device memory
-// against the same trainers on the host. Runs at 1-4 ranks on one GPU.
+// engine::MpiStaged (CUDA builds, [gpu]): the engine contract
+// (contract.hpp) with device buffers, then what is its own: the pipelined
+// paths with many chunks, host and mixed buffers, the ring all-reduce over
+// the engine, and whole trainers in device memory against the same
+// trainers on the host. Runs at 1-4 ranks on one GPU.
 #include "support.hpp"
 
 #include <parallax/engine/mpi_staged.cuh>
 
 #include <cstdint>
 #include <numeric>
+#include <tuple>
 #include <vector>
 
 using px::DataType;
@@ -23,16 +24,15 @@ px::Buffer<T, px::CudaSpace> device(const std::vector<T>& v) {
   return px::Buffer<T, px::CudaSpace>::from_host(v);
 }
 
-std::uint64_t f32(std::size_t n) { return n * sizeof(float); }
+}  // namespace
 
-struct Fixture {
-  Engine eng{test::world()};
-  int n = eng.size();
-  int me = eng.rank();
-  int right = (me + 1) % n;
-  int left = (me - 1 + n) % n;
-};
+using ContractEngines = std::tuple<Engine>;
+#define PARALLAX_CONTRACT_TAGS "[gpu][engine][mpi_staged][contract]"
+#include "contract.hpp"
 
+namespace {
+using Fixture = contract::Fixture<Engine>;
+using contract::f32;
 }  // namespace
 
 TEST_CASE("MpiStaged::allreduce sums device buffers, in chunks", "[gpu][engine][mpi_staged]") {
@@ -81,134 +81,6 @@ TEST_CASE("MpiStaged::allreduce in place, max and min, host and mixed buffers", 
   auto mn = device(std::vector<double>{static_cast<double>(f.me), -0.5 * f.me});
   f.eng.allreduce(mn.data(), mn.data(), 2, DataType::f64, ReduceOp::min);
   CHECK(mn.to_host() == std::vector<double>{0.0, -0.5 * (f.n - 1)});
-}
-
-TEST_CASE("MpiStaged::reduce_scatter gives rank i the sum of block i", "[gpu][engine][mpi_staged]") {
-  Fixture f;
-  std::vector<std::size_t> counts(static_cast<std::size_t>(f.n));
-  for (int j = 0; j < f.n; ++j) counts[j] = static_cast<std::size_t>(j % 3);
-  const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-  std::vector<double> in(total);
-  for (std::size_t i = 0; i < total; ++i) in[i] = f.me + 10.0 * i;
-  auto send = device(in);
-  auto recv = device(std::vector<double>(counts[f.me] + 1, -1.0));
-  f.eng.reduce_scatter(send.data(), recv.data(), counts.data(), DataType::f64, ReduceOp::sum);
-  const auto out = recv.to_host();
-  const std::size_t first = std::accumulate(counts.begin(), counts.begin() + f.me, std::size_t{0});
-  for (std::size_t k = 0; k < counts[f.me]; ++k) CHECK(out[k] == f.n * (f.n - 1) / 2.0 + f.n * 10.0 * (first + k));
-  CHECK(out[counts[f.me]] == -1.0);  // nothing written past the block
-  const px::Traffic t = f.eng.stats().total();
-  const std::size_t left = static_cast<std::size_t>(f.left);
-  CHECK(t.sent() == (f.n > 1 ? 8 * (total - counts[f.me]) : 0));
-  CHECK(t.received() == (f.n > 1 ? 8 * (total - counts[left]) : 0));
-}
-
-TEST_CASE("MpiStaged::allgather and allgatherv place every rank's block", "[gpu][engine][mpi_staged]") {
-  Fixture f;
-  auto mine = device(std::vector<std::int32_t>{f.me, f.me * 10});
-  px::Buffer<std::int32_t, px::CudaSpace> all(2 * static_cast<std::size_t>(f.n));
-  f.eng.allgather(mine.data(), all.data(), 2, DataType::i32);
-  const auto a = all.to_host();
-  for (int r = 0; r < f.n; ++r) {
-    CHECK(a[2 * r] == r);
-    CHECK(a[2 * r + 1] == 10 * r);
-  }
-  CHECK(f.eng.stats().total().sent() == static_cast<std::uint64_t>(4 * 2 * (f.n - 1)));
-
-  // Rank r sends r+1 elements; blocks land with a gap of one element.
-  std::vector<std::size_t> counts(f.n), displs(f.n);
-  std::size_t at = 0;
-  for (int r = 0; r < f.n; ++r) {
-    counts[r] = static_cast<std::size_t>(r + 1);
-    displs[r] = at;
-    at += counts[r] + 1;
-  }
-  std::vector<float> block(counts[f.me]);
-  for (std::size_t k = 0; k < block.size(); ++k) block[k] = static_cast<float>(100 * f.me + k);
-  auto send = device(block);
-  auto recv = device(std::vector<float>(at, -1.f));
-  f.eng.stats().reset();
-  f.eng.allgatherv(send.data(), counts[f.me], recv.data(), counts.data(), displs.data(), DataType::f32);
-  const auto g = recv.to_host();
-  for (int r = 0; r < f.n; ++r) {
-    for (std::size_t k = 0; k < counts[r]; ++k) CHECK(g[displs[r] + k] == static_cast<float>(100 * r + k));
-    CHECK(g[displs[r] + counts[r]] == -1.f);
-  }
-  const std::size_t total = static_cast<std::size_t>(f.n * (f.n + 1) / 2);
-  const px::Traffic t = f.eng.stats().total();
-  CHECK(t.sent() == (f.n > 1 ? f32(total - counts[f.right]) : 0));
-  CHECK(t.received() == (f.n > 1 ? f32(total - counts[f.me]) : 0));
-}
-
-TEST_CASE("MpiStaged::alltoall and alltoallv move every block to its rank", "[gpu][engine][mpi_staged]") {
-  Fixture f;
-  const auto un = static_cast<std::size_t>(f.n);
-  std::vector<std::int64_t> s(2 * un);
-  for (int p = 0; p < f.n; ++p) {
-    s[2 * p] = 100 * f.me + p;
-    s[2 * p + 1] = -(100 * f.me + p);
-  }
-  auto send = device(s);
-  px::Buffer<std::int64_t, px::CudaSpace> recv(2 * un);
-  f.eng.alltoall(send.data(), recv.data(), 2, DataType::i64);
-  const auto r = recv.to_host();
-  for (int p = 0; p < f.n; ++p) {
-    CHECK(r[2 * p] == 100 * p + f.me);
-    CHECK(r[2 * p + 1] == -(100 * p + f.me));
-  }
-  CHECK(f.eng.stats().total().sent() == 16 * (un - 1));
-  CHECK(f.eng.stats().total().received() == 16 * (un - 1));
-
-  // Rank i sends i+p+1 elements to rank p, valued 1000*i + 10*p + k; the
-  // received blocks land with a gap of one element, which must keep its value.
-  std::vector<std::size_t> sc(un), sd(un), rc(un), rd(un);
-  std::size_t st = 0, rt = 0;
-  for (int p = 0; p < f.n; ++p) {
-    sc[p] = static_cast<std::size_t>(f.me + p + 1);
-    sd[p] = st;
-    st += sc[p];
-    rc[p] = static_cast<std::size_t>(p + f.me + 1);
-    rd[p] = rt;
-    rt += rc[p] + 1;
-  }
-  std::vector<float> sv(st);
-  for (int p = 0; p < f.n; ++p)
-    for (std::size_t k = 0; k < sc[p]; ++k) sv[sd[p] + k] = static_cast<float>(1000 * f.me + 10 * p + k);
-  auto vs = device(sv);
-  auto vr = device(std::vector<float>(rt, -1.f));
-  f.eng.stats().reset();
-  f.eng.alltoallv(vs.data(), sc.data(), sd.data(), vr.data(), rc.data(), rd.data(), DataType::f32);
-  const auto got = vr.to_host();
-  std::size_t wrong = 0;
-  for (int p = 0; p < f.n; ++p) {
-    for (std::size_t k = 0; k < rc[p]; ++k) wrong += got[rd[p] + k] != static_cast<float>(1000 * p + 10 * f.me + k);
-    CHECK(got[rd[p] + rc[p]] == -1.f);
-  }
-  CHECK(wrong == 0);
-  std::uint64_t sent = 0, received = 0;
-  for (int p = 0; p < f.n; ++p)
-    if (p != f.me) {
-      sent += f32(sc[p]);
-      received += f32(rc[p]);
-    }
-  CHECK(f.eng.stats().total().sent() == sent);
-  CHECK(f.eng.stats().total().received() == received);
-}
-
-TEST_CASE("MpiStaged::broadcast copies the root's device buffer", "[gpu][engine][mpi_staged]") {
-  Fixture f;
-  const int root = f.n - 1;
-  std::vector<float> v(1000);
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = f.me == root ? static_cast<float>(i) : -1.f;
-  auto d = device(v);
-  f.eng.broadcast(d.data(), v.size(), DataType::f32, root);
-  const auto out = d.to_host();
-  std::size_t wrong = 0;
-  for (std::size_t i = 0; i < out.size(); ++i) wrong += out[i] != static_cast<float>(i);
-  CHECK(wrong == 0);
-  const px::Traffic t = f.eng.stats().total();
-  CHECK(t.sent() == (f.me == root ? f32(1000) * static_cast<std::uint64_t>(f.n - 1) : 0));
-  CHECK(t.received() == (f.me == root ? 0 : f32(1000)));
 }
 
 TEST_CASE("MpiStaged::start_sendrecv pipelines chunks round a ring, two exchanges in flight",

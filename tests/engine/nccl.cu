@@ -1,6 +1,7 @@
-// engine::Nccl (CUDA builds, [gpu]): every call against a closed-form
-// expectation with device buffers, host buffers through the device scratch,
-// the bytes booked (exactly engine::Mpi's rules), and the GPU placement rule.
+// engine::Nccl (CUDA builds, [gpu]): the engine contract (contract.hpp)
+// with device buffers, then what is its own: host buffers through the
+// device scratch, reduce_scatter's two NCCL paths, the GPU placement rule,
+// the ring all-reduce over the engine and whole trainers.
 // Written for any rank count with a GPU per rank; CTest runs it at 1 and 2
 // ranks. The cases that make an engine are tagged [needs-gpu-per-rank]: they
 // report themselves skipped on a host with fewer GPUs than ranks (at 2 ranks
@@ -13,6 +14,7 @@
 
 #include <cstdint>
 #include <numeric>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -28,8 +30,6 @@ px::Buffer<T, px::CudaSpace> device(const std::vector<T>& v) {
   return px::Buffer<T, px::CudaSpace>::from_host(v);
 }
 
-std::uint64_t f32(std::size_t n) { return n * sizeof(float); }
-
 /// Collective. Skips the case unless this host has a GPU for each of its
 /// ranks, which engine::Nccl needs (the placement rule).
 bool skip_without_gpu_per_rank() {
@@ -40,14 +40,16 @@ bool skip_without_gpu_per_rank() {
                                               " ranks and has " + std::to_string(gpus) + " GPU(s)");
 }
 
-struct Fixture {
-  Engine eng{test::world()};
-  int n = eng.size();
-  int me = eng.rank();
-  int right = (me + 1) % n;
-  int left = (me - 1 + n) % n;
-};
+}  // namespace
 
+using ContractEngines = std::tuple<Engine>;
+#define PARALLAX_CONTRACT_TAGS "[gpu][engine][nccl][needs-gpu-per-rank][contract]"
+#define PARALLAX_CONTRACT_SKIP() skip_without_gpu_per_rank()
+#include "contract.hpp"
+
+namespace {
+using Fixture = contract::Fixture<Engine>;
+using contract::f32;
 }  // namespace
 
 TEST_CASE("choose_device: local rank mod GPUs, one GPU per rank for Nccl", "[gpu][engine][nccl]") {
@@ -80,29 +82,6 @@ TEST_CASE("Nccl on more ranks than GPUs fails on every rank, naming the counts",
     CHECK(what.empty());
   }
   CHECK(test::all_ranks(true));  // every rank got here: nobody hangs
-}
-
-TEST_CASE("Nccl::allreduce sums device buffers, in place and not", "[gpu][engine][nccl][needs-gpu-per-rank]") {
-  if (skip_without_gpu_per_rank()) return;
-  Fixture f;
-  const std::size_t count = GENERATE(0u, 1u, 7u, 1001u, 300000u);
-  std::vector<float> in(count);
-  for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<float>(f.me * 1000 + i % 1000);
-  auto send = device(in);
-  px::Buffer<float, px::CudaSpace> recv(count);
-  f.eng.allreduce(send.data(), recv.data(), count, DataType::f32, ReduceOp::sum);
-  f.eng.allreduce(send.data(), send.data(), count, DataType::f32, ReduceOp::sum);
-  const auto out = recv.to_host(), inplace = send.to_host();
-  std::size_t wrong = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    const auto want = static_cast<float>(1000 * f.n * (f.n - 1) / 2 + f.n * static_cast<int>(i % 1000));
-    wrong += (out[i] != want) + (inplace[i] != want);
-  }
-  CHECK(wrong == 0);
-  const px::Traffic t = f.eng.stats().total();
-  CHECK(t.calls == 2);
-  CHECK(t.sent() == 2 * f32(px::detail::ring::allreduce_sent(count, f.n, f.me)));
-  CHECK(t.received() == 2 * f32(px::detail::ring::allreduce_received(count, f.n, f.me)));
 }
 
 TEST_CASE("Nccl takes host buffers for control messages", "[gpu][engine][nccl][needs-gpu-per-rank]") {
@@ -152,103 +131,6 @@ TEST_CASE("Nccl::reduce_scatter, equal and unequal blocks", "[gpu][engine][nccl]
   CHECK(t.received() == (f.n > 1 ? 8 * (total - counts[static_cast<std::size_t>(f.left)]) : 0));
 }
 
-TEST_CASE("Nccl::allgather and allgatherv place every rank's block", "[gpu][engine][nccl][needs-gpu-per-rank]") {
-  if (skip_without_gpu_per_rank()) return;
-  Fixture f;
-  auto mine = device(std::vector<std::int32_t>{f.me, f.me * 10});
-  px::Buffer<std::int32_t, px::CudaSpace> all(2 * static_cast<std::size_t>(f.n));
-  f.eng.allgather(mine.data(), all.data(), 2, DataType::i32);
-  const auto a = all.to_host();
-  for (int r = 0; r < f.n; ++r) {
-    CHECK(a[2 * r] == r);
-    CHECK(a[2 * r + 1] == 10 * r);
-  }
-  CHECK(f.eng.stats().total().sent() == static_cast<std::uint64_t>(4 * 2 * (f.n - 1)));
-
-  std::vector<std::size_t> counts(f.n), displs(f.n);
-  std::size_t at = 0;
-  for (int r = 0; r < f.n; ++r) {
-    counts[r] = static_cast<std::size_t>(r + 1);
-    displs[r] = at;
-    at += counts[r] + 1;
-  }
-  std::vector<float> block(counts[f.me]);
-  for (std::size_t k = 0; k < block.size(); ++k) block[k] = static_cast<float>(100 * f.me + k);
-  auto send = device(block);
-  auto recv = device(std::vector<float>(at, -1.f));
-  f.eng.stats().reset();
-  f.eng.allgatherv(send.data(), counts[f.me], recv.data(), counts.data(), displs.data(), DataType::f32);
-  const auto g = recv.to_host();
-  for (int r = 0; r < f.n; ++r) {
-    for (std::size_t k = 0; k < counts[r]; ++k) CHECK(g[displs[r] + k] == static_cast<float>(100 * r + k));
-    CHECK(g[displs[r] + counts[r]] == -1.f);
-  }
-  const std::size_t total = static_cast<std::size_t>(f.n * (f.n + 1) / 2);
-  CHECK(f.eng.stats().total().sent() == (f.n > 1 ? f32(total - counts[f.right]) : 0));
-  CHECK(f.eng.stats().total().received() == (f.n > 1 ? f32(total - counts[f.me]) : 0));
-}
-
-TEST_CASE("Nccl::alltoallv moves every block to its rank", "[gpu][engine][nccl][needs-gpu-per-rank]") {
-  if (skip_without_gpu_per_rank()) return;
-  Fixture f;
-  const auto un = static_cast<std::size_t>(f.n);
-  std::vector<std::size_t> sc(un), sd(un), rc(un), rd(un);
-  std::size_t st = 0, rt = 0;
-  for (int p = 0; p < f.n; ++p) {
-    sc[p] = static_cast<std::size_t>(f.me + p + 1);
-    sd[p] = st;
-    st += sc[p];
-    rc[p] = static_cast<std::size_t>(p + f.me + 1);
-    rd[p] = rt;
-    rt += rc[p];
-  }
-  std::vector<float> sv(st);
-  for (int p = 0; p < f.n; ++p)
-    for (std::size_t k = 0; k < sc[p]; ++k) sv[sd[p] + k] = static_cast<float>(1000 * f.me + 10 * p + k);
-  auto vs = device(sv);
-  px::Buffer<float, px::CudaSpace> vr(rt);
-  f.eng.alltoallv(vs.data(), sc.data(), sd.data(), vr.data(), rc.data(), rd.data(), DataType::f32);
-  const auto got = vr.to_host();
-  std::size_t wrong = 0;
-  for (int p = 0; p < f.n; ++p)
-    for (std::size_t k = 0; k < rc[p]; ++k) wrong += got[rd[p] + k] != static_cast<float>(1000 * p + 10 * f.me + k);
-  CHECK(wrong == 0);
-  std::uint64_t sent = 0;
-  for (int p = 0; p < f.n; ++p)
-    if (p != f.me) sent += f32(sc[p]);
-  CHECK(f.eng.stats().total().sent() == sent);
-  CHECK(f.eng.stats().total().calls == 1);
-}
-
-TEST_CASE("Nccl::broadcast and start_sendrecv round a ring", "[gpu][engine][nccl][needs-gpu-per-rank]") {
-  if (skip_without_gpu_per_rank()) return;
-  Fixture f;
-  std::vector<float> v(1000);
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = f.me == 0 ? static_cast<float>(i) : -1.f;
-  auto d = device(v);
-  f.eng.broadcast(d.data(), v.size(), DataType::f32, 0);
-  const auto b = d.to_host();
-  std::size_t wrong = 0;
-  for (std::size_t i = 0; i < b.size(); ++i) wrong += b[i] != static_cast<float>(i);
-  CHECK(wrong == 0);
-
-  const std::size_t count = 4097;
-  std::vector<float> a(count);
-  for (std::size_t i = 0; i < count; ++i) a[i] = static_cast<float>(f.me * 100000 + i);
-  auto sa = device(a);
-  px::Buffer<float, px::CudaSpace> ra(count);
-  f.eng.stats().reset();
-  auto x = f.eng.start_sendrecv(sa.data(), count, f.right, ra.data(), count, f.left, DataType::f32);
-  f.eng.wait(x);
-  const auto g = ra.to_host();
-  wrong = 0;
-  for (std::size_t i = 0; i < count; ++i) wrong += g[i] != static_cast<float>(f.left * 100000 + i);
-  CHECK(wrong == 0);
-  CHECK(f.eng.stats().total().sent() == f32(count));
-  CHECK(f.eng.stats().total().received() == f32(count));
-}
-
-// At one rank the sum is the input: a reducer that did nothing would pass.
 TEST_CASE("RingAllReducer over Nccl sums with the ring and natively",
           "[gpu][engine][nccl][needs-gpu-per-rank][np2+]") {
   if (test::skip_below_ranks(2) || skip_without_gpu_per_rank()) return;

@@ -1,5 +1,5 @@
 #pragma once
-// Emulated links between emulated hosts: engine::Mpi holds back the
+// Emulated links between emulated hosts: an engine (engine::Comm) holds back the
 // completion of a call that moved bytes to or from another host until a
 // link of the given bandwidth and latency could have carried them. Each
 // host has one egress and one ingress link (full duplex), shared by its

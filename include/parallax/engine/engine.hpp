@@ -63,7 +63,7 @@ struct Options {
   /// shares the rank's with the user's thread); no otherwise (a core per
   /// thread: spinning answers soonest).
   enum class Yield { automatic, always, never } yield = Yield::automatic;
-  /// Emulated links between hosts (engine::Mpi): "10Gbit/s,20us" holds back
+  /// Emulated links between hosts (every engine): "10Gbit/s,20us" holds back
   /// every call that moves bytes between hosts until a link of that
   /// bandwidth and latency, shared by the host's ranks, could have carried
   /// them (docs/cluster.md, "Emulated links"). Empty or "off": none.
@@ -164,7 +164,8 @@ inline constexpr bool is_engine_v =
 
 /// The engine contract, checked member by member: each one E lacks is a
 /// compile error that names it. These are exactly the calls parallax's
-/// trainer and policies make (engine::Mpi is the reference implementation).
+/// trainer and policies make (engine::Comm implements them once over a
+/// backend, engine/comm.hpp).
 /// Returns true, so it can sit in a static_assert or a constexpr variable.
 template <class E>
 constexpr bool check() {
