@@ -13,6 +13,7 @@
 
 #include <parallax/arch.hpp>
 #include <parallax/async.hpp>
+#include <parallax/bags.hpp>
 #include <parallax/batch.hpp>
 #include <parallax/checkpoint.hpp>
 #include <parallax/comm_stats.hpp>
@@ -20,6 +21,7 @@
 #include <parallax/engine/engine.hpp>
 #include <parallax/engine/mpi.hpp>
 #include <parallax/error.hpp>
+#include <parallax/half.hpp>
 #include <parallax/init.hpp>
 #include <parallax/optim.hpp>
 #include <parallax/options.hpp>

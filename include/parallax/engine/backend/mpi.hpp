@@ -6,6 +6,7 @@
 /// its deadline.
 
 #include <parallax/context.hpp>
+#include <parallax/detail/half_reduce.hpp>
 #include <parallax/detail/mpi.hpp>
 #include <parallax/engine/backend/backend.hpp>
 #include <parallax/engine/engine.hpp>
@@ -58,8 +59,8 @@ class Mpi {
 
   void allreduce(Request& x, const void* send, void* recv, std::size_t count, DataType t, ReduceOp op) {
     PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Iallreduce)(send == recv ? MPI_IN_PLACE : send, recv,
-                                                      detail::to_mpi_count(count), detail::mpi_datatype(t),
-                                                      detail::mpi_op(op), comm_, x.reset(1)));
+                                                      detail::to_mpi_count(count), detail::mpi_type_for(t),
+                                                      detail::mpi_op_for(t, op), comm_, x.reset(1)));
   }
 
   void reduce_scatter(Request& x, const void* send, void* recv, const std::size_t* recv_counts, DataType t,
@@ -67,41 +68,41 @@ class Mpi {
     const int n = ranks();
     x.counts.resize(static_cast<std::size_t>(n));
     for (int j = 0; j < n; ++j) x.counts[static_cast<std::size_t>(j)] = detail::to_mpi_count(recv_counts[j]);
-    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ireduce_scatter)(send, recv, x.counts.data(), detail::mpi_datatype(t),
-                                                           detail::mpi_op(op), comm_, x.reset(1)));
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ireduce_scatter)(send, recv, x.counts.data(), detail::mpi_type_for(t),
+                                                           detail::mpi_op_for(t, op), comm_, x.reset(1)));
   }
 
   void allgather(Request& x, const void* send, void* recv, std::size_t count, DataType t) {
     const auto c = detail::to_mpi_count(count);
-    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Iallgather)(send, c, detail::mpi_datatype(t), recv, c,
-                                                      detail::mpi_datatype(t), comm_, x.reset(1)));
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Iallgather)(send, c, detail::mpi_type_for(t), recv, c,
+                                                      detail::mpi_type_for(t), comm_, x.reset(1)));
   }
 
   void allgatherv(Request& x, const void* send, std::size_t count, void* recv, const std::size_t* counts,
                   const std::size_t* displs, DataType t) {
     convert(x, counts, displs, nullptr, nullptr);
-    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Iallgatherv)(send, detail::to_mpi_count(count), detail::mpi_datatype(t),
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Iallgatherv)(send, detail::to_mpi_count(count), detail::mpi_type_for(t),
                                                        recv, x.counts.data(), x.displs.data(),
-                                                       detail::mpi_datatype(t), comm_, x.reset(1)));
+                                                       detail::mpi_type_for(t), comm_, x.reset(1)));
   }
 
   void alltoall(Request& x, const void* send, void* recv, std::size_t count, DataType t) {
     const auto c = detail::to_mpi_count(count);
-    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ialltoall)(send, c, detail::mpi_datatype(t), recv, c,
-                                                     detail::mpi_datatype(t), comm_, x.reset(1)));
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ialltoall)(send, c, detail::mpi_type_for(t), recv, c,
+                                                     detail::mpi_type_for(t), comm_, x.reset(1)));
   }
 
   void alltoallv(Request& x, const void* send, const std::size_t* scounts, const std::size_t* sdispls, void* recv,
                  const std::size_t* rcounts, const std::size_t* rdispls, DataType t) {
     convert(x, scounts, sdispls, rcounts, rdispls);
     const std::size_t n = static_cast<std::size_t>(ranks());
-    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ialltoallv)(send, x.counts.data(), x.displs.data(), detail::mpi_datatype(t),
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ialltoallv)(send, x.counts.data(), x.displs.data(), detail::mpi_type_for(t),
                                                       recv, x.counts.data() + n, x.displs.data() + n,
-                                                      detail::mpi_datatype(t), comm_, x.reset(1)));
+                                                      detail::mpi_type_for(t), comm_, x.reset(1)));
   }
 
   void broadcast(Request& x, void* buf, std::size_t count, DataType t, int root) {
-    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ibcast)(buf, detail::to_mpi_count(count), detail::mpi_datatype(t), root,
+    PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Ibcast)(buf, detail::to_mpi_count(count), detail::mpi_type_for(t), root,
                                                   comm_, x.reset(1)));
   }
 
@@ -114,10 +115,10 @@ class Mpi {
                 int src, DataType t, int tag) {
     MPI_Request* r = x.reset(2);
     if (src >= 0)
-      PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Irecv)(recvbuf, detail::to_mpi_count(rcount), detail::mpi_datatype(t),
+      PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Irecv)(recvbuf, detail::to_mpi_count(rcount), detail::mpi_type_for(t),
                                                    src, tag, comm_, &r[0]));
     if (dst >= 0)
-      PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Isend)(sendbuf, detail::to_mpi_count(scount), detail::mpi_datatype(t),
+      PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Isend)(sendbuf, detail::to_mpi_count(scount), detail::mpi_type_for(t),
                                                    dst, tag, comm_, &r[1]));
   }
 

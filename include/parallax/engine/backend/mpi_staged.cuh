@@ -16,6 +16,7 @@
 #include <parallax/cuda/error.cuh>
 #include <parallax/cuda/memory.cuh>
 #include <parallax/cuda/space.cuh>
+#include <parallax/detail/half_reduce.hpp>
 #include <parallax/detail/mpi.hpp>
 #include <parallax/engine/backend/backend.hpp>
 #include <parallax/engine/backend/mpi.hpp>
@@ -304,7 +305,7 @@ class MpiStaged {
     for (std::size_t k = 0; k < e.recv_chunks; ++k) {
       const std::size_t b = k * per, n = std::min(per, rcount - b);
       PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Irecv)(e.recv_into + b * es, detail::to_mpi_count(n),
-                                                   detail::mpi_datatype(t), src, tag, comm_, &e.requests[k]));
+                                                   detail::mpi_type_for(t), src, tag, comm_, &e.requests[k]));
     }
     post_sends(e, std::min<std::size_t>(1, e.send_chunks));  // the first chunk leaves now
   }
@@ -381,7 +382,7 @@ class MpiStaged {
       if (x.staged) events_[k].synchronize();
       const std::size_t b = k * x.per, n = std::min(x.per, x.count - b);
       PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Iallreduce)(MPI_IN_PLACE, x.work + b * es, detail::to_mpi_count(n),
-                                                        detail::mpi_datatype(x.t), detail::mpi_op(x.op), comm_,
+                                                        detail::mpi_type_for(x.t), detail::mpi_op_for(x.t, x.op), comm_,
                                                         &requests_[k]));
     };
     for (; x.k < x.chunks; ++x.k) {
@@ -476,7 +477,7 @@ class MpiStaged {
       const std::size_t k = e.sends_posted, b = k * e.per, n = std::min(e.per, e.scount - b);
       if (e.send_staged) e.ready[k].synchronize();
       PARALLAX_MPI_CHECK(PARALLAX_MPI_C(MPI_Isend)(e.send_from + b * es, detail::to_mpi_count(n),
-                                                   detail::mpi_datatype(e.t), e.dst, e.tag, comm_,
+                                                   detail::mpi_type_for(e.t), e.dst, e.tag, comm_,
                                                    &e.requests[e.recv_chunks + k]));
     }
   }

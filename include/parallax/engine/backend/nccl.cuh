@@ -46,6 +46,8 @@ inline ncclDataType_t nccl_datatype(DataType t) {
     case DataType::i32: return ncclInt32;
     case DataType::i64: return ncclInt64;
     case DataType::u8: return ncclUint8;
+    case DataType::bf16: return ncclBfloat16;
+    case DataType::f16: return ncclFloat16;
   }
   return ncclUint8;
 }
