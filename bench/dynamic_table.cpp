@@ -63,6 +63,11 @@ void table_find_or_insert(benchmark::State& st) {
     at = (at + batch) % w.lookups.size();
   }
   st.SetItemsProcessed(static_cast<std::int64_t>(st.iterations() * batch));
+  // After the timed loop: every slot of the last batch holds its key.
+  const std::size_t last = (at + w.lookups.size() - batch) % w.lookups.size();
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < batch; ++i) wrong += slots[i] < 0 || t.key_of(slots[i]) != w.lookups[last + i];
+  st.counters["wrong"] = static_cast<double>(wrong + (t.size() != capacity));
   st.counters["load"] = static_cast<double>(t.size()) / static_cast<double>(t.buckets());
   st.counters["index_MiB"] = static_cast<double>(t.buckets() * 16) / (1 << 20);
 }
@@ -94,6 +99,10 @@ void unordered_map_find_or_insert(benchmark::State& st) {
     at = (at + batch) % w.lookups.size();
   }
   st.SetItemsProcessed(static_cast<std::int64_t>(st.iterations() * batch));
+  const std::size_t last = (at + w.lookups.size() - batch) % w.lookups.size();
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < batch; ++i) wrong += m.at(w.lookups[last + i]).row != static_cast<std::uint32_t>(slots[i]);
+  st.counters["wrong"] = static_cast<double>(wrong + (m.size() != capacity));
   st.counters["load"] = m.load_factor();
 }
 

@@ -93,6 +93,33 @@ TEST_CASE("fresh rows depend on the key alone, not on order or capacity", "[dyna
   REQUIRE(a.stats().hit_rate() == Approx(0.5));
 }
 
+TEST_CASE("double values, empty batches, and the optimizer's update on the rows", "[dynamic][table]") {
+  const px::optim::Adagrad opt{0.5f, 0.1f};
+  pd::Options o;
+  o.capacity = 8;
+  o.cols = 3;
+  o.init = px::init::Constant{2.0};
+  o.with_optimizer(opt);
+  pd::Table<double> t(o);
+  t.find_or_insert(nullptr, 0, 1, nullptr);  // an empty batch: nothing happens
+  REQUIRE(t.stats().lookups == 0);
+  const std::uint64_t keys[2] = {10, 20};
+  px::index_t slots[2];
+  t.find_or_insert(keys, 2, 1, slots);
+  const double grads[6] = {1, 2, 3, 4, 5, 6};
+  t.apply(opt, 1, slots, grads, 2);
+  // Adagrad: acc = 0.1 + g^2, w = 2 - 0.5 * g / (sqrt(acc) + eps), per element.
+  for (int j = 0; j < 2; ++j)
+    for (int c = 0; c < 3; ++c) {
+      const double g = grads[j * 3 + c];
+      REQUIRE(t.state(0, slots[j])[c] == Approx(0.1 + g * g));
+      REQUIRE(t.row(slots[j])[c] == Approx(2.0 - 0.5 * g / (std::sqrt(0.1 + g * g) + 1e-7)));
+    }
+  double out[6];
+  t.gather(keys, slots, 2, out);
+  REQUIRE(out[5] == t.row(slots[1])[2]);
+}
+
 namespace {
 
 /// The reference: a std::map of key -> (count, last step), evicting the
@@ -349,6 +376,9 @@ TEST_CASE("export/import round-trips, and re-shards by owner onto any rank count
   REQUIRE_THROWS_WITH(tiny.import_rows(plain), Catch::Contains("250 new keys, 10 free rows"));
   REQUIRE(tiny.size() == 0);
   REQUIRE_THROWS_WITH(tiny.import_rows(snap), Catch::Contains("slots"));
+  auto shuffled = snap;
+  std::swap(shuffled.keys[0], shuffled.keys[1]);
+  REQUIRE_THROWS_WITH(back.import_rows(shuffled), Catch::Contains("not strictly increasing"));
 }
 
 namespace {

@@ -157,8 +157,9 @@ class Table {
   /// For each key, its row, created if the key is new and admitted (-1 where
   /// the admission filter refused it). Rows seen at `step` are not evicted
   /// while the table makes room for this batch's new keys, so every slot
-  /// returned for one step stays valid until a call with a later step;
-  /// a step whose distinct admitted keys exceed the capacity is an error.
+  /// returned for one step stays valid until a call with a later step.
+  /// A step whose distinct admitted keys exceed the capacity is an error
+  /// (the keys before the one that found no row keep theirs).
   /// Steps must not decrease (LRU's score is the step).
   void find_or_insert(const std::uint64_t* keys, std::size_t n, std::uint64_t step, index_t* slots_out) {
     if (step < step_)
@@ -271,6 +272,8 @@ class Table {
     bool sizes = s.rows.size() == n * cols && s.counts.size() == n && s.last_steps.size() == n;
     for (int k = 0; k < s.slots; ++k) sizes = sizes && s.state[k].size() == n * cols;
     if (!sizes) throw error(what + "the snapshot's arrays do not hold one entry per key");
+    if (std::adjacent_find(s.keys.begin(), s.keys.end(), std::greater_equal<>()) != s.keys.end())
+      throw error(what + "the snapshot's keys are not strictly increasing (as export_rows() gives them)");
     auto mine = [&](std::uint64_t key) { return ranks <= 0 || owner(key, ranks) == rank; };
     std::size_t fresh = 0;
     for (std::size_t i = 0; i < n; ++i)
