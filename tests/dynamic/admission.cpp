@@ -36,6 +36,10 @@ TEST_CASE("count-min: exact for a lone key, never below the true count", "[dynam
   for (std::uint32_t i = 1; i <= 5; ++i) REQUIRE(s.add(42) == i);
   REQUIRE(s.estimate(42) == 5);
   REQUIRE(s.estimate(43) == 0);
+  pd::CountMinSketch none;
+  REQUIRE(none.add(42) == 0);
+  REQUIRE(none.estimate(42) == 0);
+  REQUIRE(none.bytes() == 0);
   // Many keys: every estimate >= the truth, and the excess bounded by
   // e * N / width on all but a few keys.
   std::map<std::uint64_t, std::uint32_t> truth;

@@ -91,16 +91,18 @@ class CountMinSketch {
   }
 
   /// The estimated count of `key` (never below its true count).
+  /// A default-constructed sketch (a table without CountMin) counts nothing.
   std::uint32_t estimate(std::uint64_t key) const noexcept {
+    if (counters_.empty()) return 0;
     std::uint32_t least = UINT32_MAX;
     for (int r = 0; r < options_.depth; ++r) least = std::min(least, counters_[at(key, r)]);
-    return counters_.empty() ? 0 : least;
+    return least;
   }
 
   /// Counts one sighting of `key`; returns its new estimate.
   std::uint32_t add(std::uint64_t key) noexcept {
     const std::uint32_t least = estimate(key);
-    if (least == UINT32_MAX) return least;
+    if (counters_.empty() || least == UINT32_MAX) return least;
     for (int r = 0; r < options_.depth; ++r) {
       std::uint32_t& c = counters_[at(key, r)];
       if (c == least) c = least + 1;  // conservative update
