@@ -31,7 +31,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <numeric>
 #include <string>
 #include <type_traits>
 #include <variant>
