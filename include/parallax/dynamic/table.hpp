@@ -1,0 +1,476 @@
+#pragma once
+/// @file
+/// The shard-local dynamic table: rows keyed by 64-bit ids, created on first
+/// sight, up to a capacity fixed at construction, evicted by lowest score
+/// when full (docs/design.md, "Dynamic tables").
+///
+/// Layout: every array is allocated once, in the constructor, so the table's
+/// memory is `bytes()` from its first step to its last.
+///   * the index: `buckets` (key, row) pairs, open addressing with linear
+///     probing and backward-shift deletion (no tombstones), at most
+///     `max_load` full when the table is;
+///   * per row (`capacity` of them): `cols` values, `slots` optimizer state
+///     rows of `cols` values each (laid out as optim::State lays out a
+///     variable's, one array per slot, row r at r * cols), its key, the step
+///     it was last seen and how often it was seen;
+///   * a free list of rows, and scratch for eviction (row numbers, and the
+///     scores of a user score function).
+/// A row's initial values are a pure function of (initializer, name, key,
+/// column), its state starts at the optimizer's slot_initial: the same key
+/// gets the same fresh row on any rank, in any order, after any eviction.
+
+#include <parallax/config.hpp>
+#include <parallax/dynamic/admission.hpp>
+#include <parallax/error.hpp>
+#include <parallax/init.hpp>
+#include <parallax/optim/optimizer.hpp>
+#include <parallax/types.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+namespace parallax::dynamic {
+
+/// Which rows go when the table is full: the lowest score first.
+enum class Evict : std::uint8_t {
+  lru,   ///< score: the step a row was last seen
+  lfu,   ///< score: how often it was seen since it took its row
+  score  ///< score: Options::score(key, count, last_step)
+};
+
+/// What an unadmitted key reads.
+enum class Unadmitted : std::uint8_t { zeros, initial };
+
+/// How a table is built. Every size is fixed at construction.
+struct Options {
+  std::size_t capacity = 0;  ///< rows
+  std::size_t cols = 1;
+  /// Initial rows: a pure function of (init, name, key, column). Glorot needs
+  /// a row count, which a dynamic table has not: give Uniform its limit.
+  Init init = init::Zeros{};
+  std::string name = "dynamic";
+  /// Optimizer state values per element (0-2) and their initial values;
+  /// with_optimizer(opt) sets both.
+  int slots = 0;
+  double slot_initial[optim::max_slots] = {0.0, 0.0};
+  Evict evict = Evict::lru;
+  /// For Evict::score: lower scores go first.
+  std::function<double(std::uint64_t key, std::uint64_t count, std::uint64_t last_step)> score;
+  /// When full, this fraction of the capacity goes at once (at least one
+  /// row), so that eviction costs O(capacity) once per that many inserts.
+  double evict_fraction = 0.01;
+  /// The index's load when every row is taken: buckets = capacity / max_load.
+  double max_load = 0.7;
+  std::variant<admit::Always, admit::CountMin, admit::Probability> admission = admit::Always{};
+  Unadmitted unadmitted = Unadmitted::zeros;
+
+  template <class O>
+  Options& with_optimizer(const O& opt) {
+    static_assert(optim::check<O>());
+    slots = O::slots;
+    for (int k = 0; k < O::slots; ++k) slot_initial[k] = static_cast<double>(opt.template slot_initial<double>(k));
+    return *this;
+  }
+};
+
+/// What a table has done since it was built.
+struct Stats {
+  std::size_t size = 0;       ///< live rows
+  std::size_t capacity = 0;   ///< rows
+  std::uint64_t lookups = 0;  ///< keys asked for by find_or_insert
+  std::uint64_t hits = 0;     ///< of them, found with a row
+  std::uint64_t inserts = 0;  ///< rows created
+  std::uint64_t evictions = 0;
+  std::uint64_t erased = 0;             ///< rows removed by erase()
+  std::uint64_t admissions_refused = 0; ///< lookups of new keys the filter refused
+  double hit_rate() const noexcept { return lookups ? static_cast<double>(hits) / static_cast<double>(lookups) : 0.0; }
+};
+
+/// Live rows in key order: what a checkpoint saves and a serving export
+/// reads. rows and state[k] hold `cols` values per key.
+template <class T>
+struct Snapshot {
+  std::size_t cols = 1;
+  int slots = 0;
+  std::vector<std::uint64_t> keys;
+  std::vector<T> rows;
+  std::vector<T> state[optim::max_slots];
+  std::vector<std::uint64_t> counts;
+  std::vector<std::uint64_t> last_steps;
+  std::size_t size() const noexcept { return keys.size(); }
+};
+
+/// One shard's dynamic table of T (float or double) values.
+template <class T = float>
+class Table {
+  static_assert(std::is_floating_point_v<T>, "parallax::dynamic::Table holds float or double values");
+
+ public:
+  static constexpr std::uint32_t none = UINT32_MAX;
+
+  explicit Table(Options o) : options_(std::move(o)) {
+    const Options& op = options_;
+    const std::string what = "parallax::dynamic::Table \"" + op.name + "\": ";
+    if (op.capacity == 0 || op.capacity >= none)
+      throw error(what + "capacity must be in [1, 2^32 - 1) rows, got " + std::to_string(op.capacity));
+    if (op.cols == 0) throw error(what + "cols must be positive");
+    if (op.slots < 0 || op.slots > optim::max_slots)
+      throw error(what + "slots must be 0, 1 or 2, got " + std::to_string(op.slots));
+    if (!(op.max_load > 0.0 && op.max_load < 1.0))
+      throw error(what + "max_load must be in (0, 1), got " + std::to_string(op.max_load));
+    if (!(op.evict_fraction > 0.0 && op.evict_fraction <= 1.0))
+      throw error(what + "evict_fraction must be in (0, 1], got " + std::to_string(op.evict_fraction));
+    if (op.evict == Evict::score && !op.score) throw error(what + "Evict::score needs a score function");
+    if (std::holds_alternative<init::Glorot>(op.init))
+      throw error(what + "Glorot needs a row count, which a dynamic table has not; give init::Uniform its limit");
+    if (const auto* p = std::get_if<admit::Probability>(&op.admission); p && !(p->p > 0.0 && p->p <= 1.0))
+      throw error(what + "the admission probability must be in (0, 1], got " + std::to_string(p->p));
+    if (const auto* c = std::get_if<admit::CountMin>(&op.admission)) {
+      if (c->sightings < 1) throw error(what + "CountMin needs at least one sighting");
+      sketch_ = CountMinSketch(*c);
+    }
+    rule_ = parallax::detail::make_init_rule(op.init, op.name, Shape{op.capacity, op.cols});
+    buckets_ = std::max<std::size_t>(op.capacity + 1,
+                                     static_cast<std::size_t>(std::ceil(static_cast<double>(op.capacity) / op.max_load)));
+    index_.assign(buckets_, Bucket{0, none});
+    values_.assign(op.capacity * op.cols, T(0));
+    for (int k = 0; k < op.slots; ++k) state_[k].assign(op.capacity * op.cols, T(0));
+    keys_.assign(op.capacity, 0);
+    last_.assign(op.capacity, 0);
+    count_.assign(op.capacity, 0);
+    free_.resize(op.capacity);
+    // Row 0 is handed out first.
+    for (std::size_t r = 0; r < op.capacity; ++r) free_[r] = static_cast<std::uint32_t>(op.capacity - 1 - r);
+    order_.resize(op.capacity);
+    if (op.evict == Evict::score) scores_.resize(op.capacity);
+    stats_.capacity = op.capacity;
+  }
+
+  /// For each key, its row, created if the key is new and admitted (-1 where
+  /// the admission filter refused it). Rows seen at `step` are not evicted
+  /// while the table makes room for this batch's new keys, so every slot
+  /// returned for one step stays valid until a call with a later step.
+  /// A step whose distinct admitted keys exceed the capacity is an error
+  /// (the keys before the one that found no row keep theirs).
+  /// Steps must not decrease (LRU's score is the step).
+  void find_or_insert(const std::uint64_t* keys, std::size_t n, std::uint64_t step, index_t* slots_out) {
+    if (step < step_)
+      throw error("parallax::dynamic::Table \"" + options_.name + "\": step " + std::to_string(step) +
+                  " is before the last one seen, " + std::to_string(step_));
+    step_ = step;
+    constexpr std::size_t ahead = 8;
+    for (std::size_t i = 0; i < std::min(n, ahead); ++i) prefetch_home(keys[i]);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (i + ahead < n) prefetch_home(keys[i + ahead]);
+      slots_out[i] = find_or_insert_one(keys[i], step);
+    }
+  }
+
+  /// The row of each key, or -1 (no insert, no statistics, no admission).
+  void find(const std::uint64_t* keys, std::size_t n, index_t* slots_out) const {
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t b = locate(keys[i]);
+      slots_out[i] = index_[b].row == none ? index_t{-1} : static_cast<index_t>(index_[b].row);
+    }
+  }
+
+  /// out[i * cols, +cols) <- the row of slots[i], or, where slots[i] is -1,
+  /// the default row of keys[i] (zeros or its initial row).
+  void gather(const std::uint64_t* keys, const index_t* slots, std::size_t n, T* out) const {
+    const std::size_t cols = options_.cols;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (slots[i] >= 0) std::copy_n(values_.data() + static_cast<std::size_t>(slots[i]) * cols, cols, out + i * cols);
+      else if (options_.unadmitted == Unadmitted::initial) initial_row(keys[i], out + i * cols);
+      else std::fill_n(out + i * cols, cols, T(0));
+    }
+  }
+
+  /// The optimizer's update of the rows `slots` (unique) with gradient rows
+  /// `grads` (cols each) times `scale`; entries of slot -1 (unadmitted keys)
+  /// are dropped. Each row's state rows are its own.
+  template <class O>
+  void apply(const O& opt, std::uint64_t step, const index_t* slots, const T* grads, std::size_t n, T scale = T(1)) {
+    static_assert(optim::check<O>());
+    if (O::slots != options_.slots)
+      throw error("parallax::dynamic::Table \"" + options_.name + "\": built for " + std::to_string(options_.slots) +
+                  " optimizer slots, applied with " + O::name + " (" + std::to_string(O::slots) + ")");
+    const std::size_t cols = options_.cols;
+    T* s0 = options_.slots > 0 ? state_[0].data() : nullptr;
+    T* s1 = options_.slots > 1 ? state_[1].data() : nullptr;
+    optim::detail::with_decay_known<T>(opt.template rule<T>(step), [&](auto rule) {
+      for (std::size_t j = 0; j < n; ++j) {
+        if (slots[j] < 0) continue;
+        const std::size_t at = static_cast<std::size_t>(slots[j]) * cols;
+        for (std::size_t c = 0; c < cols; ++c)
+          optim::detail::apply_rule<O::slots>(rule, values_[at + c], grads[j * cols + c] * scale, s0, s1, at + c);
+      }
+    });
+  }
+
+  /// Evicts the `n` live rows of lowest score (all of them if fewer);
+  /// returns how many went. Ties go by last step, then by key, so the same
+  /// contents evict the same keys whatever their insertion order.
+  std::size_t evict(std::size_t n) { return evict_lowest(n, false); }
+
+  /// Removes these keys' rows (absent keys are ignored); returns how many went.
+  std::size_t erase(const std::uint64_t* keys, std::size_t n) {
+    std::size_t gone = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t b = locate(keys[i]);
+      if (index_[b].row == none) continue;
+      remove_bucket(b);
+      ++gone;
+    }
+    stats_.erased += gone;
+    stats_.size = size_;
+    return gone;
+  }
+
+  /// Every live row, in key order.
+  Snapshot<T> export_rows() const {
+    Snapshot<T> s;
+    s.cols = options_.cols;
+    s.slots = options_.slots;
+    std::vector<std::uint32_t> rows;
+    rows.reserve(size_);
+    for (const Bucket& b : index_)
+      if (b.row != none) rows.push_back(b.row);
+    std::sort(rows.begin(), rows.end(), [&](std::uint32_t a, std::uint32_t b) { return keys_[a] < keys_[b]; });
+    const std::size_t cols = options_.cols;
+    s.keys.reserve(rows.size());
+    s.rows.reserve(rows.size() * cols);
+    for (int k = 0; k < s.slots; ++k) s.state[k].reserve(rows.size() * cols);
+    for (std::uint32_t r : rows) {
+      s.keys.push_back(keys_[r]);
+      s.rows.insert(s.rows.end(), values_.begin() + r * cols, values_.begin() + (r + 1) * cols);
+      for (int k = 0; k < s.slots; ++k)
+        s.state[k].insert(s.state[k].end(), state_[k].begin() + r * cols, state_[k].begin() + (r + 1) * cols);
+      s.counts.push_back(count_[r]);
+      s.last_steps.push_back(last_[r]);
+    }
+    return s;
+  }
+
+  /// Puts the snapshot's rows into the table (a key already present is
+  /// overwritten), or, with `ranks` > 0, only those whose owner(key, ranks)
+  /// is `rank`: a checkpoint of any rank count restores onto another. More
+  /// rows than free ones is an error, and the table is then unchanged.
+  std::size_t import_rows(const Snapshot<T>& s, int rank = 0, int ranks = 0) {
+    const std::string what = "parallax::dynamic::Table \"" + options_.name + "\": import: ";
+    const std::size_t cols = options_.cols, n = s.keys.size();
+    if (s.cols != cols || s.slots != options_.slots)
+      throw error(what + "the snapshot has " + std::to_string(s.cols) + " cols and " + std::to_string(s.slots) +
+                  " slots, the table " + std::to_string(cols) + " and " + std::to_string(options_.slots));
+    bool sizes = s.rows.size() == n * cols && s.counts.size() == n && s.last_steps.size() == n;
+    for (int k = 0; k < s.slots; ++k) sizes = sizes && s.state[k].size() == n * cols;
+    if (!sizes) throw error(what + "the snapshot's arrays do not hold one entry per key");
+    if (std::adjacent_find(s.keys.begin(), s.keys.end(), std::greater_equal<>()) != s.keys.end())
+      throw error(what + "the snapshot's keys are not strictly increasing (as export_rows() gives them)");
+    auto mine = [&](std::uint64_t key) { return ranks <= 0 || owner(key, ranks) == rank; };
+    std::size_t fresh = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      if (mine(s.keys[i]) && index_[locate(s.keys[i])].row == none) ++fresh;
+    if (fresh > free_.size())
+      throw error(what + std::to_string(fresh) + " new keys, " + std::to_string(free_.size()) + " free rows");
+    std::size_t taken = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t key = s.keys[i];
+      if (!mine(key)) continue;
+      const std::size_t b = locate(key);
+      std::uint32_t r = index_[b].row;
+      if (r == none) r = take_row(b, key);
+      std::copy_n(s.rows.begin() + i * cols, cols, values_.begin() + r * cols);
+      for (int k = 0; k < s.slots; ++k) std::copy_n(s.state[k].begin() + i * cols, cols, state_[k].begin() + r * cols);
+      count_[r] = s.counts[i];
+      last_[r] = s.last_steps[i];
+      step_ = std::max(step_, s.last_steps[i]);
+      ++taken;
+    }
+    stats_.size = size_;
+    return taken;
+  }
+
+  /// out[0, cols) <- the initial row of `key`.
+  void initial_row(std::uint64_t key, T* out) const {
+    const std::uint64_t base = parallax::detail::splitmix64(key);
+    for (std::size_t c = 0; c < options_.cols; ++c) out[c] = static_cast<T>(rule_.value(base + c));
+  }
+
+  /// Row r's values (cols of them), its state slot k, its key, and its
+  /// metadata. r must be a live row.
+  T* row(index_t r) noexcept { return values_.data() + static_cast<std::size_t>(r) * options_.cols; }
+  const T* row(index_t r) const noexcept { return values_.data() + static_cast<std::size_t>(r) * options_.cols; }
+  T* state(int k, index_t r) noexcept { return state_[k].data() + static_cast<std::size_t>(r) * options_.cols; }
+  std::uint64_t key_of(index_t r) const noexcept { return keys_[static_cast<std::size_t>(r)]; }
+  std::uint64_t count_of(index_t r) const noexcept { return count_[static_cast<std::size_t>(r)]; }
+  std::uint64_t last_step_of(index_t r) const noexcept { return last_[static_cast<std::size_t>(r)]; }
+  /// The whole value array (capacity x cols) and state slot k's, as a
+  /// policy's row kernels address them by slot.
+  T* values() noexcept { return values_.data(); }
+  T* state_data(int k) noexcept { return k < options_.slots ? state_[k].data() : nullptr; }
+
+  std::size_t size() const noexcept { return size_; }
+  std::size_t capacity() const noexcept { return options_.capacity; }
+  std::size_t cols() const noexcept { return options_.cols; }
+  std::size_t buckets() const noexcept { return buckets_; }
+  const Options& options() const noexcept { return options_; }
+  const Stats& stats() const noexcept { return stats_; }
+  const CountMinSketch& sketch() const noexcept { return sketch_; }
+
+  /// The bytes the table holds, all allocated at construction.
+  std::size_t bytes() const noexcept {
+    std::size_t b = index_.capacity() * sizeof(Bucket) + values_.capacity() * sizeof(T) +
+                    (keys_.capacity() + last_.capacity() + count_.capacity()) * sizeof(std::uint64_t) +
+                    (free_.capacity() + order_.capacity()) * sizeof(std::uint32_t) + scores_.capacity() * sizeof(double) +
+                    sketch_.bytes();
+    for (const auto& s : state_) b += s.capacity() * sizeof(T);
+    return b;
+  }
+
+  /// The bytes of `capacity` rows alone (values, state, key and metadata):
+  /// bytes() less the index, the free list, the scratch and the sketch.
+  std::size_t row_bytes() const noexcept {
+    return options_.capacity * (options_.cols * (1 + static_cast<std::size_t>(options_.slots)) * sizeof(T) +
+                                3 * sizeof(std::uint64_t));
+  }
+
+ private:
+  struct Bucket {
+    std::uint64_t key;
+    std::uint32_t row;  // none: empty
+  };
+
+  std::size_t home(std::uint64_t key) const noexcept {
+    return static_cast<std::size_t>(detail::reduce(detail::mix(key, detail::index_salt), buckets_));
+  }
+  void prefetch_home(std::uint64_t key) const noexcept { prefetch_bytes(&index_[home(key)], sizeof(Bucket)); }
+
+  /// The bucket of `key`, or the empty bucket where it would go.
+  std::size_t locate(std::uint64_t key) const noexcept {
+    std::size_t b = home(key);
+    while (index_[b].row != none && index_[b].key != key)
+      if (++b == buckets_) b = 0;
+    return b;
+  }
+
+  index_t find_or_insert_one(std::uint64_t key, std::uint64_t step) {
+    ++stats_.lookups;
+    std::size_t b = locate(key);
+    std::uint32_t r = index_[b].row;
+    if (r != none) {
+      ++stats_.hits;
+      last_[r] = step;
+      ++count_[r];
+      return static_cast<index_t>(r);
+    }
+    if (!admit(key, step)) {
+      ++stats_.admissions_refused;
+      return -1;
+    }
+    if (free_.empty()) {
+      const auto batch = static_cast<std::size_t>(std::ceil(options_.evict_fraction * static_cast<double>(options_.capacity)));
+      if (evict_lowest(std::max<std::size_t>(batch, 1), true) == 0)
+        throw error("parallax::dynamic::Table \"" + options_.name + "\": step " + std::to_string(step) +
+                    " asks for more distinct keys than its capacity of " + std::to_string(options_.capacity) +
+                    " rows, every one of them seen at this step");
+      b = locate(key);  // eviction moved buckets
+    }
+    r = take_row(b, key);
+    const std::size_t cols = options_.cols;
+    initial_row(key, values_.data() + r * cols);
+    for (int k = 0; k < options_.slots; ++k)
+      std::fill_n(state_[k].data() + r * cols, cols, static_cast<T>(options_.slot_initial[k]));
+    last_[r] = step;
+    count_[r] = 1;
+    ++stats_.inserts;
+    stats_.size = size_;
+    return static_cast<index_t>(r);
+  }
+
+  bool admit(std::uint64_t key, std::uint64_t step) {
+    if (const auto* c = std::get_if<admit::CountMin>(&options_.admission)) return sketch_.add(key) >= c->sightings;
+    if (const auto* p = std::get_if<admit::Probability>(&options_.admission)) return admitted(*p, key, step);
+    return true;
+  }
+
+  std::uint32_t take_row(std::size_t b, std::uint64_t key) {
+    const std::uint32_t r = free_.back();
+    free_.pop_back();
+    index_[b] = Bucket{key, r};
+    keys_[r] = key;
+    ++size_;
+    return r;
+  }
+
+  /// Empties bucket b and shifts later entries of its probe run back.
+  void remove_bucket(std::size_t b) {
+    free_.push_back(index_[b].row);
+    --size_;
+    std::size_t hole = b, j = b;
+    for (;;) {
+      if (++j == buckets_) j = 0;
+      if (index_[j].row == none) break;
+      const std::size_t h = home(index_[j].key);
+      // Move j into the hole unless its home lies cyclically in (hole, j].
+      const std::size_t dist_j = (j + buckets_ - h) % buckets_;
+      const std::size_t dist_hole = (hole + buckets_ - h) % buckets_;
+      if (dist_hole < dist_j) {
+        index_[hole] = index_[j];
+        hole = j;
+      }
+    }
+    index_[hole].row = none;
+  }
+
+  /// Removes up to n live rows of lowest (score, last step, key); with
+  /// `spare_current`, rows seen at the current step stay.
+  std::size_t evict_lowest(std::size_t n, bool spare_current) {
+    std::size_t m = 0;
+    for (const Bucket& b : index_)
+      if (b.row != none && !(spare_current && last_[b.row] == step_)) order_[m++] = b.row;
+    n = std::min(n, m);
+    if (n == 0) return 0;
+    if (options_.evict == Evict::score)
+      for (std::size_t i = 0; i < m; ++i) scores_[order_[i]] = options_.score(keys_[order_[i]], count_[order_[i]], last_[order_[i]]);
+    auto tie = [&](std::uint32_t a, std::uint32_t b) {
+      return last_[a] != last_[b] ? last_[a] < last_[b] : keys_[a] < keys_[b];
+    };
+    auto lower = [&](std::uint32_t a, std::uint32_t b) {
+      switch (options_.evict) {
+        case Evict::lru: return tie(a, b);
+        case Evict::lfu: return count_[a] != count_[b] ? count_[a] < count_[b] : tie(a, b);
+        case Evict::score: return scores_[a] != scores_[b] ? scores_[a] < scores_[b] : tie(a, b);
+      }
+      return tie(a, b);
+    };
+    if (n < m) std::nth_element(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(n - 1),
+                                order_.begin() + static_cast<std::ptrdiff_t>(m), lower);
+    for (std::size_t i = 0; i < n; ++i) remove_bucket(locate(keys_[order_[i]]));
+    stats_.evictions += n;
+    stats_.size = size_;
+    return n;
+  }
+
+  Options options_;
+  parallax::detail::InitRule rule_{};
+  std::size_t buckets_ = 0;
+  std::vector<Bucket> index_;
+  std::vector<T> values_;
+  std::vector<T> state_[optim::max_slots];
+  std::vector<std::uint64_t> keys_, last_, count_;
+  std::vector<std::uint32_t> free_, order_;
+  std::vector<double> scores_;
+  CountMinSketch sketch_;
+  std::size_t size_ = 0;
+  std::uint64_t step_ = 0;
+  Stats stats_;
+};
+
+}  // namespace parallax::dynamic
