@@ -18,6 +18,8 @@
 #include <parallax/checkpoint.hpp>
 #include <parallax/comm_stats.hpp>
 #include <parallax/context.hpp>
+#include <parallax/dynamic/admission.hpp>
+#include <parallax/dynamic/table.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/engine/mpi.hpp>
 #include <parallax/error.hpp>
