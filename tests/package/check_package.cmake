@@ -5,7 +5,9 @@
 #                          find_package(parallax) from that prefix;
 #   MODE=add_subdirectory  build the consumer with parallax as a subdirectory.
 #
-# Either way the consumer then runs under mpiexec. Prints "consumer OK" only
+# Either way the consumer then runs under mpiexec. The package_without_cuda
+# test runs MODE=find_package through without_cuda.sh, with the CUDA toolkit
+# hidden from every step. Prints "consumer OK" only
 # when every step succeeded and the run exited 0; on any failure prints the
 # step's log and "package test FAILED".
 #
@@ -75,10 +77,20 @@ if(MODE STREQUAL "find_package")
   foreach(_f IN ITEMS include/parallax/parallax.hpp include/parallax/config.hpp include/parallax/space.hpp
                       include/parallax/cuda/space.cuh
                       ${_cfgdir}/parallax-config-version.cmake ${_cfgdir}/parallax-targets.cmake
-                      ${_cfgdir}/ParallaxFindCCCL.cmake ${_cfgdir}/FindNCCL.cmake)
+                      ${_cfgdir}/ParallaxFindThrust.cmake)
     if(NOT EXISTS "${_prefix}/${_f}")
       message("installed files:\n${_installed}")
       message(FATAL_ERROR "package test FAILED: the install has no ${_f}")
+    endif()
+  endforeach()
+  # A host build's package must work where there is no CUDA toolkit: none of
+  # its CMake files may name one (a toolkit path, the toolkit's CCCL).
+  file(GLOB _cmake_files "${_prefix}/${_cfgdir}/*.cmake")
+  foreach(_f IN LISTS _cmake_files)
+    file(STRINGS "${_f}" _hits REGEX "/cuda([-/0-9\"]|$)|CCCL::")
+    if(_hits)
+      list(JOIN _hits "\n  " _hits)
+      message(FATAL_ERROR "package test FAILED: the host package's ${_f} names the CUDA toolkit:\n  ${_hits}")
     endif()
   endforeach()
   step(consumer_configure "${CMAKE_COMMAND}" -S "${CMAKE_CURRENT_LIST_DIR}/consumer" -B "${_consumer_build}"
