@@ -75,7 +75,8 @@ if(MODE STREQUAL "find_package")
   endif()
   get_filename_component(_cfgdir "${_config}" DIRECTORY)
   foreach(_f IN ITEMS include/parallax/parallax.hpp include/parallax/config.hpp include/parallax/space.hpp
-                      include/parallax/cuda/space.cuh
+                      include/parallax/cuda/space.cuh include/parallax/nn/gemm.hpp include/parallax/nn/dense.hpp
+                      ${_cfgdir}/ParallaxFindCBLAS.cmake
                       ${_cfgdir}/parallax-config-version.cmake ${_cfgdir}/parallax-targets.cmake
                       ${_cfgdir}/ParallaxFindThrust.cmake)
     if(NOT EXISTS "${_prefix}/${_f}")
