@@ -12,7 +12,8 @@
 # step's log and "package test FAILED".
 #
 # Inputs (-D): MODE SOURCE_DIR WORK_DIR GENERATOR CXX_COMPILER BUILD_TYPE
-#              MPIEXEC MPIEXEC_NUMPROC_FLAG RANKS
+#              MPIEXEC MPIEXEC_NUMPROC_FLAG RANKS TRAINERS (find_package: build,
+#              install and link parallax::trainers; default OFF)
 cmake_minimum_required(VERSION 3.21)
 
 foreach(_var IN ITEMS MODE SOURCE_DIR WORK_DIR GENERATOR MPIEXEC MPIEXEC_NUMPROC_FLAG)
@@ -25,6 +26,9 @@ if(NOT RANKS)
 endif()
 if(NOT BUILD_TYPE)
   set(BUILD_TYPE Release)
+endif()
+if(NOT DEFINED TRAINERS)
+  set(TRAINERS OFF)  # parallax::trainers: about 1.5 minutes of compiling
 endif()
 
 # A fresh scratch tree every run, so nothing stale can make it pass.
@@ -62,8 +66,8 @@ if(MODE STREQUAL "find_package")
   set(_prefix "${WORK_DIR}/prefix")
   step(parallax_configure "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${WORK_DIR}/parallax-build" ${_common_args}
        -DPARALLAX_ENABLE_CUDA=OFF -DPARALLAX_BUILD_TESTS=OFF -DPARALLAX_BUILD_EXAMPLES=OFF -DPARALLAX_BUILD_BENCH=OFF
-       "-DCMAKE_INSTALL_PREFIX=${_prefix}")
-  step(parallax_build "${CMAKE_COMMAND}" --build "${WORK_DIR}/parallax-build")
+       "-DPARALLAX_TRAINERS=${TRAINERS}" "-DCMAKE_INSTALL_PREFIX=${_prefix}")
+  step(parallax_build "${CMAKE_COMMAND}" --build "${WORK_DIR}/parallax-build" --parallel 2)
   step(parallax_install "${CMAKE_COMMAND}" --install "${WORK_DIR}/parallax-build")
   # What a packager would ship: the headers, the generated config.hpp, the
   # package config with its version file and the find modules it uses.

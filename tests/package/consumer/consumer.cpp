@@ -1,11 +1,11 @@
-// The program the packaging tests build: it includes the umbrella header and
-// the optional nn headers, as a user does, checks that the pieces parallax
+// The program the packaging tests build: it includes the umbrella header (by
+// way of trainers.hpp) and the optional nn headers, as a user does, checks that the pieces parallax
 // links (MPI, OpenMP, Thrust, a CBLAS through parallax::nn) work in a project
 // that is not parallax's own, and trains a small MLP made of nn::DenseLayer
-// with a Trainer. Prints "consumer OK" on rank 0 and exits 0 only when every
+// with a Trainer (from parallax::trainers where the package has it). Prints "consumer OK" on rank 0 and exits 0 only when every
 // check passes.
 #include <parallax/nn/dense.hpp>
-#include <parallax/parallax.hpp>
+#include <parallax/trainers.hpp>  // parallax.hpp; with parallax::trainers linked, its trainers precompiled
 
 #include <cmath>
 #include <cstdint>
