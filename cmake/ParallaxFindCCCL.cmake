@@ -1,10 +1,10 @@
-# Thrust and CUB come from CCCL, which ships with the CUDA toolkit. The host
-# build uses them too (Thrust's OpenMP backend through explicit execution
-# policies), so CCCL is found even when CUDA is off.
+# Thrust and CUB for a CUDA configuration come from CCCL, which ships with the
+# CUDA toolkit (a host build takes the system's Thrust instead:
+# ParallaxFindThrust.cmake).
 #
-# Used twice: by parallax's own CMakeLists.txt (PARALLAX_CCCL_AS_DEPENDENCY
+# Used twice: by parallax's own CMakeLists.txt (PARALLAX_FIND_AS_DEPENDENCY
 # unset: a missing CCCL is a configure error) and by the installed
-# parallax-config.cmake (set: find_dependency, so a missing CCCL makes
+# parallax-config.cmake of a CUDA configuration (set: find_dependency, so a missing CCCL makes
 # find_package(parallax) fail politely with the reason). CCCL::CCCL is a GLOBAL
 # imported target, visible to every directory of the consumer.
 if(NOT TARGET CCCL::CCCL)
@@ -17,7 +17,7 @@ if(NOT TARGET CCCL::CCCL)
       list(APPEND _parallax_cccl_hints "${_root}/lib64/cmake" "${_root}/lib/cmake")
     endif()
   endforeach()
-  if(PARALLAX_CCCL_AS_DEPENDENCY)
+  if(PARALLAX_FIND_AS_DEPENDENCY)
     find_dependency(CCCL CONFIG HINTS ${_parallax_cccl_hints})
   else()
     find_package(CCCL CONFIG REQUIRED HINTS ${_parallax_cccl_hints})

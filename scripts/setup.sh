@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs what parallax needs on a fresh Debian machine, if missing:
 # MPICH, Catch2, Boost.Program_options, Google Benchmark, OpenBLAS (the
-# examples' matrix products), CMake, a C++17 compiler. The CUDA toolkit
-# (nvcc, NCCL, Thrust, CUB, cuBLAS) is expected at /usr/local/cuda (or
-# CUDA_HOME). Safe to run again: installs nothing twice.
+# examples' matrix products), Thrust (the host build's; CUB beside it), CMake,
+# a C++17 compiler. The CUDA configuration's toolkit (nvcc, NCCL, CCCL,
+# cuBLAS) is expected at /usr/local/cuda (or CUDA_HOME); the host build does
+# not need it. Safe to run again: installs nothing twice.
 set -euo pipefail
 
 packages=(cmake g++ make mpich libmpich-dev catch2 libboost-program-options-dev libbenchmark-dev
+          libthrust-dev libcub-dev  # Thrust headers for host builds (cmake/ParallaxFindThrust.cmake)
           libopenblas-openmp-dev)  # the examples' BLAS: OpenBLAS's OpenMP build (cmake/ParallaxExamplesBlas.cmake)
 packages+=("$@")  # callers may add more (e.g. python3-matplotlib for plots)
 missing=()
@@ -26,7 +28,8 @@ cuda_home="${CUDA_HOME:-/usr/local/cuda}"
 if [ -x "$cuda_home/bin/nvcc" ]; then
   case ":$PATH:" in *":$cuda_home/bin:"*) ;; *) export PATH="$cuda_home/bin:$PATH" ;; esac
 fi
-if [ ! -f "$cuda_home/include/cccl/thrust/version.h" ] && [ ! -f "$cuda_home/include/thrust/version.h" ]; then
-  echo "setup: Thrust/CUB (CCCL) not found under $cuda_home; install the CUDA toolkit or set CUDA_HOME" >&2
+if [ -x "$cuda_home/bin/nvcc" ] && [ ! -f "$cuda_home/include/cccl/thrust/version.h" ] &&
+   [ ! -f "$cuda_home/include/thrust/version.h" ]; then
+  echo "setup: the CUDA toolkit at $cuda_home has no CCCL (Thrust/CUB); the CUDA configuration needs it" >&2
   exit 1
 fi

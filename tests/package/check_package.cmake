@@ -5,12 +5,15 @@
 #                          find_package(parallax) from that prefix;
 #   MODE=add_subdirectory  build the consumer with parallax as a subdirectory.
 #
-# Either way the consumer then runs under mpiexec. Prints "consumer OK" only
+# Either way the consumer then runs under mpiexec. The package_without_cuda
+# test runs MODE=find_package through without_cuda.sh, with the CUDA toolkit
+# hidden from every step. Prints "consumer OK" only
 # when every step succeeded and the run exited 0; on any failure prints the
 # step's log and "package test FAILED".
 #
 # Inputs (-D): MODE SOURCE_DIR WORK_DIR GENERATOR CXX_COMPILER BUILD_TYPE
-#              MPIEXEC MPIEXEC_NUMPROC_FLAG RANKS
+#              MPIEXEC MPIEXEC_NUMPROC_FLAG RANKS TRAINERS (find_package: build,
+#              install and link parallax::trainers; default OFF)
 cmake_minimum_required(VERSION 3.21)
 
 foreach(_var IN ITEMS MODE SOURCE_DIR WORK_DIR GENERATOR MPIEXEC MPIEXEC_NUMPROC_FLAG)
@@ -23,6 +26,9 @@ if(NOT RANKS)
 endif()
 if(NOT BUILD_TYPE)
   set(BUILD_TYPE Release)
+endif()
+if(NOT DEFINED TRAINERS)
+  set(TRAINERS OFF)  # parallax::trainers: about 1.5 minutes of compiling
 endif()
 
 # A fresh scratch tree every run, so nothing stale can make it pass.
@@ -60,8 +66,8 @@ if(MODE STREQUAL "find_package")
   set(_prefix "${WORK_DIR}/prefix")
   step(parallax_configure "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${WORK_DIR}/parallax-build" ${_common_args}
        -DPARALLAX_ENABLE_CUDA=OFF -DPARALLAX_BUILD_TESTS=OFF -DPARALLAX_BUILD_EXAMPLES=OFF -DPARALLAX_BUILD_BENCH=OFF
-       "-DCMAKE_INSTALL_PREFIX=${_prefix}")
-  step(parallax_build "${CMAKE_COMMAND}" --build "${WORK_DIR}/parallax-build")
+       "-DPARALLAX_TRAINERS=${TRAINERS}" "-DCMAKE_INSTALL_PREFIX=${_prefix}")
+  step(parallax_build "${CMAKE_COMMAND}" --build "${WORK_DIR}/parallax-build" --parallel 2)
   step(parallax_install "${CMAKE_COMMAND}" --install "${WORK_DIR}/parallax-build")
   # What a packager would ship: the headers, the generated config.hpp, the
   # package config with its version file and the find modules it uses.
@@ -73,12 +79,23 @@ if(MODE STREQUAL "find_package")
   endif()
   get_filename_component(_cfgdir "${_config}" DIRECTORY)
   foreach(_f IN ITEMS include/parallax/parallax.hpp include/parallax/config.hpp include/parallax/space.hpp
-                      include/parallax/cuda/space.cuh
+                      include/parallax/cuda/space.cuh include/parallax/nn/gemm.hpp include/parallax/nn/dense.hpp
+                      ${_cfgdir}/ParallaxFindCBLAS.cmake
                       ${_cfgdir}/parallax-config-version.cmake ${_cfgdir}/parallax-targets.cmake
-                      ${_cfgdir}/ParallaxFindCCCL.cmake ${_cfgdir}/FindNCCL.cmake)
+                      ${_cfgdir}/ParallaxFindThrust.cmake)
     if(NOT EXISTS "${_prefix}/${_f}")
       message("installed files:\n${_installed}")
       message(FATAL_ERROR "package test FAILED: the install has no ${_f}")
+    endif()
+  endforeach()
+  # A host build's package must work where there is no CUDA toolkit: none of
+  # its CMake files may name one (a toolkit path, the toolkit's CCCL).
+  file(GLOB _cmake_files "${_prefix}/${_cfgdir}/*.cmake")
+  foreach(_f IN LISTS _cmake_files)
+    file(STRINGS "${_f}" _hits REGEX "/cuda([-/0-9\"]|$)|CCCL::")
+    if(_hits)
+      list(JOIN _hits "\n  " _hits)
+      message(FATAL_ERROR "package test FAILED: the host package's ${_f} names the CUDA toolkit:\n  ${_hits}")
     endif()
   endforeach()
   step(consumer_configure "${CMAKE_COMMAND}" -S "${CMAKE_CURRENT_LIST_DIR}/consumer" -B "${_consumer_build}"
