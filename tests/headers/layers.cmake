@@ -37,13 +37,6 @@ list(LENGTH _entries _count)
 if(_count EQUAL 0)
   message(FATAL_ERROR "docs/design.md has no layer table in section \"1. Layers\"")
 endif()
-# nn/ (parallax::nn: matrix products and a dense layer over Variables, for
-# users without a framework of their own) is optional and outside the
-# library's own layering: it sits with the model (layer 4) and nothing of
-# the library includes it. trainers.hpp (the extern declarations of
-# parallax::trainers) sits with the umbrella it includes (layer 7). Listed
-# here until the table names them.
-list(APPEND _entries "4|nn/" "7|trainers.hpp")
 
 # The layer of a header (path below include/parallax): the longest entry
 # that names it (a file, or a folder ending in /).
