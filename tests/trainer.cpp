@@ -3,6 +3,7 @@
 // bit-for-bit repeatable; bad input is reported on every rank.
 #include "support.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -504,16 +505,16 @@ TEST_CASE("bad input is the same error on every rank", "[trainer][errors]") {
 namespace {
 
 /// Two steps of a model with a sparse and a dense variable under Arch, Adam
-/// and check_finite = `check`. In the second, rank N-1 puts `bad` into its
+/// and on_non_finite = `mode`. In the second, rank N-1 puts `bad` into its
 /// gradient of 'w' (element 5: row 2, column 1) or of 'emb' (column 1 of the
 /// row for id 7, the third of its three rows).
 template <class Arch, class Space>
-void give_non_finite(px::Context& ctx, bool check, bool dense, float bad) {
+void give_non_finite(px::Context& ctx, px::NonFinite mode, bool dense, float bad) {
   const int last = ctx.size() - 1;
   px::Variable<px::Sparse, float, Space> emb(ctx, "emb", {10, 2}, px::init::Uniform{-0.5f, 0.5f, 1});
   px::Variable<px::Dense, float, Space> w(ctx, "w", {3, 2}, px::init::Uniform{-0.5f, 0.5f, 2});
   px::TrainerOptions o;
-  o.check_finite = check;
+  o.on_non_finite = mode;
   px::Trainer<Arch, px::optim::Adam, test::engine_for<Space>> t(ctx, o, px::optim::Adam{0.1f}, emb, w);
   auto give = [&](bool poison) {
     std::vector<px::index_t> ids{1, 4, 7};
@@ -527,20 +528,38 @@ void give_non_finite(px::Context& ctx, bool check, bool dense, float bad) {
   const auto emb_before = t.fetch(emb), w_before = t.fetch(w);
   give(true);
   const std::string what = bad != bad ? "NaN" : "+Inf";
-  INFO(Arch::name << ", " << (dense ? "dense" : "sparse") << ", " << what);
-  if (check) {
+  INFO(Arch::name << ", " << px::to_string(mode) << ", " << (dense ? "dense" : "sparse") << ", " << what);
+  // The sentence every rank throws (fail) or reports (skip), the same everywhere.
+  const std::string sentence =
+      "rank " + std::to_string(last) + ": gradient of variable " +
+      (dense ? "'w' holds " + what + " at element 5 (row 2, column 1)"
+             : "'emb' holds " + what + " in the row for id 7 (row 2 of the 3 added this step), column 1") +
+      " (step 2)";
+  if (mode == px::NonFinite::fail) {
     // Every rank fails the step with the same sentence; nothing is applied.
     const std::string msg = test::error_of([&] { t.step(); });
-    CHECK(msg == "rank " + std::to_string(last) + ": gradient of variable " +
-                     (dense ? "'w' holds " + what + " at element 5 (row 2, column 1)"
-                            : "'emb' holds " + what + " in the row for id 7 (row 2 of the 3 added this step), column 1") +
-                     " (step 2)");
+    CHECK(msg == sentence);
     CHECK(test::same_on_every_rank(msg));
     CHECK(t.steps() == 1);
+    CHECK(t.skipped_steps() == 0);
     CHECK(t.fetch(emb) == emb_before);
     CHECK(t.fetch(w) == w_before);
     give(false);
     CHECK_NOTHROW(t.step());
+  } else if (mode == px::NonFinite::skip) {
+    // Every rank skips the step, reports it alike, and applies nothing.
+    bool applied = true;
+    CHECK_NOTHROW(applied = t.step());
+    CHECK(!applied);
+    CHECK(t.steps() == 1);
+    CHECK(t.skipped_steps() == 1);
+    CHECK(t.skipped_why() == sentence);
+    CHECK(test::same_on_every_rank(t.skipped_why()));
+    CHECK(t.fetch(emb) == emb_before);
+    CHECK(t.fetch(w) == w_before);
+    give(false);
+    CHECK(t.step());
+    CHECK(t.steps() == 2);
   } else {
     // Summed and applied like any value: on every rank exactly the element
     // it reached is no longer finite (Adam turns an infinity into NaN too);
@@ -557,16 +576,136 @@ void give_non_finite(px::Context& ctx, bool check, bool dense, float bad) {
   }
 }
 
+/// A model of a sparse and a dense variable trained under Arch with Adam, a
+/// warm-up schedule and `o`, on gradients that depend on the step and the
+/// rank; `poisoned` steps get a NaN from rank N-1 alone. Returns the values
+/// of both variables and the trainer's step count, learning rate and skips.
+template <class Arch>
+std::tuple<std::vector<float>, std::vector<float>, std::uint64_t, double, std::uint64_t> train_poisoned(
+    px::Context& ctx, px::TrainerOptions o, int steps, std::vector<int> poisoned, float poison) {
+  px::Variable<px::Sparse, float> emb(ctx, "emb", {12, 3}, px::init::Uniform{-0.5f, 0.5f, 3});
+  px::Variable<px::Dense, float> w(ctx, "w", {4, 3}, px::init::Uniform{-0.5f, 0.5f, 4});
+  o.schedule = px::schedule::LinearWarmup{5};
+  px::Trainer<Arch, px::optim::Adam> t(ctx, o, px::optim::Adam{0.05f}, emb, w);
+  int given = 0;  // good steps given so far: the data of the next good step
+  for (int s = 1; s <= steps; ++s) {
+    const bool bad_step = std::find(poisoned.begin(), poisoned.end(), s) != poisoned.end();
+    const int k = bad_step ? given + 7 : given;
+    std::vector<px::index_t> ids{static_cast<px::index_t>((k + ctx.rank()) % 12), static_cast<px::index_t>((3 * k + 5) % 12)};
+    std::vector<float> rows(6);
+    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = 0.1f * static_cast<float>((k + 1) * (i + 1) + ctx.rank());
+    for (std::size_t i = 0; i < w.grad().size(); ++i) w.grad()[i] = 0.01f * static_cast<float>(k * 3 + i + ctx.rank());
+    if (bad_step && ctx.rank() == ctx.size() - 1) w.grad()[7] = poison;
+    t.lookup(emb, ids);
+    emb.grad().add(ids, rows);
+    t.step();
+    if (!bad_step) ++given;
+  }
+  return {t.fetch(emb), t.fetch(w), t.steps(), t.learning_rate(), t.skipped_steps()};
+}
+
+bool all_finite(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
 }  // namespace
 
-TEMPLATE_TEST_CASE("check_finite names a NaN or infinite gradient on every rank; off, it reaches its element",
-                   "[trainer][errors]", PARALLAX_TEST_SPACES) {
+TEMPLATE_TEST_CASE("a NaN or infinite gradient fails, skips or reaches its element, as on_non_finite says",
+                   "[trainer][errors][non-finite]", PARALLAX_TEST_SPACES) {
   auto& ctx = test::world();
-  const bool check = GENERATE(true, false), dense = GENERATE(true, false);
+  const auto mode = GENERATE(px::NonFinite::fail, px::NonFinite::skip, px::NonFinite::ignore);
+  const bool dense = GENERATE(true, false);
   const float bad = GENERATE(std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity());
-  give_non_finite<px::arch::Hybrid, TestType>(ctx, check, dense, bad);
-  give_non_finite<px::arch::AllReduce, TestType>(ctx, check, dense, bad);
-  give_non_finite<px::arch::PS, TestType>(ctx, check, dense, bad);
+  give_non_finite<px::arch::Hybrid, TestType>(ctx, mode, dense, bad);
+  give_non_finite<px::arch::AllReduce, TestType>(ctx, mode, dense, bad);
+  give_non_finite<px::arch::PS, TestType>(ctx, mode, dense, bad);
+}
+
+TEST_CASE("by default a NaN gradient on one rank skips the step on every rank, as if it had not been taken",
+          "[trainer][non-finite]") {
+  auto& ctx = test::world();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  px::TrainerOptions o;  // on_non_finite automatic: skip
+  CHECK(o.on_non_finite == px::NonFinite::automatic);
+  auto check = [&](auto run) {
+    // Steps 2 and 4 skipped: the model, the Adam step count (its bias
+    // correction) and the schedule are those of 4 good steps, bit for bit.
+    const auto [emb, w, steps, lr, skipped] = run(6, std::vector<int>{2, 4});
+    const auto [emb_ref, w_ref, steps_ref, lr_ref, skipped_ref] = run(4, std::vector<int>{});
+    CHECK(skipped == 2);
+    CHECK(skipped_ref == 0);
+    CHECK(steps == 4);
+    CHECK(steps == steps_ref);
+    CHECK(lr == lr_ref);
+    CHECK(emb == emb_ref);
+    CHECK(w == w_ref);
+    CHECK(all_finite(emb));
+    CHECK(all_finite(w));
+  };
+  check([&](int n, std::vector<int> bad) { return train_poisoned<px::arch::Hybrid>(ctx, o, n, bad, nan); });
+  check([&](int n, std::vector<int> bad) { return train_poisoned<px::arch::AllReduce>(ctx, o, n, bad, nan); });
+  check([&](int n, std::vector<int> bad) { return train_poisoned<px::arch::PS>(ctx, o, n, bad, nan); });
+  // With clipping the pass before the exchange finds it just the same.
+  o.clip_norm = 0.5;
+  check([&](int n, std::vector<int> bad) { return train_poisoned<px::arch::Hybrid>(ctx, o, n, bad, nan); });
+}
+
+// Finite gradients whose sum over the ranks overflows: no rank's own values
+// are the problem, the global norm is.
+TEST_CASE("with clip_norm a global norm that is not finite skips the step, or fails it", "[trainer][non-finite][np2+]") {
+  if (test::skip_below_ranks(2)) return;
+  auto& ctx = test::world();
+  const float huge = std::numeric_limits<float>::max();
+  px::Variable<px::Dense, float> w(ctx, "w", {2, 2});
+  auto run = [&](px::NonFinite mode) {
+    px::TrainerOptions o;
+    o.clip_norm = 1.0;
+    o.on_non_finite = mode;
+    px::Trainer<px::arch::AllReduce, px::optim::Sgd> t(ctx, o, px::optim::Sgd{0.1f}, w);
+    const auto before = t.fetch(w);
+    for (std::size_t i = 0; i < 4; ++i) w.grad()[i] = huge;
+    if (mode == px::NonFinite::fail) {
+      const std::string msg = test::error_of([&] { t.step(); });
+      CHECK(msg == "the gradient's global norm is +Inf (step 1)");
+      CHECK(test::same_on_every_rank(msg));
+    } else {
+      CHECK(!t.step());
+      CHECK(t.skipped_steps() == 1);
+      CHECK(t.skipped_why() == "the gradient's global norm is +Inf (step 1)");
+    }
+    CHECK(t.steps() == 0);
+    CHECK(t.fetch(w) == before);
+    for (std::size_t i = 0; i < 4; ++i) w.grad()[i] = 1.f;
+    CHECK(t.step());
+    CHECK(all_finite(t.fetch(w)));
+  };
+  run(px::NonFinite::skip);
+  run(px::NonFinite::fail);
+}
+
+// Asynchronous training has no agreement: the rank that holds the NaN skips
+// its own step and pushes nothing; the others apply theirs.
+TEST_CASE("asynchronous training skips a non-finite step on its rank alone", "[trainer][non-finite][async]") {
+  auto& ctx = test::world();
+  const int last = ctx.size() - 1;
+  px::Variable<px::Sparse, float> emb(ctx, "emb", {8, 2});
+  px::Variable<px::Dense, float> w(ctx, "w", {2, 2});
+  px::Trainer<px::arch::Async, px::optim::Sgd> t(ctx, px::optim::Sgd{0.1f}, emb, w);
+  CHECK(t.options().on_non_finite == px::NonFinite::skip);
+  for (int s = 0; s < 3; ++s) {
+    emb.grad().add(std::vector<px::index_t>{1, 2}, std::vector<float>{1, 2, 3, 4});
+    for (std::size_t i = 0; i < 4; ++i) w.grad()[i] = 0.5f;
+    if (s == 1 && ctx.rank() == last) w.grad()[3] = std::numeric_limits<float>::quiet_NaN();
+    t.step();
+  }
+  const bool skipper = ctx.rank() == last;
+  CHECK(t.skipped_steps() == (skipper ? 1u : 0u));
+  CHECK(t.steps() == (skipper ? 2u : 3u));
+  if (skipper)
+    CHECK(t.skipped_why() == "rank " + std::to_string(last) +
+                                 ": gradient of variable 'w' holds NaN at element 3 (row 1, column 1) (step 2)");
+  CHECK(all_finite(t.fetch(w)));
+  CHECK(all_finite(t.fetch(emb)));
 }
 
 // At one rank there is nothing to disagree with.
@@ -1072,16 +1211,19 @@ TEST_CASE("with update_when_ready a variable is updated once its sum is in, befo
 TEST_CASE("update_when_ready refuses what needs every gradient before an update", "[trainer][overlap][update-when-ready]") {
   auto& ctx = test::world();
   px::Variable<px::Dense, float> w(ctx, "w", {4});
-  auto build = [&](double clip, bool finite) {
+  auto build = [&](double clip, px::NonFinite non_finite) {
     px::TrainerOptions o;
     o.update_when_ready = true;
     o.clip_norm = clip;
-    o.check_finite = finite;
+    o.on_non_finite = non_finite;
     return test::error_of([&] { px::Trainer<px::arch::AllReduce, px::optim::Sgd> t(ctx, o, px::optim::Sgd{0.1f}, w); });
   };
-  CHECK(build(0, false).empty());
-  CHECK_THAT(build(1.0, false), Catch::Contains("update_when_ready") && Catch::Contains("clip_norm must be 0"));
-  CHECK_THAT(build(0, true), Catch::Contains("update_when_ready") && Catch::Contains("check_finite must be off"));
+  CHECK(build(0, px::NonFinite::automatic).empty());  // resolves to ignore
+  CHECK(build(0, px::NonFinite::ignore).empty());
+  CHECK_THAT(build(1.0, px::NonFinite::ignore), Catch::Contains("update_when_ready") && Catch::Contains("clip_norm must be 0"));
+  for (auto mode : {px::NonFinite::skip, px::NonFinite::fail})
+    CHECK_THAT(build(0, mode), Catch::Contains("update_when_ready") && Catch::Contains("on_non_finite must be ignore") &&
+                                   Catch::Contains(px::to_string(mode)));
 
   px::TrainerOptions o;
   o.update_when_ready = true;

@@ -150,9 +150,9 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
   }
   if (ctx.is_root()) {
     std::printf("result: example=word_lm arch=%s ranks=%d final_loss=%.7f final_loss_hex=%a samples_per_s=%.1f bytes_per_step=%.0f "
-                "bytes_per_step_max=%.0f %s perplexity=%.2f others_samples_per_s=%.1f\n",
+                "bytes_per_step_max=%.0f %s perplexity=%.2f others_samples_per_s=%.1f skipped_steps=%llu\n",
                 Arch::name, s.ranks, s.final_loss, s.final_loss, s.samples_per_s, s.bytes_per_step, s.bytes_per_step_max,
-                s.shares().c_str(), perplexity, others);
+                s.shares().c_str(), perplexity, others, static_cast<unsigned long long>(s.skipped_steps));
   }
   const double threshold = a.pass_ratio * s.first_loss;
   char why[200];

@@ -213,9 +213,9 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
                 "%.4f)\n",
                 a.eval_examples, loss, constant_loss, accuracy, majority);
     std::printf("result: example=ctr arch=%s ranks=%d final_loss=%.7f final_loss_hex=%a samples_per_s=%.1f bytes_per_step=%.0f "
-                "bytes_per_step_max=%.0f %s heldout_loss=%.6f accuracy=%.4f others_samples_per_s=%.1f\n",
+                "bytes_per_step_max=%.0f %s heldout_loss=%.6f accuracy=%.4f others_samples_per_s=%.1f skipped_steps=%llu\n",
                 Arch::name, s.ranks, s.final_loss, s.final_loss, s.samples_per_s, s.bytes_per_step, s.bytes_per_step_max,
-                s.shares().c_str(), loss, accuracy, others);
+                s.shares().c_str(), loss, accuracy, others, static_cast<unsigned long long>(s.skipped_steps));
   }
   const bool passed = std::isfinite(loss) && loss < a.pass_ratio * constant_loss && accuracy > majority;
   char why[240];

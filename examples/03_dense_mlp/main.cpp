@@ -83,9 +83,9 @@ int train(px::Context& ctx, const Args& a) {
     std::printf("  held-out (%zu examples): loss %.4f, accuracy %.4f (majority class: %.4f)\n", a.eval_examples,
                 sums[0] / n, accuracy, majority);
     std::printf("result: example=dense_mlp arch=%s ranks=%d final_loss=%.7f final_loss_hex=%a samples_per_s=%.1f bytes_per_step=%.0f "
-                "bytes_per_step_max=%.0f %s accuracy=%.4f\n",
+                "bytes_per_step_max=%.0f %s accuracy=%.4f skipped_steps=%llu\n",
                 Arch::name, s.ranks, s.final_loss, s.final_loss, s.samples_per_s, s.bytes_per_step, s.bytes_per_step_max,
-                s.shares().c_str(), accuracy);
+                s.shares().c_str(), accuracy, static_cast<unsigned long long>(s.skipped_steps));
   }
   char why[200];
   std::snprintf(why, sizeof why, "check: held-out accuracy %.4f %s %.4f (majority class %.4f + margin %.2f)", accuracy,

@@ -158,13 +158,16 @@ int train(px::Context& ctx, const Args& a) {
   const double majority = *std::max_element(tail_classes.begin(), tail_classes.end()) / tail_rows;
   const int peak = ctx.max(last.peak_in_flight);
   const double bubble = bubble_steps ? bubble_sum / static_cast<double>(bubble_steps) : 0.0;
+  // Each stage's trainer skips a step whose gradient is not finite among its
+  // replicas: the most any stage skipped.
+  const auto skipped = static_cast<unsigned long long>(ctx.max(static_cast<double>(trainer.skipped_steps())));
   if (ctx.is_root())
     std::printf("result: example=pipeline stages=%d replicas=%d schedule=%s micro_batches=%d first_loss=%.4f "
                 "final_loss=%.4f accuracy=%.4f majority=%.4f peak_in_flight=%d measured_bubble=%.3f "
-                "predicted_bubble=%.3f samples_per_s=%.1f\n",
+                "predicted_bubble=%.3f samples_per_s=%.1f skipped_steps=%llu\n",
                 grid.stages(), grid.replicas(), schedule.name().c_str(), a.micro_batches, first_loss, tail_loss,
                 accuracy, majority, peak, bubble, place.predicted_bubble,
-                static_cast<double>(global * o.steps) / seconds);
+                static_cast<double>(global * o.steps) / seconds, skipped);
   const bool learned = tail_loss < a.pass_ratio * first_loss && accuracy > majority + a.margin;
   char why[240];
   std::snprintf(why, sizeof why,

@@ -39,6 +39,11 @@ struct Summary {
   /// busiest rank: each pays the link's latency at least once.
   double calls_per_step = 0;
   int ranks = 1;
+  /// Steps the trainer skipped for a gradient that was not finite
+  /// (TrainerOptions::on_non_finite), the most on any rank, and why the
+  /// last one was (rank 0's).
+  std::uint64_t skipped_steps = 0;
+  std::string skipped_why;
   /// Share of the measured time (steps warmup+1..end) in each Part, mean
   /// over the ranks; the rest is the model's other kernels.
   double share[part_count] = {};
@@ -124,6 +129,8 @@ class Progress {
                   s.ranks, s.ranks == 1 ? "" : "s");
       std::printf("  loss: step 1 %.4f, final %.4f (mean of steps %llu-%llu)\n", s.first_loss, s.final_loss,
                   static_cast<unsigned long long>(s.final_from), static_cast<unsigned long long>(s.steps));
+      std::printf("  skipped steps (a gradient not finite): %llu%s%s\n", static_cast<unsigned long long>(s.skipped_steps),
+                  s.skipped_why.empty() ? "" : "; the last: ", s.skipped_why.c_str());
       if (measured)
         std::printf("  %s/s: %.1f (steps %llu-%llu, %.2f s%s)\n", unit_, s.samples_per_s,
                     static_cast<unsigned long long>(warmup_ + 1), static_cast<unsigned long long>(s.steps), s.seconds,
@@ -149,6 +156,8 @@ class Progress {
 
   void flush() {
     double loss = ctx_->sum(window_loss_);  // also lines the ranks up for the clock
+    summary_.skipped_steps = static_cast<std::uint64_t>(ctx_->max(static_cast<double>(trainer_->skipped_steps())));
+    summary_.skipped_why = trainer_->skipped_why();
     loss /= static_cast<double>(window_steps_) * summary_.ranks;
     const auto now = clock::now();
     const double secs = std::chrono::duration<double>(now - window_start_).count();
@@ -162,9 +171,12 @@ class Progress {
     summary_.final_loss = loss;
     summary_.final_from = steps_ - window_steps_ + 1;
     if (root_) {
-      std::printf("step %6llu  loss %8.4f  %s/s %10.1f  sent/step/rank %s\n", static_cast<unsigned long long>(steps_),
+      std::printf("step %6llu  loss %8.4f  %s/s %10.1f  sent/step/rank %s", static_cast<unsigned long long>(steps_),
                   loss, unit_, secs > 0 ? static_cast<double>(window_steps_ * batch_) / secs : 0.0,
                   format_bytes(bytes).c_str());
+      if (summary_.skipped_steps > 0)
+        std::printf("  skipped %llu", static_cast<unsigned long long>(summary_.skipped_steps));
+      std::printf("\n");
       std::fflush(stdout);
     }
     window_loss_ = 0;

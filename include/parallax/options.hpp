@@ -1,15 +1,20 @@
 #pragma once
 /// @file
 /// Every setting of a Trainer, with the settings of the built-in policies it
-/// carries to them. Every field has a working default.
+/// carries to them. Every field has a working default;
+/// TrainerOptions::resolve() is where the environment is read.
 
+#include <parallax/context.hpp>
 #include <parallax/engine/engine.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
+#include <type_traits>
 
 namespace parallax {
 
@@ -19,6 +24,35 @@ enum class Reduction {
          ///< and per-rank mean losses, the gradient of the global batch's mean loss
   sum,   ///< plain sum over ranks (for gradients already scaled by the global batch)
 };
+
+/// What a step does when a gradient holds NaN or an infinity (see
+/// TrainerOptions::on_non_finite).
+enum class NonFinite {
+  /// skip where the step can be skipped (every architecture), ignore under
+  /// TrainerOptions::update_when_ready, which updates before the step has
+  /// seen every gradient. TrainerOptions::resolve() decides.
+  automatic,
+  /// The step is skipped on every rank: nothing is applied, and the
+  /// variables, their optimizer state (Adam's step count too), steps() and
+  /// the learning-rate schedule stay as if it had not been taken.
+  /// Trainer::skipped_steps() counts it, Trainer::skipped_why() says why.
+  skip,
+  /// The step fails on every rank with a parallax::error naming the rank,
+  /// the variable, where, and the step; nothing is applied.
+  fail,
+  /// Nothing looks: NaN and infinities are summed and applied like any value.
+  ignore,
+};
+
+constexpr const char* to_string(NonFinite n) noexcept {
+  switch (n) {
+    case NonFinite::automatic: return "automatic";
+    case NonFinite::skip: return "skip";
+    case NonFinite::fail: return "fail";
+    case NonFinite::ignore: return "ignore";
+  }
+  return "?";
+}
 
 /// Settings of RingAllReduce. The defaults follow docs/benchmarks.md,
 /// "Collectives".
@@ -69,7 +103,8 @@ struct ShardedOptions {
   /// shard in an MPI shared-memory window and let a lookup read its rows
   /// straight from their owners' shards: no owner gathers them, no reply
   /// carries them, and they land in the caller's order. The environment
-  /// variable PARALLAX_SHARED_SHARDS=0 turns it off (for comparisons).
+  /// variable PARALLAX_SHARED_SHARDS=0 turns it off (for comparisons; read by
+  /// TrainerOptions::resolve()).
   bool shared_memory = true;
   /// Store and exchange the sparse variables of one element type and width
   /// as one group (one shard buffer, one key space): a batched lookup then
@@ -123,13 +158,14 @@ struct TrainerOptions {
   /// norm), where norm is the global L2 norm of the step's gradient as
   /// applied (every variable, dense and sparse, summed over the ranks):
   /// PyTorch's clip_grad_norm_. One small all-reduce a step.
-  /// Trainer::gradient_norm() reports the norm.
+  /// Trainer::gradient_norm() reports the norm; a norm that is not finite
+  /// is handled as on_non_finite says.
   double clip_norm = 0;
   /// When set, every phase of every step (and the user's time between the
   /// trainer's calls) is recorded and written, when the trainer is
   /// destroyed, as a Chrome trace to this path by rank 0 (chrome://tracing,
   /// Perfetto: a track per rank). PARALLAX_TIMELINE=<path> sets it for a
-  /// job. Off (empty), a phase costs one test of a flag.
+  /// job (resolve()). Off (empty), a phase costs one test of a flag.
   std::string timeline;
   /// Where Trainer::ready() starts moving gradients while the user
   /// computes: on a communication thread of the trainer's (needs MPI at
@@ -159,18 +195,57 @@ struct TrainerOptions {
   /// moment between ready() and the end of step(), so the backward pass
   /// must not read either after marking it ready. Other
   /// policies' variables are updated in step(). Needs clip_norm 0 and
-  /// check_finite off (both need every gradient before any update); set the
+  /// on_non_finite ignore or automatic (both others need every gradient
+  /// before any update); set the
   /// learning rate before a step's first ready(). A step that fails after
   /// such an update (a bad id, a failed collective) leaves the model part
   /// way through it: the trainer then refuses work until restore().
   bool update_when_ready = false;
-  /// Before each step's exchange, look for NaN and infinities in every
-  /// gradient this rank gave (one pass over them); the first one found on
-  /// any rank fails the step on every rank, naming the variable, the rank,
-  /// the step and where. Off: non-finite values are summed and applied like
-  /// any other, and the elements (rows) they reach turn NaN or infinite for
-  /// good (docs/design.md, "Errors").
-  bool check_finite = false;
+  /// What a step does when a gradient holds NaN or an infinity (NonFinite).
+  /// Unless it is ignore, each rank looks through the gradients it gave
+  /// before the step's exchange (one read of them; the verdict rides on the
+  /// step's agreement, so no message is added), and with clip_norm the
+  /// global norm is checked as well, which also catches sums that overflowed.
+  /// Asynchronous training has no agreement: a rank skips (or fails) its own
+  /// step alone and pushes nothing. update_when_ready updates a variable
+  /// before the step sees every gradient, so it needs ignore (automatic
+  /// resolves to it there).
+  NonFinite on_non_finite = NonFinite::automatic;
+
+  /// These options as a Trainer over `Space` on `ctx` runs them: the one
+  /// place that reads the environment for a trainer (docs/tutorial.md,
+  /// "Environment variables"; engine::Options::from_environment() reads the
+  /// engine's, in the engine), and that settles what depends on the job.
+  ///
+  /// * `timeline`: PARALLAX_TIMELINE=<path> when empty;
+  /// * `sharded.shared_memory`: off with PARALLAX_SHARED_SHARDS=0;
+  /// * `overlap`: whether the communication thread runs (MPI at
+  ///   MPI_THREAD_SERIALIZED and, with overlap_needs_spare_core on a host
+  ///   space, a spare core: see there);
+  /// * `engine.yield`: always where that thread has no core of its own and
+  ///   the engine's yield is automatic (docs/benchmarks.md, "Overlap of
+  ///   communication with compute");
+  /// * `on_non_finite`: automatic becomes skip, or ignore with
+  ///   update_when_ready.
+  template <class Space = HostSpace>
+  TrainerOptions resolve(const Context& ctx) const {
+    TrainerOptions o = *this;
+    if (o.timeline.empty())
+      if (const char* env = std::getenv("PARALLAX_TIMELINE")) o.timeline = env;
+    if (const char* env = std::getenv("PARALLAX_SHARED_SHARDS"))
+      o.sharded.shared_memory = o.sharded.shared_memory && std::atoi(env) != 0;
+    // A communication thread needs MPI_THREAD_SERIALIZED; on a host it waits
+    // for a core of its own unless told not to (overlap_needs_spare_core).
+    const long hardware = static_cast<long>(std::thread::hardware_concurrency());
+    const bool spare_core = hardware >= static_cast<long>(ctx.topology().local_size()) * (ctx.threads() + 1);
+    o.overlap = overlap && ctx.serialized_threads() &&
+                (!overlap_needs_spare_core || !std::is_same_v<Space, HostSpace> || spare_core);
+    if (o.overlap && !spare_core && o.engine.yield == engine::Options::Yield::automatic)
+      o.engine.yield = engine::Options::Yield::always;
+    if (o.on_non_finite == NonFinite::automatic)
+      o.on_non_finite = update_when_ready ? NonFinite::ignore : NonFinite::skip;
+    return o;
+  }
 };
 
 }  // namespace parallax

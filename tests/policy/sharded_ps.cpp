@@ -234,12 +234,13 @@ TEMPLATE_TEST_CASE("ShardedTable::lookup returns the rows of the caller's ids, w
   CHECK(mpi.stats().total().calls == test::route_calls<test::engine_for<Space>> + (table.reads_directly() ? 0 : 1));
 }
 
-TEST_CASE("PARALLAX_SHARED_SHARDS=0 keeps shards private", "[policy][sharded_ps][shared]") {
+// PARALLAX_SHARED_SHARDS=0 turns ShardedOptions::shared_memory off in
+// TrainerOptions::resolve() (tests/options.cpp); a table asked not to share
+// keeps its shard private.
+TEST_CASE("a table asked not to share keeps its shard private", "[policy][sharded_ps][shared]") {
   px::engine::Mpi mpi(test::world());
   const int n = mpi.size();
-  ::setenv("PARALLAX_SHARED_SHARDS", "0", 1);
-  Table off(mpi, px::PartitionMap(R, n, n), C, "emb");
-  ::unsetenv("PARALLAX_SHARED_SHARDS");
+  Table off(mpi, px::PartitionMap(R, n, n), C, "emb", true, false);
   Table on(mpi, px::PartitionMap(R, n, n), C, "emb");
   CHECK(!off.shared());
   CHECK((!on.shared() || test::can_share(mpi)));
@@ -254,17 +255,13 @@ TEMPLATE_TEST_CASE("ShardedTable keeps its shard in shared memory wherever it ca
   test::engine_for<TestType> mpi(test::world());
   const int n = mpi.size();
   // Host memory, several ranks, one host (test::can_share): shared unless
-  // asked not to, by the option or by PARALLAX_SHARED_SHARDS=0.
+  // asked not to (the option, which PARALLAX_SHARED_SHARDS=0 turns off).
   TableIn<TestType> asked(mpi, px::PartitionMap(R, n, n), C, "emb", true, true);
   TableIn<TestType> not_asked(mpi, px::PartitionMap(R, n, n), C, "emb", true, false);
   CHECK(asked.shared() == test::can_share(mpi));
   CHECK(!not_asked.shared());
-  ::setenv("PARALLAX_SHARED_SHARDS", "0", 1);
-  TableIn<TestType> off(mpi, px::PartitionMap(R, n, n), C, "emb");
-  ::unsetenv("PARALLAX_SHARED_SHARDS");
-  TableIn<TestType> on(mpi, px::PartitionMap(R, n, n), C, "emb");
-  CHECK(!off.shared());
-  CHECK(on.shared() == test::can_share(mpi));
+  TableIn<TestType> by_default(mpi, px::PartitionMap(R, n, n), C, "emb");
+  CHECK(by_default.shared() == test::can_share(mpi));
 }
 
 TEST_CASE("a lookup reads what the owners wrote after the last push, shared or not", "[policy][sharded_ps][shared]") {

@@ -17,26 +17,50 @@
 
 namespace parallax::detail {
 
+/// What agree_step() settled besides that nothing failed.
+struct StepVerdict {
+  bool request = false;                ///< some rank made the request
+  std::optional<std::string> notice;   ///< the lowest rank's notice, prefixed with its rank
+};
+
 /// Collective. Throws parallax::error on every rank if any rank has a
 /// problem (the lowest such rank's message, prefixed with its rank), or if no
-/// rank has `has_work` (then with `no_work_message`). Returns whether any
-/// rank made `request` (a flag that rides along, e.g. "save now"). One
-/// 24-byte all-reduce; a second call (a broadcast of the message) only on failure.
+/// rank has `has_work` (then with `no_work_message`). Otherwise returns
+/// whether any rank made `request` (a flag that rides along, e.g. "save
+/// now") and the lowest rank's `notice`, if any rank has one: a finding that
+/// fails nothing but that every rank acts on alike (a gradient that is not
+/// finite, whose step the trainer skips); a problem anywhere outranks it.
+/// One 24-byte all-reduce; a second call (a broadcast of the message) only
+/// when some rank has a problem or a notice.
+template <class Engine>
+StepVerdict agree_step(Engine& engine, const std::optional<std::string>& problem,
+                       const std::optional<std::string>& notice, bool has_work, const char* no_work_message,
+                       bool request) {
+  auto scope = engine.stats().scope("", "control");
+  const int n = engine.size(), me = engine.rank();
+  // The lowest rank with a problem (0..n-1), else n + the lowest with a notice, else 2n.
+  std::int64_t verdict[3] = {problem ? me : notice ? n + me : 2 * n, has_work ? 0 : 1, request ? 0 : 1};
+  engine.allreduce(verdict, verdict, 3, DataType::i64, ReduceOp::min);
+  StepVerdict out{verdict[2] == 0, std::nullopt};
+  if (verdict[0] < 2 * n) {
+    const bool failed = verdict[0] < n;
+    const int from = static_cast<int>(failed ? verdict[0] : verdict[0] - n);
+    const std::optional<std::string>& text_of_mine = failed ? problem : notice;
+    std::array<char, 1024> text{};
+    if (me == from && text_of_mine) std::strncpy(text.data(), text_of_mine->c_str(), text.size() - 1);
+    engine.broadcast(text.data(), text.size(), DataType::u8, from);
+    if (failed) throw error(concat("rank ", from, ": ", text.data()));
+    out.notice = concat("rank ", from, ": ", text.data());
+  }
+  if (verdict[1] == 1) throw error(no_work_message);
+  return out;
+}
+
+/// agree_step() without notices: returns whether any rank made `request`.
 template <class Engine>
 bool agree(Engine& engine, const std::optional<std::string>& problem, bool has_work = true,
            const char* no_work_message = "", bool request = false) {
-  auto scope = engine.stats().scope("", "control");
-  const int n = engine.size();
-  std::int64_t verdict[3] = {problem ? engine.rank() : n, has_work ? 0 : 1, request ? 0 : 1};
-  engine.allreduce(verdict, verdict, 3, DataType::i64, ReduceOp::min);
-  if (verdict[0] < n) {
-    std::array<char, 1024> text{};
-    if (problem) std::strncpy(text.data(), problem->c_str(), text.size() - 1);
-    engine.broadcast(text.data(), text.size(), DataType::u8, static_cast<int>(verdict[0]));
-    throw error(concat("rank ", verdict[0], ": ", text.data()));
-  }
-  if (verdict[1] == 1) throw error(no_work_message);
-  return verdict[2] == 0;
+  return agree_step(engine, problem, std::nullopt, has_work, no_work_message, request).request;
 }
 
 /// What a rank declares about one variable; compared across ranks.

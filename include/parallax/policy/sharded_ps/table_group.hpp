@@ -309,8 +309,7 @@ class TableGroup {
     base_ = Buffer<index_t, space>::from_host(host_base_);
     const std::size_t elements = shard_rows_[static_cast<std::size_t>(me)] * cols_;
     if constexpr (detail::shares_host_memory<Engine>::value) {
-      bool shared = want_shared_;
-      if (const char* env = std::getenv("PARALLAX_SHARED_SHARDS")) shared = shared && std::atoi(env) != 0;
+      const bool shared = want_shared_;  // PARALLAX_SHARED_SHARDS=0 turned it off in TrainerOptions::resolve()
       // Every rank on one host: the hosts of the topology (real or emulated
       // for tests) and the machine's own say so (SharedWindow checks).
       if (shared && n > 1 && engine_->topology().num_hosts() == 1) {
