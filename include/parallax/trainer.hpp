@@ -130,15 +130,33 @@ class Trainer {
   template <class V>
   std::vector<RowsOf<V>> lookup(std::initializer_list<Lookup<V>> batch) { return lookup(batch.begin(), batch.size()); }
 
-  /// Starts the batched lookup of the next batch while this one computes:
-  /// what reads no table (ids copied, validated, keyed, sorted, routed) runs
-  /// now, on the communication thread or at once; rows() takes the rows
-  /// later (typically after step()), equal bit for bit to what lookup()
-  /// would return then. The ids may be reused once it returns. Collective
-  /// (every rank prefetches the same variables, in the same order); one at a
-  /// time; it survives step(), lookups and save(); restore() cancels it. A
-  /// bad id, or ranks that disagree, throw from rows() on every rank, as
-  /// lookup() would. See trainer/prefetch.hpp.
+  /// Bags (multi-hot; docs/design.md, "Bags"): `result[i]` has a row per bag of
+  /// `batch[i]`, the sum, mean or weighted sum of its ids' rows (zero if empty),
+  /// pooled at the owners under ShardedPS, where gathered under AllGatherv. A
+  /// bad offset, id or weight throws on every rank. Collective; until step().
+  template <class V>
+  std::vector<RowsOf<V>> lookup(const Bags<V>* batch, std::size_t count) {
+    static_assert(policy::looks_up_bags_v<policy_for_t<Arch, V>, V, Engine, Optimizer>,
+                  "lookup() of bags: this variable's policy does not pool (ShardedPS and AllGatherv do; under "
+                  "AsyncPS look the ids up and pool them with pool_bags())");
+    return serve<V>("lookup", batch, count, [&](auto& s) { return s.lookup_bags(batch, count); });
+  }
+  template <class V>
+  std::vector<RowsOf<V>> lookup(std::initializer_list<Bags<V>> batch) { return lookup(batch.begin(), batch.size()); }
+  /// The pooled rows' gradient of this step's last lookup() of bags, one
+  /// BagGradient (bags x cols) per request in its order: it reaches the ids'
+  /// rows (times weights; over the bag's length for mean). Collective.
+  template <class V>
+  void bag_gradients(std::initializer_list<BagGradient<V>> grads) {
+    serve<V>("bag_gradients", grads.begin(), grads.size(),
+             [&](auto& s) { s.bag_gradients(grads.begin(), grads.size()); });
+  }
+
+  /// Starts the batched lookup of the next batch while this one computes
+  /// (what reads no table runs now); rows() takes the rows later, equal bit for
+  /// bit to what lookup() would return then. Collective; one at a time; it
+  /// survives step(), lookups and save(); restore() cancels it. A bad id
+  /// throws from rows() on every rank. See trainer/prefetch.hpp.
   template <class V>
   Prefetched<V> prefetch(const Lookup<V>* batch, std::size_t count) {
     static_assert(V::is_sparse(), "prefetch() is for sparse variables; read a dense variable's value() directly");
@@ -173,24 +191,18 @@ class Trainer {
   template <class V>
   std::vector<RowsOf<V>> rows(Prefetched<V>&& p) { return rows(p); }
 
-  /// Says the gradients of `vars` (variables or collections) are final for
-  /// this step, so their policies may start moving them (a fusion bucket's
-  /// all-reduce, a table group's push, once all of theirs are ready) on the
-  /// communication thread, or at once, while the caller computes the others;
-  /// step() finishes it, with the sums step() alone would make, bit for bit.
-  /// Optional. Every rank marks the same variables in the same order; a
-  /// gradient must not change once ready. With TrainerOptions::
-  /// update_when_ready, a ready variable's update may follow its sum at once.
+  /// Says the gradients of `vars` are final for this step, so their policies
+  /// may start moving them (on the communication thread, or at once) while the
+  /// caller computes the others; step() finishes it, with the same sums, bit
+  /// for bit. Optional; every rank marks the same variables in the same order,
+  /// and a gradient must not change once ready (see update_when_ready).
   template <class... Args>
   void ready(Args&... vars) { steps_.ready(comm_, vars...); }
 
-  /// Synchronises every variable's gradient with its policy, applies the
-  /// optimizer and clears the gradients; returns whether it applied them.
-  /// Collective. Bad data on any rank (ids out of range, wrong shapes), or no
-  /// gradient on any, throws on every rank, naming the rank and the step, and
-  /// abandons the step. A NaN or infinite gradient goes as
-  /// TrainerOptions::on_non_finite says: by default the step is skipped on
-  /// every rank, and false returned.
+  /// Synchronises every gradient with its policy, applies the optimizer and
+  /// clears the gradients; returns whether it applied them. Collective. Bad
+  /// data on any rank throws on every rank, naming rank and step. A NaN or
+  /// infinite gradient skips the step on every rank by default (on_non_finite).
   bool step() {
     steps_.ensure_usable();
     const trainer::Calls::Scope call(calls_, "step");
@@ -206,10 +218,8 @@ class Trainer {
   std::uint64_t skipped_steps() const noexcept { return steps_.skipped(); }
   const std::string& skipped_why() const noexcept { return steps_.skipped_why(); }
 
-  /// Saves every variable, its optimizer state, the step count and the base
-  /// learning rate as checkpoint `dir/step-<steps()>` (Checkpoints::save);
-  /// returns its path. Collective; asynchronous training's checkpoint holds
-  /// every push made before the save on any rank and none made after.
+  /// Saves variables, optimizer state, step count and base learning rate as
+  /// checkpoint `dir/step-<steps()>`; returns its path. Collective.
   std::string save(const std::string& dir) {
     steps_.ensure_usable();
     finish_background();
@@ -221,9 +231,9 @@ class Trainer {
     return save(options_.checkpoint.dir);
   }
 
-  /// Restores what save() saved (the base learning rate if recorded) from
-  /// checkpoint `path`, onto any number of ranks. Everything is checked first
-  /// (manifest, model, each file's size and CRC-32C); a problem on any rank
+  /// Restores what save() saved from checkpoint `path`, onto any number of
+  /// ranks, converting precisions (restored_conversions() names them). All is
+  /// checked first (manifest, model, sizes, CRC-32C); a problem on any rank
   /// throws on every rank before anything is loaded. Collective.
   void restore(const std::string& path) {
     finish_background();
@@ -232,8 +242,7 @@ class Trainer {
     saves_->restore(path);
   }
 
-  /// Restores the newest complete checkpoint under `dir` and returns true,
-  /// or returns false (changing nothing) if there is none. Collective.
+  /// Restores the newest complete checkpoint under `dir`; false if none. Collective.
   bool restore_latest(const std::string& dir) {
     const auto step = saves_->checkpoints().latest(dir);
     if (!step) return false;
@@ -243,35 +252,29 @@ class Trainer {
 
   /// Steps completed.
   std::uint64_t steps() const noexcept { return steps_.done(); }
+  /// The last restore's precision conversions, one sentence each.
+  const auto& restored_conversions() const { return saves_->checkpoints().restored_conversions(); }
 
-  /// Whether every variable's policy is asynchronous (arch::Async; see
-  /// async.hpp): then no step waits for the other ranks' gradients, lookup()
-  /// and step() are not collective, and each rank runs at most
-  /// TrainerOptions::async.staleness steps ahead of the slowest.
+  /// Whether every variable's policy is asynchronous (arch::Async; async.hpp):
+  /// no step waits for the others beyond TrainerOptions::async.staleness.
   bool asynchronous() const noexcept { return steps_.asynchronous(); }
-  /// Asynchronous policies: returns once every rank called it and every push
-  /// made before is applied (save(), restore(), fetch() do it). Collective.
+  /// Returns once every rank called it and every asynchronous push made before is applied.
   void quiesce() { saves_->quiesce(); }
-  /// What the staleness bound did on this rank (clock, most ahead, each rank's
-  /// lag and the wait it caused); throws without an asynchronous policy.
+  /// What the staleness bound did on this rank; throws without an asynchronous policy.
   const AsyncStats& async_stats() {
     if (const AsyncStats* a = registry_.async_stats()) return *a;
     throw error("async_stats(): no variable of this Trainer has an asynchronous policy (AsyncPS)");
   }
 
-  /// The learning rate the next step applies: the base rate times the
-  /// schedule's factor for that step (TrainerOptions::schedule).
+  /// The next step's learning rate: the base rate times the schedule's factor.
   double learning_rate() const { return steps_.learning_rate(); }
-  /// Sets the base learning rate, which the schedule scales (the
-  /// optimizer's `lr` until then). Every rank must set the same.
+  /// Sets the base rate the schedule scales; every rank sets the same.
   void set_learning_rate(double lr) { steps_.set_learning_rate(lr); }
-  /// The global L2 norm of the last step's gradient as applied, before
-  /// clipping (of the skipped step, if it was skipped); measured only when
-  /// TrainerOptions::clip_norm is positive (0 otherwise).
+  /// The global L2 norm of the last step's gradient before clipping, measured
+  /// when TrainerOptions::clip_norm is positive (0 otherwise).
   double gradient_norm() const noexcept { return steps_.gradient_norm(); }
 
-  /// The whole variable, row-major, on the host of every rank (collective for
-  /// sharded variables). For tests, evaluation and export.
+  /// The whole variable, row-major, on every rank's host (collective if sharded).
   template <class V>
   std::vector<typename V::value_type> fetch(const V& var) {
     finish_background();
@@ -282,7 +285,7 @@ class Trainer {
     return out;
   }
 
-  /// Rows of `var` stored on this rank (its shard, for a sharded variable).
+  /// Rows of `var` stored on this rank (its shard, if sharded).
   template <class V>
   std::size_t stored_rows(const V& var) { return registry_.member_of(var).stored_rows(); }
   /// Whether `var`'s rows on this rank live in shared memory that the other
@@ -302,8 +305,7 @@ class Trainer {
   Engine& engine() noexcept { return *engine_; }
   const Context& context() const noexcept { return *ctx_; }
   /// Whether ready() and prefetch() hand their work to a communication
-  /// thread (TrainerOptions::overlap and overlap_needs_spare_core, as
-  /// resolved: options().overlap), or do it at once, in the caller.
+  /// thread (options().overlap, as resolved), or do it at once.
   bool overlapping() const noexcept { return comm_.threaded(); }
   const TrainerOptions& options() const noexcept { return options_; }
   /// The synchronizer of a policy this trainer uses (for tests and tools).
@@ -319,8 +321,8 @@ class Trainer {
   /// The one place that hands a batch of sparse variables of type V to their
   /// policy's synchronizer, `f(synchronizer)`, once the trainer is usable, the
   /// work ready() started has finished, and the batch is checked. Collective.
-  template <class V, class Serve>
-  decltype(auto) serve(const char* call, const Lookup<V>* batch, std::size_t count, Serve&& f) {
+  template <class V, class Request, class Serve>
+  decltype(auto) serve(const char* call, const Request* batch, std::size_t count, Serve&& f) {
     steps_.ensure_usable();
     const trainer::Calls::Scope scope(calls_, call);
     finish_background();

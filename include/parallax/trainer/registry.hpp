@@ -119,8 +119,8 @@ class Registry {
   const std::vector<policy::Member*>& members() const noexcept { return members_; }
 
   /// A batched lookup's variables: held by this trainer, each once.
-  template <class V>
-  void check_batch(const Lookup<V>* batch, std::size_t count, const char* call) {
+  template <class Request>
+    void check_batch(const Request* batch, std::size_t count, const char* call) {
     for (std::size_t i = 0; i < count; ++i) {
       member_of(*batch[i].var);  // throws for a variable this trainer does not hold
       for (std::size_t j = 0; j < i; ++j)
