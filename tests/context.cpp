@@ -154,3 +154,31 @@ TEST_CASE("a diagnosis names the hosts whose ranks it lost", "[context][hosts]")
   CHECK_THAT(px::detail::diagnose(0, mine, heard, "x", {}), !Catch::Matchers::Contains("Lost:"));
   CHECK_THAT(px::detail::diagnose(0, mine, heard, "x", {"a"}), !Catch::Matchers::Contains("Lost:"));
 }
+
+TEST_CASE("a diagnosis names the trainer call each rank is in, then the engine call", "[context][diagnosis]") {
+  using px::detail::Position;
+  Position outside = Position::make(3, 9, "alltoallv_unsized", {"", "ShardedPS"});
+  CHECK(outside.describe() == "alltoallv_unsized #9 (ShardedPS, several variables) at step 3");
+  Position mine, theirs;
+  {
+    const px::detail::UserCall step("step");
+    mine = Position::make(3, 9, "allreduce", {"", "control"});
+    {
+      const px::detail::UserCall save("save");  // nested: the inner call is named
+      CHECK_THAT(Position::make(3, 10, "allgather", {"", "checkpoint"}).describe(),
+                 Catch::Matchers::StartsWith("save(), in allgather #10"));
+    }
+    CHECK(px::detail::user_call().load() == std::string("step"));
+  }
+  CHECK(px::detail::user_call().load() == nullptr);
+  {
+    const px::detail::UserCall lookup("lookup");
+    theirs = Position::make(3, 9, "alltoallv_unsized", {"emb", "ShardedPS"});
+  }
+  std::vector<std::optional<Position>> heard{mine, theirs};
+  const std::string report = px::detail::diagnose(0, mine, heard, "gave up after 10 ms");
+  CHECK_THAT(report, Catch::Matchers::Contains("rank 0 gave up after 10 ms in step(), in allreduce #9 (the step's "
+                                               "control exchange) at step 3."));
+  CHECK_THAT(report, Catch::Matchers::Contains("Rank 1 is in lookup(), in alltoallv_unsized #9 (variable 'emb') at "
+                                               "step 3 instead."));
+}

@@ -62,13 +62,35 @@ inline void exit_if_still_running(std::chrono::milliseconds after, int status, c
   }).detach();
 }
 
-/// Where a rank is: the trainer step and the engine call it is waiting in.
+/// The trainer call the user's thread is in ("step", "lookup", "save", ...)
+/// for diagnoses, or nullptr outside one. Names are string literals.
+inline std::atomic<const char*>& user_call() {
+  static std::atomic<const char*> name{nullptr};
+  return name;
+}
+
+/// Names the user's call in diagnoses while it lives; restores the outer
+/// name after (a save() inside step() is the save).
+class UserCall {
+ public:
+  explicit UserCall(const char* name) : outer_(user_call().exchange(name)) {}
+  ~UserCall() { user_call().store(outer_); }
+  UserCall(const UserCall&) = delete;
+  UserCall& operator=(const UserCall&) = delete;
+
+ private:
+  const char* outer_;
+};
+
+/// Where a rank is: the user's call, the trainer step and the engine call
+/// it is waiting in.
 struct Position {
   std::int64_t step = -1;  // -1: outside any trainer step
   std::int64_t call = 0;   // engine calls made so far, this one included
   char op[24] = {};
   char variable[48] = {};
   char policy[24] = {};  // of a call that carries several variables (variable empty)
+  char user[16] = {};    // the trainer call the user made (user_call()), empty outside one
 
   /// `label`: the call's statistics label (variable, policy), as CommStats
   /// books it.
@@ -80,6 +102,7 @@ struct Position {
     std::strncpy(p.op, op, sizeof(p.op) - 1);
     std::strncpy(p.variable, label.first.c_str(), sizeof(p.variable) - 1);
     std::strncpy(p.policy, label.second.c_str(), sizeof(p.policy) - 1);
+    if (const char* user = user_call().load()) std::strncpy(p.user, user, sizeof(p.user) - 1);
     return p;
   }
   bool same_call(const Position& o) const {
@@ -87,6 +110,7 @@ struct Position {
   }
   std::string describe() const {
     std::ostringstream os;
+    if (user[0] != '\0') os << user << "(), in ";
     os << op << " #" << call;
     if (variable[0] != '\0') os << " (variable '" << variable << "')";
     else if (policy[0] == '\0' || std::strcmp(policy, "control") == 0) os << " (the step's control exchange)";

@@ -40,7 +40,7 @@ class Calls {
   /// One call: the user's time since the previous call, then the call's span.
   class Scope {
    public:
-    Scope(Calls& calls, const char* name) : calls_(&calls) {
+    Scope(Calls& calls, const char* name) : calls_(&calls), user_(name) {
       detail::Timeline& timeline = detail::Timeline::get();
       if (timeline.on() && calls.last_end_ >= 0) timeline.record("user", "user", calls.last_end_, timeline.now_us());
       span_.emplace(name);
@@ -55,6 +55,7 @@ class Calls {
 
    private:
     Calls* calls_;
+    detail::UserCall user_;  // diagnoses name the call
     std::optional<detail::Span> span_;
   };
 

@@ -5,6 +5,7 @@
 /// quiet (every push made before is in, none lands during).
 
 #include <parallax/checkpoint.hpp>
+#include <parallax/detail/fault.hpp>
 #include <parallax/error.hpp>
 #include <parallax/optim/optimizer.hpp>
 #include <parallax/options.hpp>
@@ -26,6 +27,7 @@ class Saves {
         registry_(&registry), steps_(&steps) {}
 
   Checkpoints<Engine>& checkpoints() noexcept { return checkpoints_; }
+  const Checkpoints<Engine>& checkpoints() const noexcept { return checkpoints_; }
 
   /// Asynchronous policies: returns once every rank called it and every
   /// push made before is applied. Collective.
@@ -33,6 +35,7 @@ class Saves {
 
   /// Checkpoint `dir/step-<steps>`; returns its path. Collective.
   std::string save(const std::string& dir) {
+    const detail::UserCall user("save");
     PARALLAX_EXPECTS(!registry_->updated_early(), "save(): this step's updates began (TrainerOptions::update_when_ready); ",
                      "save after step()");
     std::optional<double> lr;
@@ -46,6 +49,7 @@ class Saves {
   /// rate it recorded. A restore that fails while loading leaves the
   /// trainer refusing work. Collective.
   void restore(const std::string& path) {
+    const detail::UserCall user("restore");
     std::uint64_t step = 0;
     quiesce();
     try {
