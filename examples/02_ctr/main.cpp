@@ -115,8 +115,7 @@ class Clicks {
 /// --data with): dense x as the integer round(e^(x + 1.5)), ids as 32-bit hex
 /// values, 3% of the features missing.
 void write_sample(const std::string& path, std::size_t n, const Args& a) {
-  examples::SyntheticClicks clicks(a.model.table_rows, ctr::dense_features, a.common.seed);
-  clicks.set_multi_hot(a.model.multi_hot);  // a bag's first id stands for it: Criteo's features are one-hot
+  const examples::SyntheticClicks clicks(a.model.table_rows, ctr::dense_features, a.common.seed);  // one-hot, as Criteo
   std::ofstream out(path, std::ios::binary);
   if (!out) throw px::error("cannot write --write-sample " + path);
   examples::ClickExample e;
