@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <string>
 #include <utility>
 #include <tuple>
@@ -192,16 +193,31 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
 
   examples::Progress progress(trainer, shard.global, o.log_every, "samples", o.warmup);
   examples::Straggler straggler(o, ctx);  // --slow-rank, --slow-factor; each rank's own samples/s
+  // Batches are made one ahead on another thread (the same records: an
+  // example is a function of the seed and its index), so that samples/s
+  // measures training; waiting for one counts as making batches. Only that
+  // thread uses `clicks` until the loop ends.
+  ctr::Batch made;
+  std::future<void> making;
+  auto start = [&](std::uint64_t s) {
+    if (s < o.steps)
+      making = std::async(std::launch::async, [&, s] { clicks.training(s, shard.global, shard.first, shard.batch, made); });
+  };
+  auto take = [&](std::uint64_t s, ctr::Batch& out) {  // batch s, which `making` makes
+    examples::timed(examples::Part::input, [&] { making.get(); });
+    std::swap(out, made);
+    start(s + 1);
+  };
+  start(0);
   // --overlap on: the inputs a step ahead, so that the next batch's lookup
   // runs while this one computes.
   ctr::Batch batch, next;
   bool have_next = false;
   for (std::uint64_t step = 0; step < o.steps; ++step) {
     if (have_next) std::swap(batch, next);
-    else examples::timed(examples::Part::input, [&] { clicks.training(step, shard.global, shard.first, shard.batch, batch); });
+    else take(step, batch);
     have_next = o.overlapped() && step + 1 < o.steps;
-    if (have_next)
-      examples::timed(examples::Part::input, [&] { clicks.training(step + 1, shard.global, shard.first, shard.batch, next); });
+    if (have_next) take(step + 1, next);
     straggler.begin();
     progress.record(model.train_step(trainer, batch, o.overlapped(), have_next ? &next : nullptr));
     straggler.end();
