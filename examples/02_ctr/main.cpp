@@ -1,8 +1,13 @@
 // Example 02: a DLRM-style click-through-rate model: 26 categorical features,
 // each with its own embedding table (sparse variables, power-law ids), 13
 // dense features, bottom and top MLPs (dense variables), logistic loss.
+// The synthetic data's --multi-hot largest features are bags of 1-100 ids
+// (mean about 19), pooled by their mean: by the trainer (px::Bags, at the
+// rows' owners with --pooling owner, whichever moves fewer bytes with auto)
+// or, with --pooling local, by the model from a row per id.
 //
 //   mpiexec -n 2 build/host/examples/02_ctr --arch hybrid
+//   mpiexec -n 4 build/host/examples/02_ctr --pooling owner
 //   mpiexec -n 2 build/host/examples/02_ctr --data train.txt --max-records 1000000
 //
 // Default data: synthetic click logs with a planted signal (every id and dense
@@ -29,6 +34,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <string>
 #include <utility>
 #include <tuple>
@@ -50,6 +56,8 @@ struct Args {
   double pass_ratio = 0.95;
   std::string write_sample;  // write synthetic clicks as a Criteo file and exit
   std::size_t sample_records = 20000;
+  std::size_t multi_hot = 4;  // synthetic data: multi-hot features
+  std::string pooling = "auto";
 };
 
 const char* const about =
@@ -63,37 +71,43 @@ const char* const about =
 class Clicks {
  public:
   Clicks(const Args& a, std::vector<examples::CriteoRecord> records)
-      : records_(std::move(records)), table_rows_(a.model.table_rows),
+      : records_(std::move(records)), table_rows_(a.model.table_rows), multi_hot_(a.model.multi_hot),
         synthetic_(a.model.table_rows, ctr::dense_features, a.common.seed) {
     train_ = records_.size() - static_cast<std::size_t>(static_cast<double>(records_.size()) * a.holdout);
+    synthetic_.set_multi_hot(multi_hot_);
   }
   bool synthetic() const noexcept { return records_.empty(); }
 
   /// Examples [first, first + count) of global batch `step`.
   void training(std::uint64_t step, std::size_t global_batch, std::size_t first, std::size_t count, ctr::Batch& b) const {
+    b.multi_hot = multi_hot_;
     b.clear(count);
     for (std::size_t e = first; e < first + count; ++e) b.add(example(step * global_batch + e, false));
   }
   /// Held-out examples [first, first + count).
   void held_out(std::size_t first, std::size_t count, ctr::Batch& b) const {
+    b.multi_hot = multi_hot_;
     b.clear(count);
     for (std::size_t e = first; e < first + count; ++e) b.add(example(e, true));
   }
 
  private:
-  examples::ClickExample example(std::uint64_t g, bool held_out) const {
-    examples::ClickExample e;
+  /// Example g, in a buffer reused from one example to the next (no heap
+  /// allocation per synthetic record).
+  const examples::ClickExample& example(std::uint64_t g, bool held_out) const {
     if (synthetic()) {
-      synthetic_.make(held_out ? (std::uint64_t{1} << 40) + g : g, e);  // held-out indices are never trained on
+      synthetic_.make(held_out ? (std::uint64_t{1} << 40) + g : g, scratch_);  // held-out indices are never trained on
     } else {
       const std::size_t hold = records_.size() - train_;
-      e = ctr::to_example(records_[held_out ? train_ + g % hold : g % train_], table_rows_);
+      scratch_ = ctr::to_example(records_[held_out ? train_ + g % hold : g % train_], table_rows_);
     }
-    return e;
+    return scratch_;
   }
 
   std::vector<examples::CriteoRecord> records_;
   std::vector<std::size_t> table_rows_;
+  std::vector<bool> multi_hot_;
+  mutable examples::ClickExample scratch_;
   examples::SyntheticClicks synthetic_;
   std::size_t train_ = 0;
 };
@@ -102,7 +116,7 @@ class Clicks {
 /// --data with): dense x as the integer round(e^(x + 1.5)), ids as 32-bit hex
 /// values, 3% of the features missing.
 void write_sample(const std::string& path, std::size_t n, const Args& a) {
-  const examples::SyntheticClicks clicks(a.model.table_rows, ctr::dense_features, a.common.seed);
+  const examples::SyntheticClicks clicks(a.model.table_rows, ctr::dense_features, a.common.seed);  // one-hot, as Criteo
   std::ofstream out(path, std::ios::binary);
   if (!out) throw px::error("cannot write --write-sample " + path);
   examples::ClickExample e;
@@ -179,16 +193,31 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
 
   examples::Progress progress(trainer, shard.global, o.log_every, "samples", o.warmup);
   examples::Straggler straggler(o, ctx);  // --slow-rank, --slow-factor; each rank's own samples/s
+  // Batches are made one ahead on another thread (the same records: an
+  // example is a function of the seed and its index), so that samples/s
+  // measures training; waiting for one counts as making batches. Only that
+  // thread uses `clicks` until the loop ends.
+  ctr::Batch made;
+  std::future<void> making;
+  auto start = [&](std::uint64_t s) {
+    if (s < o.steps)
+      making = std::async(std::launch::async, [&, s] { clicks.training(s, shard.global, shard.first, shard.batch, made); });
+  };
+  auto take = [&](std::uint64_t s, ctr::Batch& out) {  // batch s, which `making` makes
+    examples::timed(examples::Part::input, [&] { making.get(); });
+    std::swap(out, made);
+    start(s + 1);
+  };
+  start(0);
   // --overlap on: the inputs a step ahead, so that the next batch's lookup
   // runs while this one computes.
   ctr::Batch batch, next;
   bool have_next = false;
   for (std::uint64_t step = 0; step < o.steps; ++step) {
     if (have_next) std::swap(batch, next);
-    else examples::timed(examples::Part::input, [&] { clicks.training(step, shard.global, shard.first, shard.batch, batch); });
+    else take(step, batch);
     have_next = o.overlapped() && step + 1 < o.steps;
-    if (have_next)
-      examples::timed(examples::Part::input, [&] { clicks.training(step + 1, shard.global, shard.first, shard.batch, next); });
+    if (have_next) take(step + 1, next);
     straggler.begin();
     progress.record(model.train_step(trainer, batch, o.overlapped(), have_next ? &next : nullptr));
     straggler.end();
@@ -252,17 +281,27 @@ int main(int argc, char** argv) {
     ("write-sample", examples::po::value(&a.write_sample),
      "write --sample-records synthetic examples to this file in Criteo's format, and exit")
     ("sample-records", examples::po::value(&a.sample_records)->default_value(a.sample_records),
-     "records for --write-sample");
+     "records for --write-sample")
+    ("multi-hot", examples::po::value(&a.multi_hot)->default_value(a.multi_hot),
+     "synthetic data: this many features (those with the most rows) are bags of 1-100 ids, pooled by their mean")
+    ("pooling", examples::po::value(&a.pooling)->default_value(a.pooling),
+     "multi-hot features: owner (the trainer pools at the rows' owners), local (a row per id, pooled by the model) "
+     "or auto (the trainer pools wherever fewer bytes move)");
 
   const auto cl = examples::parse_command_line(argc, argv, desc);
   px::Context ctx(argc, argv, cl.ok() ? a.common.context() : px::ContextOptions{});
   a.model.seed = a.common.seed;
   a.model.table_rows = ctr::criteo_table_rows(a.max_rows);
+  a.model.pool_by_hand = a.pooling == "local";
+  a.model.pooling = a.pooling == "owner" ? px::Pooling::owner : px::Pooling::automatic;
 
   std::vector<examples::CriteoRecord> records;
   std::string problem = cl.ok() ? examples::check_common(a.common, true) : "";
   if (cl.ok() && problem.empty()) {
     if (a.max_rows < 2 || a.model.dim == 0) problem = "--max-rows must be at least 2 and --dim at least 1";
+    else if (a.multi_hot > ctr::features) problem = "--multi-hot must be at most " + std::to_string(ctr::features);
+    else if (a.pooling != "owner" && a.pooling != "local" && a.pooling != "auto")
+      problem = "--pooling must be owner, local or auto, not '" + a.pooling + "'";
     else if (a.eval_examples == 0) problem = "--eval-examples must be at least 1";
     else if (!a.data.empty()) {
       std::ifstream in(a.data, std::ios::binary);
@@ -282,6 +321,8 @@ int main(int argc, char** argv) {
     }
   }
   if (const int code = examples::report_command_line(cl, problem, ctx, about, desc); code >= 0) return code;
+  // Criteo's records hold one value per feature: multi-hot is synthetic only.
+  a.model.multi_hot = ctr::largest_features(a.model.table_rows, a.data.empty() ? a.multi_hot : 0);
   if (!a.write_sample.empty()) {
     if (ctx.is_root()) {
       write_sample(a.write_sample, a.sample_records, a);
@@ -294,13 +335,15 @@ int main(int argc, char** argv) {
   for (auto r : a.model.table_rows) table_total += r;
   if (ctx.is_root()) {
     std::printf("02_ctr: %zu tables (%zu rows in all, largest %zu) of width %zu, MLPs %zu-%zu-%zu and %zu-%zu-1, batch "
-                "%zu samples per rank (%zu in all), %zu steps, lr %g, seed %llu; data: %s; matrix products: %s\n",
+                "%zu samples per rank (%zu in all), %zu steps, lr %g, seed %llu; data: %s; multi-hot features: %zu (pooling %s); "
+                "matrix products: %s\n",
                 ctr::features, table_total, a.max_rows, a.model.dim, ctr::dense_features, a.model.bottom, a.model.dim,
                 (ctr::features + 1) * a.model.dim, a.model.top, a.common.batch,
                 a.common.batch * static_cast<std::size_t>(ctx.size()), a.common.steps, static_cast<double>(a.common.lr),
                 static_cast<unsigned long long>(a.common.seed),
                 a.data.empty() ? "synthetic clicks with a planted signal" : a.data.c_str(),
-                examples::gemm_description<examples::DefaultSpace>().c_str());
+                static_cast<std::size_t>(std::count(a.model.multi_hot.begin(), a.model.multi_hot.end(), true)),
+                a.pooling.c_str(), examples::gemm_description<examples::DefaultSpace>().c_str());
     std::fflush(stdout);
   }
   const Clicks clicks(a, std::move(records));

@@ -10,7 +10,11 @@
 ///
 /// Each table is its own sparse variable, sized per feature; ids are
 /// power-law. A step looks all 26 tables up in one batched lookup, and the
-/// trainer pushes their gradient rows in one route. Templated on the memory
+/// trainer pushes their gradient rows in one route. Multi-hot features
+/// (Config::multi_hot) hold a bag of ids per example, pooled by their mean:
+/// by the trainer (one lookup of px::Bags for them all, bag_gradients()
+/// back), or, with Config::pool_by_hand, here, from a row per id of the
+/// batched lookup, each id's row getting its bag's gradient over its length. Templated on the memory
 /// space; the MLPs' products are gemm() calls (common/layers.hpp).
 
 #include "../common/layers.hpp"
@@ -57,29 +61,64 @@ struct Config {
   std::size_t bottom = 64;      ///< bottom MLP hidden width
   std::size_t top = 64;         ///< top MLP hidden width
   std::uint64_t seed = 1;
+  std::vector<bool> multi_hot = std::vector<bool>(features, false);  ///< per feature: a bag of ids
+  /// Multi-hot features: look up a row per id and pool them here (else the
+  /// trainer pools, at `pooling`; policies that cannot pool always pool here).
+  bool pool_by_hand = false;
+  px::Pooling pooling = px::Pooling::automatic;
 };
+
+/// The `count` features with the most rows (the first on ties), marked: the
+/// multi-hot ones.
+inline std::vector<bool> largest_features(const std::vector<std::size_t>& table_rows, std::size_t count) {
+  std::vector<std::size_t> order(table_rows.size());
+  for (std::size_t f = 0; f < order.size(); ++f) order[f] = f;
+  std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return table_rows[a] > table_rows[b]; });
+  std::vector<bool> marked(table_rows.size(), false);
+  for (std::size_t i = 0; i < std::min(count, order.size()); ++i) marked[order[i]] = true;
+  return marked;
+}
 
 /// One rank's share of a step: `rows` examples.
 struct Batch {
   std::size_t rows = 0;
   std::vector<float> dense;                                  ///< rows x dense_features
-  std::array<std::vector<px::index_t>, features> ids;       ///< per feature: rows ids
+  /// Per feature: rows ids, or a multi-hot feature's bags one after another.
+  std::array<std::vector<px::index_t>, features> ids;
+  /// Per multi-hot feature: rows + 1 offsets into its ids (else empty).
+  std::array<std::vector<px::index_t>, features> offsets;
   std::vector<std::int32_t> labels;                          ///< rows
+  std::vector<bool> multi_hot;  ///< which features add() takes bags of (empty: none)
 
   void clear(std::size_t n) {
     rows = 0;
     dense.clear();
     dense.reserve(n * dense_features);
-    for (auto& v : ids) v.clear(), v.reserve(n);
+    for (std::size_t f = 0; f < features; ++f) {
+      ids[f].clear();
+      ids[f].reserve(n);
+      offsets[f].clear();
+      if (multi(f)) offsets[f].reserve(n + 1), offsets[f].push_back(0);
+    }
     labels.clear();
     labels.reserve(n);
   }
   void add(const ClickExample& e) {
     ++rows;
     dense.insert(dense.end(), e.dense.begin(), e.dense.end());
-    for (std::size_t f = 0; f < features; ++f) ids[f].push_back(e.ids[f]);
+    std::size_t m = 0;
+    for (std::size_t f = 0; f < features; ++f) {
+      if (!multi(f)) {
+        ids[f].push_back(e.ids[f]);
+        continue;
+      }
+      const auto from = e.bag_ids.begin() + static_cast<std::ptrdiff_t>(m ? e.bag_ends[m - 1] : 0);
+      ids[f].insert(ids[f].end(), from, e.bag_ids.begin() + static_cast<std::ptrdiff_t>(e.bag_ends[m++]));
+      offsets[f].push_back(static_cast<px::index_t>(ids[f].size()));
+    }
     labels.push_back(e.label);
   }
+  bool multi(std::size_t f) const { return !multi_hot.empty() && multi_hot[f]; }
 };
 
 /// A Criteo record as a model input: dense x -> log(1 + max(x, 0)) (DLRM's
@@ -130,6 +169,36 @@ struct SplitBlocks {
   }
 };
 
+/// out[b, c] = the mean of rows[k, c] over k in [offsets[b], offsets[b + 1]):
+/// a bag's rows pooled by hand (0 for an empty bag).
+template <class T>
+struct MeanPool {
+  const T* rows;
+  const px::index_t* offsets;
+  T* out;
+  std::size_t dim;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t b, std::size_t c) const {
+    const auto from = static_cast<std::size_t>(offsets[b]), to = static_cast<std::size_t>(offsets[b + 1]);
+    T sum = 0;
+    for (std::size_t k = from; k < to; ++k) sum += rows[k * dim + c];
+    out[b * dim + c] = to > from ? sum / static_cast<T>(to - from) : T(0);
+  }
+};
+
+/// grad[k, c] = pooled[bag[k], c] / its length: the mean's gradient, a row per id.
+template <class T>
+struct MeanScatter {
+  const T* pooled;
+  const px::index_t* offsets;
+  const px::index_t* bag;  // bag of each id
+  T* grad;
+  std::size_t dim;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t k, std::size_t c) const {
+    const auto b = static_cast<std::size_t>(bag[k]);
+    grad[k * dim + c] = pooled[b * dim + c] / static_cast<T>(offsets[b + 1] - offsets[b]);
+  }
+};
+
 // ---------------------------------------------------------------- the model
 
 /// The variables and the per-step computation. The trainer takes the two
@@ -171,22 +240,45 @@ class Model {
         throw std::invalid_argument("ctr::Model: this batch is not the `next` batch the step before prefetched");
       std::swap(ids_, ahead_.ids);  // its ids are on the device already
     }
+    constexpr bool pools = trains_bags<Trainer>();
     lookups_.clear();
+    bags_.clear();
     for (std::size_t f = 0; f < features; ++f) {
-      if (!prefetched) ids_[f].assign_from_host(batch.ids[f].data(), rows);
-      lookups_.emplace_back(tables[f], ids_[f]);
+      const std::size_t n = batch.ids[f].size();
+      if (!prefetched) ids_[f].assign_from_host(batch.ids[f].data(), n);
+      if (!batch.multi(f)) continue;
+      offsets_[f].assign_from_host(batch.offsets[f].data(), rows + 1);
+      if (pools && !cfg_.pool_by_hand)
+        bags_.push_back(px::Bags<Table>(tables[f], offsets_[f], ids_[f], px::Combiner::mean).pooled_at(cfg_.pooling));
     }
+    for (std::size_t f = 0; f < features; ++f)
+      if (looked_up_plainly<Trainer>(batch, f)) lookups_.emplace_back(tables[f], ids_[f]);
     const auto looked_up = timed(ex, Part::parallax, [&] {
       if constexpr (Trainer::template can_prefetch<Table>)
         if (prefetched) return trainer.rows(ahead_.take());
       return trainer.lookup(lookups_);
     });
+    std::vector<typename Trainer::template RowsOf<Table>> pooled;
+    if constexpr (pools)
+      if (!bags_.empty()) pooled = timed(ex, Part::parallax, [&] { return trainer.lookup(bags_.data(), bags_.size()); });
     // (Architectures whose lookups cannot run ahead, the asynchronous ones, look up each batch.)
     if constexpr (Trainer::template can_prefetch<Table>)
       if (next) prefetch(trainer, *next);
-    // The concatenation: the bottom MLP's output, then each table's rows.
+    // The concatenation: the bottom MLP's output, then each table's rows
+    // (a multi-hot table's: its bags pooled, by the trainer or here).
     std::vector<const T*> sources{b};
-    for (std::size_t f = 0; f < features; ++f) sources.push_back(looked_up[f].data);
+    pooled_.resize_discard(features * rows * dim);
+    for (std::size_t f = 0, plain = 0, bag = 0; f < features; ++f) {
+      if (!batch.multi(f)) {
+        sources.push_back(looked_up[plain++].data);
+      } else if (looked_up_plainly<Trainer>(batch, f)) {
+        T* out = pooled_.data() + f * rows * dim;
+        px::for_each_rows(ex, rows, dim, MeanPool<T>{looked_up[plain++].data, offsets_[f].data(), out, dim});
+        sources.push_back(out);
+      } else {
+        sources.push_back(pooled[bag++].data);
+      }
+    }
     sources_.assign_from_host(sources.data(), features + 1);
     px::for_each_rows(ex, rows * (features + 1), dim, ConcatBlocks<T>{sources_.data(), concat_.data(), features + 1, dim});
     const T* z = top2.forward(ex, top1.forward(ex, concat_.data(), rows), rows);
@@ -225,7 +317,28 @@ class Model {
     // The tables' gradient rows are final: add them, and (overlap) their
     // push starts while the bottom MLP computes.
     timed(ex, Part::parallax, [&] {
-      for (std::size_t f = 0; f < features; ++f) tables[f].grad().add(ids_[f].data(), grad_rows_.data() + f * rows * dim, rows);
+      std::vector<px::BagGradient<Table>> bag_grads;
+      for (std::size_t f = 0; f < features; ++f) {
+        T* g = grad_rows_.data() + f * rows * dim;
+        if (!batch.multi(f)) {
+          tables[f].grad().add(ids_[f].data(), g, rows);
+        } else if (looked_up_plainly<Trainer>(batch, f)) {  // a row per id: its bag's gradient over the length
+          const std::size_t n = batch.ids[f].size();
+          bag_of_.resize(n);
+          for (std::size_t i = 0; i < rows; ++i)
+            std::fill(bag_of_.begin() + batch.offsets[f][i], bag_of_.begin() + batch.offsets[f][i + 1],
+                      static_cast<px::index_t>(i));
+          bag_of_dev_.assign_from_host(bag_of_.data(), n);
+          grad_ids_.resize_discard(n * dim);
+          px::for_each_rows(ex, n, dim, MeanScatter<T>{g, offsets_[f].data(), bag_of_dev_.data(), grad_ids_.data(), dim});
+          ex.synchronize();
+          tables[f].grad().add(ids_[f].data(), grad_ids_.data(), n);
+        } else {
+          bag_grads.emplace_back(tables[f], g, rows);
+        }
+      }
+      if constexpr (trains_bags<Trainer>())
+        if (!bag_grads.empty()) trainer.bag_gradients(bag_grads);
     });
     ready(trainer, overlap, tables);
     bottom2.backward(ex, bottom1.output(), rows, bottom1.output_grad());
@@ -243,6 +356,13 @@ class Model {
   std::pair<double, double> evaluate(Trainer& trainer, const Batch& batch) {
     forward(trainer, batch);
     return {sum_to_host(loss_, batch.rows), sum_to_host(hits_, batch.rows)};
+  }
+
+  /// Whether the trainer pools this model's bags (its tables' policy can).
+  template <class Trainer>
+  static constexpr bool trains_bags() {
+    return px::policy::looks_up_bags_v<px::policy_for_t<typename Trainer::arch, Table>, Table,
+                                       typename Trainer::engine_type, typename Trainer::optimizer>;
   }
 
   px::Variables<Table> tables;  ///< "emb00".."emb25", one per categorical feature
@@ -272,12 +392,19 @@ class Model {
     }
   };
 
+  /// Whether feature f's ids go into the batched lookup of rows (one-hot,
+  /// or multi-hot pooled here).
+  template <class Trainer>
+  bool looked_up_plainly(const Batch& batch, std::size_t f) const {
+    return !batch.multi(f) || cfg_.pool_by_hand || !trains_bags<Trainer>();
+  }
+
   template <class Trainer>
   void prefetch(Trainer& trainer, const Batch& next) {
     std::vector<px::Lookup<Table>> batch;
     for (std::size_t f = 0; f < features; ++f) {
-      ahead_.ids[f].assign_from_host(next.ids[f].data(), next.rows);
-      batch.emplace_back(tables[f], ahead_.ids[f]);
+      ahead_.ids[f].assign_from_host(next.ids[f].data(), next.ids[f].size());
+      if (looked_up_plainly<Trainer>(next, f)) batch.emplace_back(tables[f], ahead_.ids[f]);
     }
     ahead_.ids_host = next.ids;
     ahead_.lookups = timed(trainer.engine().exec(), Part::parallax, [&] { return trainer.prefetch(batch); });
@@ -286,12 +413,15 @@ class Model {
 
   Config cfg_;
   Ahead ahead_;
-  px::Buffer<T, Space> dense_in_, concat_, grad_concat_, grad_rows_, loss_, hits_;
+  px::Buffer<T, Space> dense_in_, concat_, grad_concat_, grad_rows_, loss_, hits_, pooled_, grad_ids_;
   px::Buffer<std::int32_t, Space> labels_;
   px::Buffer<const T*, Space> sources_;
   px::Buffer<T*, Space> targets_;
-  std::array<px::Buffer<px::index_t, Space>, features> ids_;
+  std::array<px::Buffer<px::index_t, Space>, features> ids_, offsets_;
   std::vector<px::Lookup<Table>> lookups_;
+  std::vector<px::Bags<Table>> bags_;
+  std::vector<px::index_t> bag_of_;
+  px::Buffer<px::index_t, Space> bag_of_dev_;
 };
 
 }  // namespace examples::ctr

@@ -54,7 +54,10 @@ inline std::vector<float> uniform_floats(std::size_t n, std::uint64_t seed) {
 // ---------------------------------------------------------------- samplers
 
 /// Zipf's law on [0, n): P(k) proportional to 1 / (k + 1)^s. Draws by
-/// inverting a cumulative table (n doubles).
+/// inverting a cumulative table (n doubles), the search narrowed by a guide
+/// table: guide_[i] is the draw for u = i / guide_size, so a draw for u in
+/// [i, i + 1) / guide_size lies in [guide_[i], guide_[i + 1]] (the same value
+/// a search of the whole table finds, at a few cache lines' cost).
 class Zipf {
  public:
   Zipf() = default;
@@ -64,16 +67,28 @@ class Zipf {
     for (std::size_t k = 0; k < n; ++k) cdf_[k] = (sum += std::pow(static_cast<double>(k + 1), -s));
     for (double& c : cdf_) c /= sum;
     cdf_.back() = 1.0;
+    guide_.resize(guide_size + 1);
+    for (std::size_t i = 0; i <= guide_size; ++i)  // i / guide_size is exact: a power of two
+      guide_[i] = static_cast<std::uint32_t>(search(0, n, static_cast<double>(i) / guide_size));
   }
   std::size_t size() const noexcept { return cdf_.size(); }
   /// The value for a uniform u in [0, 1).
   std::size_t draw(double u) const {
-    return static_cast<std::size_t>(std::upper_bound(cdf_.begin(), cdf_.end(), u) - cdf_.begin());
+    const auto i = std::min(static_cast<std::size_t>(u * guide_size), guide_size - 1);
+    return search(guide_[i], guide_[i + 1], u);
   }
   double probability(std::size_t k) const { return k == 0 ? cdf_[0] : cdf_[k] - cdf_[k - 1]; }
 
  private:
+  static constexpr std::size_t guide_size = 4096;
+  /// The first k in [from, to) with cdf_[k] > u, else `to`.
+  std::size_t search(std::size_t from, std::size_t to, double u) const {
+    return static_cast<std::size_t>(std::upper_bound(cdf_.begin() + static_cast<std::ptrdiff_t>(from),
+                                                     cdf_.begin() + static_cast<std::ptrdiff_t>(std::min(to, cdf_.size())), u) -
+                                    cdf_.begin());
+  }
   std::vector<double> cdf_;
+  std::vector<std::uint32_t> guide_;
 };
 
 /// TensorFlow's log-uniform (Zipfian) candidate sampler over [0, range):
@@ -191,10 +206,14 @@ struct SyntheticCorpus {
 
 // ---------------------------------------------------------------- clicks
 
-/// One click-log example: dense features, one id per categorical feature, a label.
+/// One click-log example: dense features, one id per categorical feature, a
+/// label; a multi-hot feature's ids (its bag) in `bag_ids`, bag_ends[m] the
+/// end of the m-th multi-hot feature's bag there, and its first id in `ids`.
 struct ClickExample {
   std::vector<float> dense;
   std::vector<std::int64_t> ids;
+  std::vector<std::int64_t> bag_ids;
+  std::vector<std::size_t> bag_ends;
   int label = 0;
 };
 
@@ -203,14 +222,37 @@ struct ClickExample {
 /// every dense feature carries a fixed hidden weight, and the label is drawn
 /// from sigmoid(sum of the weights). A model that learns the weights of the
 /// frequent ids and of the dense features predicts clearly above chance.
+///
+/// Multi-hot features (set_multi_hot) hold a bag of 1 to max_bag ids instead
+/// of one: its length a power law, P(L) proportional to 1 / L (a mean of
+/// about 19 for 100), each id a Zipf draw as above (so bags share their hot
+/// rows), and the bag adds the mean of its ids' weights to the logit. Their
+/// hidden weights are tabulated once, so that a record costs no
+/// transcendental function per id; the first id of a bag is the id the
+/// feature would have one-hot.
 class SyntheticClicks {
  public:
   SyntheticClicks(std::vector<std::size_t> table_rows, std::size_t dense_features, std::uint64_t seed,
                   double zipf_s = 1.05, double id_weight = 1.5, double dense_weight = 1.0)
       : rows_(std::move(table_rows)), dense_(dense_features), seed_(seed), id_weight_(id_weight),
-        dense_weight_(dense_weight) {
+        dense_weight_(dense_weight), multi_(rows_.size(), false) {
     for (std::size_t r : rows_) zipf_.emplace_back(r, zipf_s);
   }
+
+  /// Makes the features marked in `multi_hot` (one flag per feature) bags of 1 to `max_bag` ids.
+  void set_multi_hot(const std::vector<bool>& multi_hot, std::size_t max_bag = 100) {
+    if (multi_hot.size() != rows_.size() || max_bag == 0)
+      throw std::invalid_argument("SyntheticClicks::set_multi_hot: one flag per feature and a bag of 1 id or more");
+    multi_ = multi_hot;
+    lengths_ = Zipf(max_bag, 1.0);
+    weights_.assign(rows_.size(), {});
+    for (std::size_t f = 0; f < rows_.size(); ++f)
+      if (multi_[f]) {
+        weights_[f].resize(rows_[f]);
+        for (std::size_t id = 0; id < rows_[f]; ++id) weights_[f][id] = normal(hash(seed_, 0x3E, f, id));
+      }
+  }
+  bool multi_hot(std::size_t f) const { return multi_.at(f); }
 
   std::size_t features() const noexcept { return rows_.size(); }
   std::size_t dense_features() const noexcept { return dense_; }
@@ -226,12 +268,28 @@ class SyntheticClicks {
       e.dense[j] = static_cast<float>(x);
       logit += dense_weight_ * normal(hash(seed_, 0xDE, j)) * x / std::sqrt(static_cast<double>(dense_));
     }
+    e.bag_ids.clear();
+    e.bag_ends.clear();
     for (std::size_t f = 0; f < rows_.size(); ++f) {
       const std::size_t k = zipf_[f].draw(uniform(hash(seed_, 0x1D, index, f)));
       const auto id = static_cast<std::int64_t>((k * 2654435761ull) % rows_[f]);  // scatter hot ids
       e.ids[f] = id;
-      logit += id_weight_ * normal(hash(seed_, 0x3E, f, static_cast<std::uint64_t>(id))) /
-               std::sqrt(static_cast<double>(rows_.size()));
+      if (!multi_[f]) {
+        logit += id_weight_ * normal(hash(seed_, 0x3E, f, static_cast<std::uint64_t>(id))) /
+                 std::sqrt(static_cast<double>(rows_.size()));
+        continue;
+      }
+      const std::size_t length = 1 + lengths_.draw(uniform(hash(seed_, 0xB7, index, f)));
+      double sum = weights_[f][static_cast<std::size_t>(id)];
+      e.bag_ids.push_back(id);
+      for (std::size_t j = 1; j < length; ++j) {
+        const std::size_t kj = zipf_[f].draw(uniform(hash(seed_, 0xB1, index, f * 1024 + j)));
+        const auto idj = static_cast<std::int64_t>((kj * 2654435761ull) % rows_[f]);
+        e.bag_ids.push_back(idj);
+        sum += weights_[f][static_cast<std::size_t>(idj)];
+      }
+      e.bag_ends.push_back(e.bag_ids.size());
+      logit += id_weight_ * (sum / static_cast<double>(length)) / std::sqrt(static_cast<double>(rows_.size()));
     }
     e.label = uniform(hash(seed_, 0x1A, index)) < 1.0 / (1.0 + std::exp(-logit)) ? 1 : 0;
   }
@@ -242,6 +300,9 @@ class SyntheticClicks {
   std::uint64_t seed_;
   double id_weight_, dense_weight_;
   std::vector<Zipf> zipf_;
+  std::vector<bool> multi_;
+  Zipf lengths_;                             // a bag's length - 1
+  std::vector<std::vector<double>> weights_;  // multi-hot features' hidden weights, by id
 };
 
 // ---------------------------------------------------------------- dense classification

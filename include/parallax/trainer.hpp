@@ -147,10 +147,13 @@ class Trainer {
   /// BagGradient (bags x cols) per request in its order: it reaches the ids'
   /// rows (times weights; over the bag's length for mean). Collective.
   template <class V>
-  void bag_gradients(std::initializer_list<BagGradient<V>> grads) {
-    serve<V>("bag_gradients", grads.begin(), grads.size(),
-             [&](auto& s) { s.bag_gradients(grads.begin(), grads.size()); });
+  void bag_gradients(const BagGradient<V>* grads, std::size_t count) {
+    serve<V>("bag_gradients", grads, count, [&](auto& s) { s.bag_gradients(grads, count); });
   }
+  template <class V>
+  void bag_gradients(const std::vector<BagGradient<V>>& grads) { bag_gradients(grads.data(), grads.size()); }
+  template <class V>
+  void bag_gradients(std::initializer_list<BagGradient<V>> grads) { bag_gradients(grads.begin(), grads.size()); }
 
   /// Starts the batched lookup of the next batch while this one computes
   /// (what reads no table runs now); rows() takes the rows later, equal bit for

@@ -219,6 +219,48 @@ TEST_CASE("Zipf draws follow 1/(k+1)^s", "[synthetic]") {
   CHECK(z.draw(0.9999999999) < 1000);
 }
 
+TEST_CASE("Zipf's guided draw is the whole table's search", "[synthetic]") {
+  const examples::Zipf z(100000, 1.05);
+  std::vector<double> cdf(100000);
+  for (std::size_t k = 0; k < cdf.size(); ++k) cdf[k] = (k ? cdf[k - 1] : 0.0) + z.probability(k);
+  for (std::uint64_t i = 0; i < 20000; ++i) {
+    const double u = i < 4097 ? static_cast<double>(i) / 4096 * 0.9999999999 : examples::uniform(examples::hash(5, i));
+    // The first k whose cumulative probability exceeds u, up to rounding at the table's edges.
+    const std::size_t k = z.draw(u);
+    REQUIRE(k < 100000);
+    CHECK((k == 0 || z.probability(k) > 0));
+    CHECK((k == 0 || cdf[k - 1] <= u + 1e-9));
+    CHECK(cdf[k] > u - 1e-9);
+  }
+}
+
+TEST_CASE("multi-hot synthetic clicks: bags of 1-100 ids, a mean near 19, the one-hot id first", "[synthetic]") {
+  const std::vector<std::size_t> rows{1000, 50000, 50000};
+  const examples::SyntheticClicks one_hot(rows, 4, 9);
+  examples::SyntheticClicks multi(rows, 4, 9);
+  multi.set_multi_hot({false, true, true});
+  examples::ClickExample a, b;
+  double total = 0;
+  std::size_t longest = 0;
+  for (std::uint64_t i = 0; i < 2000; ++i) {
+    one_hot.make(i, a);
+    multi.make(i, b);
+    REQUIRE(b.bag_ends.size() == 2);
+    CHECK(b.ids == a.ids);
+    CHECK(b.bag_ids[0] == a.ids[1]);
+    CHECK(b.bag_ids[b.bag_ends[0]] == a.ids[2]);
+    const std::size_t first = b.bag_ends[0], second = b.bag_ends[1] - b.bag_ends[0];
+    CHECK(first >= 1);
+    CHECK(second >= 1);
+    longest = std::max({longest, first, second});
+    total += static_cast<double>(first + second);
+    for (auto id : b.bag_ids) CHECK((id >= 0 && id < 50000));
+  }
+  CHECK(longest <= 100);
+  CHECK(total / 4000 == Approx(19.3).epsilon(0.15));
+  CHECK_THROWS_AS(multi.set_multi_hot({true}), std::invalid_argument);
+}
+
 TEST_CASE("the log-uniform sampler gives distinct, reproducible samples and inclusion probabilities", "[synthetic]") {
   const examples::LogUniformSampler s(50000);
   const auto a = s.sample(500, 7), b = s.sample(500, 7), c = s.sample(500, 8);
