@@ -143,9 +143,7 @@ class Trainer {
   }
   template <class V>
   std::vector<RowsOf<V>> lookup(std::initializer_list<Bags<V>> batch) { return lookup(batch.begin(), batch.size()); }
-  /// The pooled rows' gradient of this step's last lookup() of bags, one
-  /// BagGradient (bags x cols) per request in its order: it reaches the ids'
-  /// rows (times weights; over the bag's length for mean). Collective.
+  /// The gradient (bags x cols per request, in order) of this step's last lookup() of bags. Collective.
   template <class V>
   void bag_gradients(const BagGradient<V>* grads, std::size_t count) {
     serve<V>("bag_gradients", grads, count, [&](auto& s) { s.bag_gradients(grads, count); });
@@ -253,8 +251,7 @@ class Trainer {
     return true;
   }
 
-  /// Steps completed.
-  std::uint64_t steps() const noexcept { return steps_.done(); }
+  std::uint64_t steps() const noexcept { return steps_.done(); }  ///< steps completed
   /// The last restore's precision conversions, one sentence each.
   const auto& restored_conversions() const { return saves_->checkpoints().restored_conversions(); }
 
