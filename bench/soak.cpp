@@ -113,7 +113,11 @@ int main(int argc, char** argv) {
   }
   const MPI_Comm comm = ctx.comm();
   const bool root = ctx.rank() == 0;
-  if (dir.empty()) dir = (std::filesystem::temp_directory_path() / ("parallax-soak-" + std::to_string(getppid()))).string();
+  if (dir.empty()) {  // one folder for the job: rank 0's process id, sent to every rank
+    long id = static_cast<long>(getpid());
+    MPI_Bcast(&id, 1, MPI_LONG, 0, comm);
+    dir = (std::filesystem::temp_directory_path() / ("parallax-soak-" + std::to_string(id))).string();
+  }
 
   px::Variable<px::Sparse, float> emb(ctx, "emb", {rows, cols}, px::init::Uniform{-0.1f, 0.1f, 1});
   px::Variable<px::Dense, float> w(ctx, "w", {cols, cols}, px::init::Glorot{2});
