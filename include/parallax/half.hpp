@@ -182,7 +182,8 @@ struct bf16 : detail::HalfBase<bf16, true> {
   PARALLAX_HOST_DEVICE operator float() const noexcept { return detail::bf16_to_float(bits); }  // NOLINT: exact
 #if PARALLAX_HAS_CUDA
   PARALLAX_HOST_DEVICE bf16(__nv_bfloat16 h) noexcept : HalfBase{__nv_bfloat16_raw(h).x} {}  // NOLINT
-  PARALLAX_HOST_DEVICE operator __nv_bfloat16() const noexcept {
+  // Explicit: an implicit one beside `operator float` made `a == b` ambiguous under nvcc (cuda_bf16.hpp's operators).
+  PARALLAX_HOST_DEVICE explicit operator __nv_bfloat16() const noexcept {
     __nv_bfloat16_raw r;
     r.x = bits;
     return __nv_bfloat16(r);
@@ -199,7 +200,8 @@ struct fp16 : detail::HalfBase<fp16, false> {
   PARALLAX_HOST_DEVICE operator float() const noexcept { return detail::fp16_to_float(bits); }  // NOLINT: exact
 #if PARALLAX_HAS_CUDA
   PARALLAX_HOST_DEVICE fp16(__half h) noexcept : HalfBase{__half_raw(h).x} {}  // NOLINT
-  PARALLAX_HOST_DEVICE operator __half() const noexcept {
+  // Explicit, as bf16's.
+  PARALLAX_HOST_DEVICE explicit operator __half() const noexcept {
     __half_raw r;
     r.x = bits;
     return __half(r);
