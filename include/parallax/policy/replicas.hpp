@@ -6,6 +6,7 @@
 /// locally). They hold the optimizer state and do the checkpoint I/O; the
 /// policy decides how gradients are summed before apply().
 
+#include <parallax/detail/agreement.hpp>
 #include <parallax/detail/algorithms.hpp>
 #include <parallax/error.hpp>
 #include <parallax/optim/optimizer.hpp>
@@ -104,9 +105,8 @@ class DenseReplica : public MemberOf<Var> {
 };
 
 /// A sparse variable replicated on every rank (AllGatherv, and RingAllReduce
-/// for sparse variables): lookups are local gathers; a bad lookup id is
-/// reported by the next step() on every rank, since a local lookup is not
-/// collective.
+/// for sparse variables): lookups are local gathers; lookup_replicas() agrees
+/// on their ids across ranks, so a bad id throws at lookup() on every rank.
 template <class Var, class Engine, class Optimizer>
 class SparseReplica : public MemberOf<Var> {
   static_assert(Var::is_sparse(), "SparseReplica holds sparse variables");
@@ -126,16 +126,17 @@ class SparseReplica : public MemberOf<Var> {
   Buffer<T, space>& value() noexcept { return value_; }
   SparseGrad<T, space>& gradient() noexcept { return this->var_.state().sparse_grad; }
 
-  /// Rows for n ids (in space), valid until clear().
-  Rows<T, space> lookup(const index_t* ids, std::size_t n) {
+  /// Rows for n ids (in space), valid until clear(). An id outside the
+  /// table sets `problem` (unless already set) and reads row 0 or the last.
+  Rows<T, space> lookup(const index_t* ids, std::size_t n, std::optional<std::string>& problem) {
     const std::size_t cols = this->var_.cols();
     Buffer<T, space>& out = buffers_.next(n * cols);
     const index_t* rows = ids;
     if (auto bad = detail::find_out_of_range(ex(), ids, n, this->var_.rows())) {
-      if (!lookup_problem_)
-        lookup_problem_ = detail::concat("variable '", this->var_.name(), "': lookup id ",
-                                                     detail::read_one<index_t, space>(ids + *bad),
-                                                     " is outside [0, ", this->var_.rows(), ")");
+      if (!problem)
+        problem = detail::concat("variable '", this->var_.name(), "': lookup id ",
+                                 detail::read_one<index_t, space>(ids + *bad), " is outside [0, ",
+                                 this->var_.rows(), ")");
       safe_ids_.resize_discard(n);
       for_each(ex(), n, detail::ClampBadIds{ids, safe_ids_.data(), static_cast<index_t>(this->var_.rows())});
       rows = safe_ids_.data();
@@ -144,10 +145,7 @@ class SparseReplica : public MemberOf<Var> {
     ex().synchronize();
     return Rows<T, space>{out.data(), n, cols};
   }
-  std::optional<std::string> problem() {
-    if (lookup_problem_) return lookup_problem_;
-    return gradient().find_problem(ex());
-  }
+  std::optional<std::string> problem() { return gradient().find_problem(ex()); }
   bool has_gradient() const { return this->var_.state().sparse_grad.touched(); }
   /// The optimizer over rows `rows` (k unique rows, sums in `g`).
   void apply_rows(const StepInfo& info, const index_t* rows, const T* g, std::size_t k) {
@@ -163,7 +161,6 @@ class SparseReplica : public MemberOf<Var> {
   void clear() {
     gradient().clear();
     this->var_.state().grad_touched = false;
-    lookup_problem_.reset();
     buffers_.release();
   }
 
@@ -189,26 +186,30 @@ class SparseReplica : public MemberOf<Var> {
   Buffer<T, space> value_;
   optim::State<Optimizer, T, space> state_;
   Buffer<index_t, space> safe_ids_;
-  std::optional<std::string> lookup_problem_;
   LookupBuffers<T, space> buffers_;
 };
 
 /// Local lookups of a batch of replicated variables (each request's rows
 /// gathered from its member's replica), for a synchronizer whose sparse
-/// members are SparseReplicas: `member_of(var)` finds one.
-template <class V, class Space, class Find>
-std::vector<Rows<typename V::value_type, Space>> lookup_replicas(const Lookup<V>* batch, std::size_t n,
-                                                                 Find&& member_of) {
+/// members are SparseReplicas: `member_of(var)` finds one. Collective: a bad
+/// id on any rank throws on every rank, naming the rank, its variable and
+/// the id (one 24-byte all-reduce; the rows are local).
+template <class V, class Space, class Engine, class Find>
+std::vector<Rows<typename V::value_type, Space>> lookup_replicas(Engine& engine, const Lookup<V>* batch,
+                                                                 std::size_t n, Find&& member_of) {
   std::vector<Rows<typename V::value_type, Space>> rows;
   rows.reserve(n);
-  for (std::size_t i = 0; i < n; ++i) rows.push_back(member_of(*batch[i].var).lookup(batch[i].ids, batch[i].n));
+  std::optional<std::string> problem;
+  for (std::size_t i = 0; i < n; ++i)
+    rows.push_back(member_of(*batch[i].var).lookup(batch[i].ids, batch[i].n, problem));
+  detail::agree(engine, problem);
   return rows;
 }
 
 /// A batched lookup of replicated variables started ahead (Trainer::
 /// prefetch): with nothing to route, it keeps a copy of the ids and
 /// gathers the rows when they are taken, as lookup_replicas() then would
-/// (a bad id is reported by the step() after, like a plain lookup's).
+/// (a bad id throws then, on every rank, like a plain lookup's).
 template <class Space>
 class ReplicaLookupsAhead {
  public:
@@ -225,12 +226,12 @@ class ReplicaLookupsAhead {
     kept_ = std::move(kept);
   }
   /// The rows, gathered now (see lookup_replicas()).
-  template <class V, class Find>
-  std::vector<Rows<typename V::value_type, Space>> finish(Find&& member_of) {
+  template <class V, class Engine, class Find>
+  std::vector<Rows<typename V::value_type, Space>> finish(Engine& engine, Find&& member_of) {
     std::unique_ptr<Base> taken = std::move(kept_);
     auto* kept = dynamic_cast<Kept<V>*>(taken.get());
     PARALLAX_EXPECTS(kept != nullptr, "finish_lookup() without a start_lookup() of this variable type");
-    return lookup_replicas<V, Space>(kept->batch.data(), kept->batch.size(), std::forward<Find>(member_of));
+    return lookup_replicas<V, Space>(engine, kept->batch.data(), kept->batch.size(), std::forward<Find>(member_of));
   }
   void cancel() noexcept { kept_.reset(); }
 

@@ -89,7 +89,7 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
 
   template <class V>
   std::vector<Rows<typename V::value_type, space>> lookup(const Lookup<V>* batch, std::size_t n) {
-    return lookup_replicas<V, space>(batch, n, [&](V& var) -> Of<V>& { return member_of(var); });
+    return lookup_replicas<V, space>(*engine_, batch, n, [&](V& var) -> Of<V>& { return member_of(var); });
   }
   /// Trainer::prefetch: replicas have nothing to route; the ids are kept
   /// and the rows gathered by finish_lookup().
@@ -99,7 +99,7 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
   }
   template <class V>
   std::vector<Rows<typename V::value_type, space>> finish_lookup() {
-    return ahead_.template finish<V>([&](V& var) -> Of<V>& { return member_of(var); });
+    return ahead_.template finish<V>(*engine_, [&](V& var) -> Of<V>& { return member_of(var); });
   }
   void cancel_lookup() override { ahead_.cancel(); }
 
