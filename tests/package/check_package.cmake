@@ -2,7 +2,8 @@
 #
 #   MODE=find_package      configure parallax alone (host, no tests), install it
 #                          into a scratch prefix, then build the consumer with
-#                          find_package(parallax) from that prefix;
+#                          find_package(parallax) from that prefix; with
+#                          INSTALL_TREE, install that (built) tree instead;
 #   MODE=add_subdirectory  build the consumer with parallax as a subdirectory.
 #
 # Either way the consumer then runs under mpiexec. The package_without_cuda
@@ -12,8 +13,9 @@
 # step's log and "package test FAILED".
 #
 # Inputs (-D): MODE SOURCE_DIR WORK_DIR GENERATOR CXX_COMPILER BUILD_TYPE
-#              MPIEXEC MPIEXEC_NUMPROC_FLAG RANKS TRAINERS (find_package: build,
-#              install and link parallax::trainers; default OFF)
+#              MPIEXEC MPIEXEC_NUMPROC_FLAG RANKS TRAINERS (find_package: the
+#              install holds parallax::trainers and the consumer links it;
+#              default OFF) INSTALL_TREE (find_package: a built host tree)
 cmake_minimum_required(VERSION 3.21)
 
 foreach(_var IN ITEMS MODE SOURCE_DIR WORK_DIR GENERATOR MPIEXEC MPIEXEC_NUMPROC_FLAG)
@@ -64,11 +66,15 @@ endfunction()
 set(_consumer_build "${WORK_DIR}/consumer-build")
 if(MODE STREQUAL "find_package")
   set(_prefix "${WORK_DIR}/prefix")
-  step(parallax_configure "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${WORK_DIR}/parallax-build" ${_common_args}
-       -DPARALLAX_ENABLE_CUDA=OFF -DPARALLAX_BUILD_TESTS=OFF -DPARALLAX_BUILD_EXAMPLES=OFF -DPARALLAX_BUILD_BENCH=OFF
-       "-DPARALLAX_TRAINERS=${TRAINERS}" "-DCMAKE_INSTALL_PREFIX=${_prefix}")
-  step(parallax_build "${CMAKE_COMMAND}" --build "${WORK_DIR}/parallax-build" --parallel 2)
-  step(parallax_install "${CMAKE_COMMAND}" --install "${WORK_DIR}/parallax-build")
+  if(INSTALL_TREE)
+    step(parallax_install "${CMAKE_COMMAND}" --install "${INSTALL_TREE}" --prefix "${_prefix}")
+  else()
+    step(parallax_configure "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${WORK_DIR}/parallax-build" ${_common_args}
+         -DPARALLAX_ENABLE_CUDA=OFF -DPARALLAX_BUILD_TESTS=OFF -DPARALLAX_BUILD_EXAMPLES=OFF -DPARALLAX_BUILD_BENCH=OFF
+         "-DPARALLAX_TRAINERS=${TRAINERS}" "-DCMAKE_INSTALL_PREFIX=${_prefix}")
+    step(parallax_build "${CMAKE_COMMAND}" --build "${WORK_DIR}/parallax-build" --parallel 2)
+    step(parallax_install "${CMAKE_COMMAND}" --install "${WORK_DIR}/parallax-build")
+  endif()
   # What a packager would ship: the headers, the generated config.hpp, the
   # package config with its version file and the find modules it uses.
   file(GLOB_RECURSE _config RELATIVE "${_prefix}" "${_prefix}/*/parallax-config.cmake")
@@ -107,6 +113,10 @@ else()
   message(FATAL_ERROR "package test FAILED: unknown MODE '${MODE}'")
 endif()
 
+if(TRAINERS AND MODE STREQUAL "find_package" AND NOT step_output MATCHES "consumer: linking parallax::trainers")
+  message("${step_output}")
+  message(FATAL_ERROR "package test FAILED: the install has no parallax::trainers for the consumer to link")
+endif()
 step(consumer_build "${CMAKE_COMMAND}" --build "${_consumer_build}" --parallel 2)
 
 if(MODE STREQUAL "add_subdirectory")
