@@ -2,8 +2,12 @@
 # The GPU half of the test suite, on a machine with (at least) one NVIDIA GPU:
 # installs dependencies, builds the CUDA configuration in build/cuda, runs
 # every test labelled gpu (engine::MpiStaged at 1-4 ranks sharing the GPU,
-# engine::Nccl at 1 rank, and at 2 where there are 2 GPUs (else its cases
-# report Skipped), the CUB coalesce, the CUDA twins of the portable tests),
+# engine::Nccl at 1 rank, at 2 where there are 2 GPUs (else its cases
+# report Skipped), and at 2-4 ranks with each rank its own NCCL node on
+# whatever GPUs there are (tests/engine/nccl_node_per_rank.sh: its own
+# NCCL_HOSTID; NCCL's set-up logs in gpu-results/nccl-logs, and the
+# transports its channels took in the summary), the CUB coalesce, the CUDA
+# twins of the portable tests),
 # then the GPU benchmarks: at 1 rank (kernels, MpiStaged, Nccl) and
 # with MpiStaged at 2-4 ranks sharing the GPU. Results go to
 # build/cuda/gpu-results/ as JSON (Google Benchmark's format) plus the
@@ -52,7 +56,9 @@ echo "== GPU tests (ctest -L gpu)"
 # One test at a time: they share the GPU, and MpiStaged tests start up to 4
 # ranks on it.
 status=0
-(cd "$build" && ctest -L gpu --output-on-failure -j "${PARALLAX_GPU_TEST_JOBS:-1}" 2>&1 | tee "$results/ctest.log") || status=$?
+rm -rf "$results/nccl-logs"
+(cd "$build" && PARALLAX_NCCL_DEBUG_DIR="$results/nccl-logs" \
+  ctest -L gpu --output-on-failure -j "${PARALLAX_GPU_TEST_JOBS:-1}" 2>&1 | tee "$results/ctest.log") || status=$?
 if grep -q "tests failed" "$results/ctest.log"; then status=1; fi
 
 bench_status=0
@@ -75,6 +81,10 @@ passed="$(grep -Eo '[0-9]+% tests passed(, [0-9]+ tests failed)? out of [0-9]+' 
 # checks"), e.g. engine::Nccl's at 2 ranks on a one-GPU machine: CTest counts
 # them as not failed, so they are named apart.
 skipped="$(grep -Eo '[A-Za-z0-9_]+ \(Skipped\)' "$results/ctest.log" | cut -d' ' -f1 | sort -u | paste -sd' ' - || true)"
+# The transports NCCL's channels took between the ranks of different NCCL
+# nodes ("via NET/Socket/0", "via P2P/IPC", ...), counted over every process.
+transports="$(cat "$results"/nccl-logs/*.log 2>/dev/null | grep -Eo 'via [A-Za-z0-9/_]+' | sed 's/^via //' |
+  sort | uniq -c | awk '{printf "%s%s x%s", (NR > 1 ? ", " : ""), $2, $1}' || true)"
 cat >"$results/summary.json" <<EOF
 {
   "gpu": "$gpu_name",
@@ -84,6 +94,7 @@ cat >"$results/summary.json" <<EOF
   "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
   "ctest": "${passed:-no summary}",
   "ctest_skipped": "${skipped}",
+  "nccl_transports": "${transports:-none logged}",
   "tests_ok": $([ "$status" = 0 ] && echo true || echo false),
   "bench_ok": $([ "$bench_status" = 0 ] && echo true || echo false)
 }

@@ -13,6 +13,8 @@
 #include <parallax/engine/nccl.cuh>
 
 #include <cstdint>
+#include <cstdlib>
+#include <utility>
 #include <numeric>
 #include <tuple>
 #include <string>
@@ -30,12 +32,18 @@ px::Buffer<T, px::CudaSpace> device(const std::vector<T>& v) {
   return px::Buffer<T, px::CudaSpace>::from_host(v);
 }
 
-/// Collective. Skips the case unless this host has a GPU for each of its
-/// ranks, which engine::Nccl needs (the placement rule).
-bool skip_without_gpu_per_rank() {
+/// Ranks of this rank's NCCL node (its host's, or fewer under
+/// nccl_node_per_rank.sh) and the GPUs this process sees. Collective.
+std::pair<int, int> node_ranks_and_gpus() {
   int gpus = 0;
   PARALLAX_CUDA_CHECK(cudaGetDeviceCount(&gpus));
-  const int local = test::world().topology().local_size();
+  return {px::nccl_node_on_host(MPI_COMM_WORLD).size, gpus};
+}
+
+/// Collective. Skips the case unless this rank's NCCL node has a GPU for
+/// each of its ranks, which engine::Nccl needs (the placement rule).
+bool skip_without_gpu_per_rank() {
+  const auto [local, gpus] = node_ranks_and_gpus();
   return test::skip_unless(local <= gpus, "engine::Nccl needs a GPU per rank; this host runs " + std::to_string(local) +
                                               " ranks and has " + std::to_string(gpus) + " GPU(s)");
 }
@@ -67,12 +75,28 @@ TEST_CASE("choose_device: local rank mod GPUs, one GPU per rank for Nccl", "[gpu
   CHECK(none.find("sees none") != std::string::npos);
 }
 
+TEST_CASE("nccl_node_on_host: ranks of a host with one NCCL_HOSTID are one node", "[gpu][engine][nccl]") {
+  const px::LocalRank host = px::local_rank_on_host(MPI_COMM_WORLD);
+  const px::LocalRank node = px::nccl_node_on_host(MPI_COMM_WORLD);
+  const char* id = std::getenv("NCCL_HOSTID");
+  const char* rank = std::getenv("PMI_RANK");
+  if (id != nullptr && rank != nullptr && std::string(id) == std::string("parallax-test-node-") + rank) {
+    // nccl_node_per_rank.sh: a value of its own on every rank.
+    CHECK(node.rank == 0);
+    CHECK(node.size == 1);
+  } else {
+    // Unset, or one value for the whole job: the host is one node.
+    CHECK(node.rank == host.rank);
+    CHECK(node.size == host.size);
+  }
+}
+
 // At 2 ranks (engine_nccl_np2) on a one-GPU machine every rank must fail at
-// once with the message, and none may wait in NCCL's initialisation.
+// once with the message, and none may wait in NCCL's initialisation; under
+// nccl_node_per_rank.sh (engine_nccl_nodes_np*) every rank is its own NCCL
+// node and the engine is made.
 TEST_CASE("Nccl on more ranks than GPUs fails on every rank, naming the counts", "[gpu][engine][nccl][placement]") {
-  int gpus = 0;
-  PARALLAX_CUDA_CHECK(cudaGetDeviceCount(&gpus));
-  const int local = test::world().topology().local_size();
+  const auto [local, gpus] = node_ranks_and_gpus();
   const std::string what = test::error_of([] { Engine e{test::world()}; });
   if (local > gpus) {
     INFO(what);
@@ -186,7 +210,8 @@ std::pair<std::vector<float>, std::vector<float>> train_fixed(px::Context& ctx) 
 }  // namespace
 
 TEMPLATE_TEST_CASE("Trainer over Nccl in device memory equals the host trainer",
-                   "[gpu][engine][nccl][needs-gpu-per-rank]", px::arch::Hybrid, px::arch::PS) {
+                   "[gpu][engine][nccl][needs-gpu-per-rank]", px::arch::Hybrid, px::arch::PS,
+                   px::arch::AllReduce) {
   if (skip_without_gpu_per_rank()) return;
   auto& ctx = test::world();
   const auto gpu = train_fixed<TestType, px::CudaSpace, Engine>(ctx);

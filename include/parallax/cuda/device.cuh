@@ -3,9 +3,14 @@
 /// Which GPU a rank uses. The CUDA engines call select_device() when they
 /// are constructed: rank r of the L ranks on a host takes device r mod D of
 /// the D devices it sees (CUDA_VISIBLE_DEVICES narrows them). engine::Nccl
-/// needs a device of its own per rank (NCCL cannot put two ranks of one
-/// communicator on one GPU), so it throws parallax::error when L > D;
-/// engine::MpiStaged lets ranks share a device. nvcc only.
+/// needs a device of its own per rank of an NCCL node (NCCL refuses two
+/// ranks of one communicator on one GPU of one node), so it throws
+/// parallax::error when L > D; engine::MpiStaged lets ranks share a device.
+/// NCCL takes a host's ranks for one node unless their `NCCL_HOSTID`s
+/// differ: nccl_node_on_host() sees them as NCCL does, so a test launcher
+/// that gives each rank its own NCCL_HOSTID (tests/engine/nccl_node_per_rank.sh)
+/// runs several ranks of engine::Nccl on one GPU, joined by NCCL's network
+/// transport. nvcc only.
 
 #include <parallax/config.hpp>
 
@@ -20,6 +25,9 @@
 #include <cuda_runtime.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace parallax {
@@ -50,6 +58,38 @@ inline LocalRank local_rank_on_host(MPI_Comm comm) {
   MPI_Comm_rank(shared, &out.rank);
   MPI_Comm_size(shared, &out.size);
   MPI_Comm_free(&shared);
+  return out;
+}
+
+/// This rank's place among the ranks NCCL takes for one node: those of its
+/// real host (local_rank_on_host()) whose `NCCL_HOSTID` environment variable
+/// has the same value (unset counts as one value), as NCCL compares host
+/// hashes. Without NCCL_HOSTID it equals local_rank_on_host(). Collective
+/// over `comm` (an all-gather of each rank's value among its host's ranks).
+inline LocalRank nccl_node_on_host(MPI_Comm comm) {
+  int rank = 0;
+  PARALLAX_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  MPI_Comm shared = MPI_COMM_NULL;
+  PARALLAX_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared));
+  int me = 0, size = 0;
+  MPI_Comm_rank(shared, &me);
+  MPI_Comm_size(shared, &size);
+  constexpr int width = 256;  // values are compared by their first 255 characters
+  std::string mine(width, '\0');
+  if (const char* id = std::getenv("NCCL_HOSTID"))
+    std::memcpy(mine.data(), id, std::min<std::size_t>(std::strlen(id), width - 1));
+  else
+    mine[width - 1] = '\1';  // unset differs from every value, the empty one included
+  std::string all(static_cast<std::size_t>(width) * size, '\0');
+  const int status = MPI_Allgather(mine.data(), width, MPI_CHAR, all.data(), width, MPI_CHAR, shared);
+  MPI_Comm_free(&shared);
+  PARALLAX_MPI_CHECK(status);
+  LocalRank out{0, 0};
+  for (int r = 0; r < size; ++r) {
+    if (all.compare(static_cast<std::size_t>(r) * width, width, mine) != 0) continue;
+    if (r < me) ++out.rank;
+    ++out.size;
+  }
   return out;
 }
 

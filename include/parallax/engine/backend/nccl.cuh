@@ -66,8 +66,10 @@ inline ncclRedOp_t nccl_op(ReduceOp op) {
 
 namespace parallax::engine::backend {
 
-/// Construction (collective): one GPU per rank is selected by local rank
-/// (parallax::error if a host runs more ranks than it has GPUs), rank 0 makes
+/// Construction (collective): one GPU per rank is selected by its place among
+/// the ranks of its NCCL node (nccl_node_on_host(): its host, unless ranks
+/// set different NCCL_HOSTIDs; parallax::error if a node has more ranks than
+/// the host has GPUs), rank 0 makes
 /// the ncclUniqueId and MPI broadcasts it, and every rank joins with
 /// ncclCommInitRankConfig on a non-blocking communicator (`blocking = 0`),
 /// so that initialisation, like every later call, can be given up and
@@ -113,7 +115,7 @@ class Nccl {
         site_(&site),
         rank_(ctx.rank()),
         size_(ctx.size()),
-        device_(select_device(local_rank_on_host(comm), DeviceSharing::exclusive, "engine::Nccl")),
+        device_(select_device(nccl_node_on_host(comm), DeviceSharing::exclusive, "engine::Nccl")),
         exec_(Exec<CudaSpace>::create()) {
     init_communicator();
   }
