@@ -7,9 +7,10 @@
 /// name.
 ///
 /// An architecture is a type with a `name` (what `--arch` takes), an `about`
-/// (a line for --help) and a `policy<Sparsity>` alias. Adding one is a struct here and its entry in
-/// `all`: with_arch(), the examples' `--arch` and plan::Model (which prices
-/// the built-in synchronous policies) follow the list.
+/// (a line for --help) and a `policy<Sparsity>` alias. Adding one is a
+/// struct here and its entry in `all`: with_arch(), the examples' `--arch`
+/// and plan::Model (which prices the built-in synchronous policies) follow
+/// the list (docs/tutorial.md, "Adding an architecture").
 
 #include <parallax/error.hpp>
 #include <parallax/policy/allgatherv/synchronizer.hpp>

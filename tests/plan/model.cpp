@@ -160,12 +160,21 @@ TEST_CASE("plan::Model's times follow its links and pick the fastest", "[plan]")
 namespace {
 /// An architecture the library does not have, over built-in policies: dense
 /// variables sharded (as arch::PS), sparse ones all-gathered (as
-/// arch::AllReduce). The planner prices it with no change of its own.
-struct ShardedDenseGatheredSparse {
+/// arch::AllReduce), written as it would be in arch.hpp (docs/tutorial.md,
+/// "Adding an architecture", quotes it). The planner prices it with no
+/// change of its own.
+using px::AllGatherv;
+using px::ShardedPS;
+using px::Sparse;
+// example-begin new_arch
+/// Dense variables sharded, sparse ones all-gathered.
+struct DensePS {
   static constexpr const char* name = "dense-ps";
+  static constexpr const char* about = "dense variables sharded, sparse ones all-gathered";
   template <class Sparsity>
-  using policy = std::conditional_t<std::is_same_v<Sparsity, px::Sparse>, px::AllGatherv, px::ShardedPS>;
+  using policy = std::conditional_t<std::is_same_v<Sparsity, Sparse>, AllGatherv, ShardedPS>;
 };
+// example-end
 }  // namespace
 
 TEST_CASE("plan::Model prices arch::all's architectures, and any other, by the policies they route to", "[plan]") {
@@ -195,12 +204,15 @@ TEST_CASE("plan::Model prices arch::all's architectures, and any other, by the p
     return b;
   };
   const px::plan::Model dense(c, {w}), sparse(c, {emb});
-  CHECK(bytes(dense.estimate<ShardedDenseGatheredSparse>()) == bytes(dense.estimate("ps")));
-  CHECK(bytes(dense.estimate<ShardedDenseGatheredSparse>()) != bytes(dense.estimate("hybrid")));
-  CHECK(bytes(sparse.estimate<ShardedDenseGatheredSparse>()) == bytes(sparse.estimate("allreduce")));
-  CHECK(bytes(sparse.estimate<ShardedDenseGatheredSparse>()) != bytes(sparse.estimate("ps")));
-  CHECK(m.estimate<ShardedDenseGatheredSparse>().arch == "dense-ps");
-  // A policy the planner has no model of is named.
+  CHECK(bytes(dense.estimate<DensePS>()) == bytes(dense.estimate("ps")));
+  CHECK(bytes(dense.estimate<DensePS>()) != bytes(dense.estimate("hybrid")));
+  CHECK(bytes(sparse.estimate<DensePS>()) == bytes(sparse.estimate("allreduce")));
+  CHECK(bytes(sparse.estimate<DensePS>()) != bytes(sparse.estimate("ps")));
+  CHECK(m.estimate<DensePS>().arch == "dense-ps");
+  STATIC_REQUIRE(px::plan::priced<DensePS>());
+  // A policy the planner has no model of is named, and such an architecture
+  // is no candidate.
+  STATIC_REQUIRE_FALSE(px::plan::priced<px::arch::Async>());
   CHECK_THAT(test::error_of([&] { m.estimate<px::arch::Async>(); }),
              Catch::Contains("'ps+async' routes dense variables to a policy the planner does not price"));
 }

@@ -16,7 +16,8 @@
 ///
 /// The architectures are arch::all's: each is priced by the policies it
 /// routes dense and sparse variables to (pricing_of), so a new architecture
-/// over the built-in synchronous policies needs nothing here.
+/// over the built-in synchronous policies needs nothing here; one over a
+/// policy the planner has no model of is left out of the candidates.
 ///
 /// A tool beside the library (tools/plan, the target parallax::plan): no
 /// header of include/parallax includes it.
@@ -123,6 +124,16 @@ constexpr Pricing pricing_of() {
   else if constexpr (std::is_same_v<Policy, ShardedPS>) return Pricing::sharded;
   else if constexpr (std::is_same_v<Policy, AllGatherv>) return Pricing::gathered;
   else return Pricing::none;
+}
+
+/// Whether the planner can price architecture Arch: dense variables all-reduced
+/// or sharded, sparse ones sharded or all-gathered.
+template <class Arch>
+constexpr bool priced() {
+  constexpr Pricing dense = pricing_of<typename Arch::template policy<Dense>>();
+  constexpr Pricing sparse = pricing_of<typename Arch::template policy<Sparse>>();
+  return (dense == Pricing::ring || dense == Pricing::sharded) &&
+         (sparse == Pricing::sharded || sparse == Pricing::gathered);
 }
 
 /// One architecture's predicted step.
@@ -254,10 +265,13 @@ class Model {
 
 
  public:
-  /// Every architecture's estimate, in arch::all's order (hybrid, allreduce, ps).
+  /// The estimate of every architecture of arch::all the planner prices
+  /// (priced()), in the list's order (hybrid, allreduce, ps).
   std::vector<Estimate> candidates() const {
     std::vector<Estimate> out;
-    arch::for_each(arch::all{}, [&](auto a) { out.push_back(estimate<decltype(a)>()); });
+    arch::for_each(arch::all{}, [&](auto a) {
+      if constexpr (priced<decltype(a)>()) out.push_back(estimate<decltype(a)>());
+    });
     return out;
   }
 
@@ -271,7 +285,7 @@ class Model {
     std::vector<Estimate> out;
     arch::for_each(arch::all{}, [&](auto a) {
       using A = decltype(a);
-      if constexpr (pricing_of<typename A::template policy<Sparse>>() == Pricing::sharded)
+      if constexpr (priced<A>() && pricing_of<typename A::template policy<Sparse>>() == Pricing::sharded)
         for (int p : partitions) {
           constexpr Pricing dense = pricing_of<typename A::template policy<Dense>>();
           Model m = *this;
@@ -283,7 +297,7 @@ class Model {
     });
     arch::for_each(arch::all{}, [&](auto a) {
       using A = decltype(a);
-      if constexpr (pricing_of<typename A::template policy<Sparse>>() != Pricing::sharded)
+      if constexpr (priced<A>() && pricing_of<typename A::template policy<Sparse>>() != Pricing::sharded)
         out.push_back(estimate<A>());
     });
     return out;
