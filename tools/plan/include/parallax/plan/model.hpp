@@ -269,9 +269,7 @@ class Model {
   /// (priced()), in the list's order (hybrid, allreduce, ps).
   std::vector<Estimate> candidates() const {
     std::vector<Estimate> out;
-    arch::for_each(arch::all{}, [&](auto a) {
-      if constexpr (priced<decltype(a)>()) out.push_back(estimate<decltype(a)>());
-    });
+    arch::for_each(arch::all{}, [&](auto a) { add_candidates<decltype(a)>(out, nullptr, false); });
     return out;
   }
 
@@ -283,23 +281,8 @@ class Model {
   std::vector<Estimate> candidates(const std::vector<int>& partitions) const {
     for (int p : partitions) PARALLAX_EXPECTS(p >= 1, "plan::Model: partition counts must be at least 1, got ", p);
     std::vector<Estimate> out;
-    arch::for_each(arch::all{}, [&](auto a) {
-      using A = decltype(a);
-      if constexpr (priced<A>() && pricing_of<typename A::template policy<Sparse>>() == Pricing::sharded)
-        for (int p : partitions) {
-          constexpr Pricing dense = pricing_of<typename A::template policy<Dense>>();
-          Model m = *this;
-          for (auto& v : m.vars_)
-            if (v.sparse || dense == Pricing::sharded) v.partitions = static_cast<int>(std::min<std::size_t>(v.rows, p));
-          out.push_back(m.estimate<A>());
-          out.back().partitions = p;
-        }
-    });
-    arch::for_each(arch::all{}, [&](auto a) {
-      using A = decltype(a);
-      if constexpr (priced<A>() && pricing_of<typename A::template policy<Sparse>>() != Pricing::sharded)
-        out.push_back(estimate<A>());
-    });
+    arch::for_each(arch::all{}, [&](auto a) { add_candidates<decltype(a)>(out, &partitions, true); });
+    arch::for_each(arch::all{}, [&](auto a) { add_candidates<decltype(a)>(out, &partitions, false); });
     return out;
   }
 
@@ -334,6 +317,31 @@ class Model {
   }
 
  private:
+  /// Appends A's estimate, if the planner prices A: with `partitions`, in
+  /// the pass `sharding` of the architectures that shard sparse variables
+  /// one per partition count, in the other pass the rest once; without,
+  /// every priced architecture once.
+  template <class A>
+  void add_candidates(std::vector<Estimate>& out, const std::vector<int>* partitions, bool sharding) const {
+    if constexpr (priced<A>()) {
+      constexpr Pricing dense = pricing_of<typename A::template policy<Dense>>();
+      constexpr bool shards = pricing_of<typename A::template policy<Sparse>>() == Pricing::sharded;
+      if (!partitions) {
+        out.push_back(estimate<A>());
+      } else if (shards && sharding) {
+        for (int p : *partitions) {
+          Model m = *this;
+          for (auto& v : m.vars_)
+            if (v.sparse || dense == Pricing::sharded) v.partitions = static_cast<int>(std::min<std::size_t>(v.rows, p));
+          out.push_back(m.estimate<A>());
+          out.back().partitions = p;
+        }
+      } else if (!shards && !sharding) {
+        out.push_back(estimate<A>());
+      }
+    }
+  }
+
   /// The bytes of one engine call, by (rank, peer), and its time.
   struct Calls {
     explicit Calls(int n) : n_(n), sent_(static_cast<std::size_t>(n) * static_cast<std::size_t>(n), 0.0) {}
