@@ -12,6 +12,8 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -751,6 +753,28 @@ TEST_CASE("with_arch maps names to architectures", "[arch]") {
   CHECK(px::with_arch("ps", [](auto a) { return std::string(decltype(a)::name); }) == "ps");
   CHECK_THAT(test::error_of([] { px::with_arch("horovod", [](auto) { return 0; }); }),
              Catch::Contains("unknown architecture 'horovod'") && Catch::Contains("hybrid, allreduce or ps"));
+}
+
+TEST_CASE("arch::all lists every synchronous architecture once, and with_arch reads it", "[arch]") {
+  STATIC_REQUIRE(px::arch::all::size == 3);
+  CHECK(px::arch::names(px::arch::all{}) == "hybrid, allreduce or ps");
+  std::vector<std::string> seen;
+  px::arch::for_each(px::arch::all{}, [&](auto a) {
+    using A = decltype(a);
+    // with_arch(name) picks the architecture of that name, whatever it is.
+    CHECK(px::with_arch(A::name, [](auto b) { return std::is_same_v<decltype(b), A>; }));
+    CHECK(px::arch::has(px::arch::all{}, A::name));
+    CHECK(std::string(A::about).size() > 0);
+    seen.emplace_back(A::name);
+  });
+  CHECK(seen == std::vector<std::string>{"hybrid", "allreduce", "ps"});
+  CHECK_FALSE(px::arch::has(px::arch::all{}, "auto"));
+  // The asynchronous forms name their synchronous architecture.
+  CHECK(px::arch::async_names() == "ps or hybrid");
+  CHECK(px::with_arch("hybrid", "async", [](auto a) { return std::string(decltype(a)::name); }) == "hybrid+async");
+  CHECK(px::with_arch("ps", "async", [](auto a) { return std::string(decltype(a)::name); }) == "ps+async");
+  CHECK_THAT(test::error_of([] { px::with_arch("allreduce", "async", [](auto) { return 0; }); }),
+             Catch::Contains("'allreduce' has no asynchronous form: use ps or hybrid"));
 }
 
 // ---------------------------------------------------------------- bytes

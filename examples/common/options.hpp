@@ -21,7 +21,7 @@ namespace px = parallax;
 /// Settings every example takes. Each example sets its own defaults before
 /// add_common_options().
 struct CommonOptions {
-  std::string arch = "hybrid";  ///< hybrid | allreduce | ps | auto (the examples that plan: common/auto_arch.hpp)
+  std::string arch = "hybrid";  ///< a name of px::arch::all, or auto (the examples that plan: common/auto_arch.hpp)
   std::size_t steps = 200;
   std::size_t batch = 1024;  ///< examples per rank per step; the global batch is ranks x batch
   float lr = 0.1f;
@@ -59,14 +59,20 @@ struct CommonOptions {
   }
 };
 
+/// --arch's help: every architecture of px::arch::all with its `about`.
+inline std::string arch_help() {
+  std::string h = "architecture:";
+  px::arch::for_each(px::arch::all{}, [&](auto a) {
+    h += std::string(h.back() == ':' ? " " : "; ") + decltype(a)::name + " (" + decltype(a)::about + ")";
+  });
+  return h + "; 01 and 02 also take auto (the one plan::Model predicts fastest for this job's hosts and PARALLAX_LINK)";
+}
+
 /// Adds --help and the common options to `desc`, with o's values as defaults.
 inline void add_common_options(po::options_description& desc, CommonOptions& o) {
   desc.add_options()
     ("help,h", "print this help and exit")
-    ("arch", po::value(&o.arch)->default_value(o.arch),
-     "architecture: hybrid (dense all-reduced, sparse sharded), allreduce (sparse all-gathered, as Horovod), "
-     "ps (everything sharded, as TF-PS); 01 and 02 also take auto (the one plan::Model predicts fastest for "
-     "this job's hosts and PARALLAX_LINK)")
+    ("arch", po::value(&o.arch)->default_value(o.arch), arch_help().c_str())
     ("steps", po::value(&o.steps)->default_value(o.steps), "training steps")
     ("batch", po::value(&o.batch)->default_value(o.batch),
      "examples per rank per step, as in PyTorch's DistributedDataParallel: N ranks train on a global batch "
@@ -124,16 +130,21 @@ inline CommandLine parse_command_line(int argc, char** argv, const po::options_d
 /// is an architecture where the example plans (`plans`). Returns the
 /// problem, or "".
 inline std::string check_common(const CommonOptions& o, bool plans = false) {
-  if (o.arch != "hybrid" && o.arch != "allreduce" && o.arch != "ps" && !(plans && o.arch == "auto"))
-    return "--arch must be hybrid, allreduce, ps" + std::string(plans ? " or auto" : "") + ", not '" + o.arch + "'";
+  const bool named = px::arch::has(px::arch::all{}, o.arch);
+  if (!named && !(plans && o.arch == "auto"))
+    return "--arch must be " + px::arch::names(px::arch::all{}, plans ? ", " : " or ") +
+           std::string(plans ? " or auto" : "") + ", not '" + o.arch + "'";
   if (o.steps == 0) return "--steps must be at least 1";
   if (o.log_every == 0) return "--log-every must be at least 1";
   if (o.batch == 0) return "--batch must be at least 1 (examples per rank per step)";
   if (o.overlap != "on" && o.overlap != "off" && o.overlap != "update")
     return "--overlap must be on, off or update, not '" + o.overlap + "'";
   if (o.sync != "sync" && o.sync != "async") return "--sync must be sync or async, not '" + o.sync + "'";
-  if (o.sync == "async" && o.arch == "allreduce")
-    return "--sync async needs a parameter server: --arch ps or hybrid, not allreduce";
+  bool async_form = false;
+  px::arch::for_each(px::arch::all_async{},
+                     [&](auto a) { async_form = async_form || o.arch == decltype(a)::synchronous::name; });
+  if (o.sync == "async" && named && !async_form)
+    return "--sync async needs a parameter server: --arch " + px::arch::async_names() + ", not " + o.arch;
   if (o.staleness < -1) return "--staleness must be >= 0, or -1 for unbounded";
   if (o.slow_factor < 1) return "--slow-factor must be at least 1";
   return "";

@@ -1,8 +1,16 @@
 #pragma once
 /// @file
 /// Architectures: the compile-time routing table from a variable's sparsity to
-/// its communicator policy, and a helper to pick one from a command line.
-/// Includes the built-in policies' machinery, which the architectures name.
+/// its communicator policy; `arch::all`, the list of them that command lines,
+/// the examples and the planner read; and with_arch(), which picks one by
+/// name. Includes the built-in policies' machinery, which the architectures
+/// name.
+///
+/// An architecture is a type with a `name` (what `--arch` takes), an `about`
+/// (a line for --help) and a `policy<Sparsity>` alias. Adding one is a
+/// struct here and its entry in `all`: with_arch(), the examples' `--arch`
+/// and plan::Model (which prices the built-in synchronous policies) follow
+/// the list (docs/tutorial.md, "Adding an architecture").
 
 #include <parallax/error.hpp>
 #include <parallax/policy/allgatherv/synchronizer.hpp>
@@ -11,6 +19,8 @@
 #include <parallax/types.hpp>
 #include <parallax/variable.hpp>
 
+#include <cstddef>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -21,6 +31,7 @@ namespace arch {
 /// Parallax's hybrid: dense variables all-reduced, sparse ones sharded.
 struct Hybrid {
   static constexpr const char* name = "hybrid";
+  static constexpr const char* about = "dense variables all-reduced, sparse ones sharded";  ///< for --help
   template <class Sparsity>
   using policy = std::conditional_t<std::is_same_v<Sparsity, Sparse>, ShardedPS, RingAllReduce>;
 };
@@ -28,6 +39,7 @@ struct Hybrid {
 /// All-reduce only, as Horovod: dense all-reduced, sparse all-gathered.
 struct AllReduce {
   static constexpr const char* name = "allreduce";
+  static constexpr const char* about = "sparse variables all-gathered, as Horovod";  ///< for --help
   template <class Sparsity>
   using policy = std::conditional_t<std::is_same_v<Sparsity, Sparse>, AllGatherv, RingAllReduce>;
 };
@@ -35,9 +47,56 @@ struct AllReduce {
 /// Parameter server only, as TensorFlow's PS: every variable sharded.
 struct PS {
   static constexpr const char* name = "ps";
+  static constexpr const char* about = "every variable sharded, as TensorFlow's PS";  ///< for --help
   template <class Sparsity>
   using policy = ShardedPS;
 };
+
+/// A list of architectures, as types.
+template <class... Archs>
+struct List {
+  static constexpr std::size_t size = sizeof...(Archs);
+};
+
+/// The synchronous architectures, in the order tables print them: what
+/// with_arch() and the examples' `--arch` accept, what plan::Model compares.
+using all = List<Hybrid, AllReduce, PS>;
+
+/// Calls `f(A{})` for every architecture A of the list, in order.
+template <class... Archs, class F>
+void for_each(List<Archs...>, F&& f) {
+  (f(Archs{}), ...);
+}
+
+/// The names of a list, for messages: "hybrid, allreduce or ps".
+template <class... Archs>
+std::string names(List<Archs...>, std::string_view last_separator = " or ") {
+  const char* each[] = {Archs::name...};
+  std::string out;
+  for (std::size_t i = 0; i < sizeof...(Archs); ++i) {
+    if (i > 0) out += i + 1 == sizeof...(Archs) ? std::string(last_separator) : std::string(", ");
+    out += each[i];
+  }
+  return out;
+}
+
+/// Whether the list has an architecture of that name.
+template <class... Archs>
+bool has(List<Archs...>, std::string_view name) {
+  return ((name == Archs::name) || ...);
+}
+
+/// Returns `f(A{})` for the first architecture A of the list whose
+/// `key(A{})` equals `name`; where none does, throws parallax::error with
+/// the message `unknown()` returns.
+template <class Key, class F, class Unknown, class A, class... Rest>
+decltype(auto) pick(List<A, Rest...>, std::string_view name, Key key, F&& f, Unknown unknown) {
+  if (name == key(A{})) return std::forward<F>(f)(A{});
+  if constexpr (sizeof...(Rest) > 0)
+    return pick(List<Rest...>{}, name, key, std::forward<F>(f), unknown);
+  else
+    throw error(unknown());
+}
 
 }  // namespace arch
 
@@ -47,8 +106,8 @@ template <class Arch, class V>
 using policy_for_t = std::conditional_t<std::is_same_v<typename V::policy, use_arch>,
                                         typename Arch::template policy<typename V::sparsity>, typename V::policy>;
 
-/// Calls `f(arch::Hybrid{})`, `f(arch::AllReduce{})` or `f(arch::PS{})` for
-/// "hybrid", "allreduce" or "ps", and returns what it returns, so a program
+/// Calls `f(A{})` for the architecture A of arch::all named `name` (for
+/// "hybrid", `f(arch::Hybrid{})`) and returns what it returns, so a program
 /// can instantiate its trainer for the architecture named on its command line:
 ///
 ///     px::with_arch(args.arch, [&](auto arch) {
@@ -57,10 +116,9 @@ using policy_for_t = std::conditional_t<std::is_same_v<typename V::policy, use_a
 ///     });
 template <class F>
 decltype(auto) with_arch(std::string_view name, F&& f) {
-  if (name == arch::Hybrid::name) return std::forward<F>(f)(arch::Hybrid{});
-  if (name == arch::AllReduce::name) return std::forward<F>(f)(arch::AllReduce{});
-  if (name == arch::PS::name) return std::forward<F>(f)(arch::PS{});
-  throw error(detail::concat("unknown architecture '", name, "': expected hybrid, allreduce or ps"));
+  return arch::pick(
+      arch::all{}, name, [](auto a) { return std::string_view(decltype(a)::name); }, std::forward<F>(f),
+      [&] { return detail::concat("unknown architecture '", name, "': expected ", arch::names(arch::all{})); });
 }
 
 }  // namespace parallax

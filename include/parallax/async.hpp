@@ -13,6 +13,7 @@
 #include <parallax/policy/ring_allreduce/synchronizer.hpp>
 #include <parallax/types.hpp>
 
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -26,6 +27,7 @@ namespace arch {
 /// staleness bound).
 struct Async {
   static constexpr const char* name = "ps+async";
+  using synchronous = PS;  ///< what `--arch ps --sync async` names
   template <class Sparsity>
   using policy = ::parallax::AsyncPS;
 };
@@ -36,23 +38,43 @@ struct Async {
 /// sparse push lands when it is made.
 struct AsyncHybrid {
   static constexpr const char* name = "hybrid+async";
+  using synchronous = Hybrid;  ///< what `--arch hybrid --sync async` names
   template <class Sparsity>
   using policy = std::conditional_t<std::is_same_v<Sparsity, Sparse>, ::parallax::AsyncPS, RingAllReduce>;
 };
 
+/// The asynchronous architectures, each the asynchronous form of the
+/// synchronous one its `synchronous` names (which with_arch(name, "async")
+/// looks up).
+using all_async = List<Async, AsyncHybrid>;
+
+/// The names of the synchronous architectures that have an asynchronous
+/// form: "ps or hybrid".
+inline std::string async_names() {
+  std::string out;
+  for_each(all_async{}, [&](auto a) {
+    if (!out.empty()) out += " or ";
+    out += decltype(a)::synchronous::name;
+  });
+  return out;
+}
+
 }  // namespace arch
 
-/// with_arch() for `sync` "sync"; for "async", calls `f(arch::Async{})` for
-/// "ps" and `f(arch::AsyncHybrid{})` for "hybrid" ("allreduce" has no
-/// parameter server to be asynchronous with).
+/// with_arch() for `sync` "sync"; for "async", calls `f(A{})` for the
+/// architecture A of arch::all_async whose synchronous form is named `name`
+/// (for "ps", `f(arch::Async{})`; "allreduce" has no parameter server to be
+/// asynchronous with).
 template <class F>
 decltype(auto) with_arch(std::string_view name, std::string_view sync, F&& f) {
   if (sync == "sync") return with_arch(name, std::forward<F>(f));
   PARALLAX_EXPECTS(sync == "async", "unknown --sync '", sync, "': expected sync or async");
-  if (name == arch::PS::name) return std::forward<F>(f)(arch::Async{});
-  if (name == arch::Hybrid::name) return std::forward<F>(f)(arch::AsyncHybrid{});
-  throw error(detail::concat("architecture '", name, "' has no asynchronous form: use ps (every variable through ",
-                             "the asynchronous parameter server) or hybrid (sparse asynchronous, dense all-reduced)"));
+  return arch::pick(
+      arch::all_async{}, name, [](auto a) { return std::string_view(decltype(a)::synchronous::name); },
+      std::forward<F>(f), [&] {
+        return detail::concat("architecture '", name, "' has no asynchronous form: use ", arch::async_names(),
+                              " (arch::all_async)");
+      });
 }
 
 }  // namespace parallax

@@ -44,7 +44,6 @@
 #include <parallax/policy/ring_allreduce/synchronizer.hpp>
 #include <parallax/policy/sharded_ps.hpp>
 #include <parallax/policy/sharded_ps/dense_shards.hpp>
-#include <parallax/policy/sharded_ps/sharded_table.hpp>
 #include <parallax/policy/sharded_ps/synchronizer.hpp>
 #include <parallax/space.hpp>
 #include <parallax/sparse_grad.hpp>

@@ -6,8 +6,10 @@
 
 #include <parallax/plan/model.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -153,6 +155,66 @@ TEST_CASE("plan::Model's times follow its links and pick the fastest", "[plan]")
   bad.ids.assign(3, {});
   CHECK_THAT(test::error_of([&] { px::plan::Model(c, {bad}); }),
              Catch::Contains("'emb' has ids of 3 ranks") && Catch::Contains("has 8"));
+}
+
+namespace {
+/// An architecture the library does not have, over built-in policies: dense
+/// variables sharded (as arch::PS), sparse ones all-gathered (as
+/// arch::AllReduce), written as it would be in arch.hpp (docs/tutorial.md,
+/// "Adding an architecture", quotes it). The planner prices it with no
+/// change of its own.
+using px::AllGatherv;
+using px::ShardedPS;
+using px::Sparse;
+// example-begin new_arch
+/// Dense variables sharded, sparse ones all-gathered.
+struct DensePS {
+  static constexpr const char* name = "dense-ps";
+  static constexpr const char* about = "dense variables sharded, sparse ones all-gathered";
+  template <class Sparsity>
+  using policy = std::conditional_t<std::is_same_v<Sparsity, Sparse>, AllGatherv, ShardedPS>;
+};
+// example-end
+}  // namespace
+
+TEST_CASE("plan::Model prices arch::all's architectures, and any other, by the policies they route to", "[plan]") {
+  px::plan::Cluster c;
+  c.hosts = 2;
+  c.ranks_per_host = 2;
+  const auto emb = px::plan::Variable::sparse_of("emb", 100000, 16, 500);
+  const auto w = px::plan::Variable::dense_of("w", 300, 200);
+  const px::plan::Model m(c, {emb, w});
+  // One candidate per architecture of arch::all, in its order, each equal
+  // to the estimate by type.
+  const auto all = m.candidates();
+  REQUIRE(all.size() == px::arch::all::size);
+  std::size_t i = 0;
+  px::arch::for_each(px::arch::all{}, [&](auto a) {
+    using A = decltype(a);
+    CHECK(all[i].arch == A::name);
+    CHECK(all[i].comm_s == m.estimate<A>().comm_s);
+    CHECK(all[i].busiest().sent() == m.estimate<A>().busiest().sent());
+    ++i;
+  });
+  // The new architecture: its dense bytes are arch::PS's, its sparse bytes
+  // arch::AllReduce's.
+  const auto bytes = [](const px::plan::Estimate& e) {
+    std::vector<std::uint64_t> b;
+    for (const auto& t : e.bytes) b.insert(b.end(), {t.sent_intra, t.sent_inter, t.recv_intra, t.recv_inter});
+    return b;
+  };
+  const px::plan::Model dense(c, {w}), sparse(c, {emb});
+  CHECK(bytes(dense.estimate<DensePS>()) == bytes(dense.estimate("ps")));
+  CHECK(bytes(dense.estimate<DensePS>()) != bytes(dense.estimate("hybrid")));
+  CHECK(bytes(sparse.estimate<DensePS>()) == bytes(sparse.estimate("allreduce")));
+  CHECK(bytes(sparse.estimate<DensePS>()) != bytes(sparse.estimate("ps")));
+  CHECK(m.estimate<DensePS>().arch == "dense-ps");
+  STATIC_REQUIRE(px::plan::priced<DensePS>());
+  // A policy the planner has no model of is named, and such an architecture
+  // is no candidate.
+  STATIC_REQUIRE_FALSE(px::plan::priced<px::arch::Async>());
+  CHECK_THAT(test::error_of([&] { m.estimate<px::arch::Async>(); }),
+             Catch::Contains("'ps+async' routes dense variables to a policy the planner does not price"));
 }
 
 TEST_CASE("plan::Model: the tables of one group share ShardedPS's calls and their latencies", "[plan]") {

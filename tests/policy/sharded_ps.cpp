@@ -3,6 +3,7 @@
 // accounting", exactly (in host and device memory), and local aggregation
 // sends each row across hosts once per host.
 #include "support.hpp"
+#include "policy/sharded_ps/sharded_table.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -15,15 +16,15 @@
 namespace {
 
 template <class Space>
-using TableIn = px::ShardedTable<float, test::engine_for<Space>>;
+using TableIn = test::ShardedTable<float, test::engine_for<Space>>;
 using Table = TableIn<px::HostSpace>;
 constexpr std::size_t R = 29, C = 3;
 
 float initial(px::index_t row, std::size_t c) { return static_cast<float>(row * 100 + static_cast<px::index_t>(c)); }
 
 template <class Engine>
-void fill_table(px::ShardedTable<float, Engine>& t) {
-  using Space = typename px::ShardedTable<float, Engine>::space;
+void fill_table(test::ShardedTable<float, Engine>& t) {
+  using Space = typename test::ShardedTable<float, Engine>::space;
   t.initialize([&](const px::index_t* rows_in_space, std::size_t k, float* out) {
     const auto rows = test::to_host<Space>(rows_in_space, k);
     std::vector<float> values(k * C);
@@ -450,7 +451,7 @@ TEMPLATE_TEST_CASE("a bad lookup id on one rank fails the lookup on every rank",
   TestType mpi(test::world());
   const int n = mpi.size(), last = n - 1;
   const bool want_shared = GENERATE(true, false);
-  px::ShardedTable<float, TestType> table(mpi, px::PartitionMap(R, n, n), C, "emb", true, want_shared);
+  test::ShardedTable<float, TestType> table(mpi, px::PartitionMap(R, n, n), C, "emb", true, want_shared);
   std::vector<px::index_t> ids{1, mpi.rank() == last ? static_cast<px::index_t>(R) + 5 : 2};
   std::vector<float> out(ids.size() * C);
   const std::string msg = test::error_of([&] { table.lookup(ids.data(), ids.size(), out.data()); });

@@ -1,9 +1,9 @@
 #pragma once
 // SharedWindow: one segment of host memory per rank, in an MPI-3
 // shared-memory window, that every rank of the communicator can load from
-// directly. A ShardedTable keeps its shard in one when all its ranks run on
-// one machine, so a lookup reads the rows from their owners' shards instead
-// of asking the owners to send them.
+// directly. A sharded table (TableGroup) keeps its shard in one when all
+// its ranks run on one machine, so a lookup reads the rows from their
+// owners' shards instead of asking the owners to send them.
 
 #include <parallax/detail/fault.hpp>
 #include <parallax/detail/mpi.hpp>

@@ -2,8 +2,7 @@
 /// @file
 /// The ShardedPS policy tag. Its machinery is in policy/sharded_ps/: the
 /// route of rows between ranks (row_exchange.hpp), groups of sharded tables
-/// (table_group.hpp, and ShardedTable for one table: sharded_table.hpp),
-/// sharded dense variables (dense_shards.hpp), and the synchronizer a
+/// (table_group.hpp), sharded dense variables (dense_shards.hpp), and the synchronizer a
 /// trainer runs (synchronizer.hpp).
 
 namespace parallax {

@@ -13,9 +13,18 @@
 /// it crosses, a host's inter-host link shared by the host's ranks (as
 /// detail/link_emulation.hpp emulates). docs/cluster.md lists every
 /// assumption.
+///
+/// The architectures are arch::all's: each is priced by the policies it
+/// routes dense and sparse variables to (pricing_of), so a new architecture
+/// over the built-in synchronous policies needs nothing here; one over a
+/// policy the planner has no model of is left out of the candidates.
+///
+/// A tool beside the library (tools/plan, the target parallax::plan): no
+/// header of include/parallax includes it.
 
-#include <parallax/detail/ring.hpp>
+#include <parallax/arch.hpp>
 #include <parallax/comm_stats.hpp>
+#include <parallax/detail/ring.hpp>
 #include <parallax/error.hpp>
 #include <parallax/partition.hpp>
 #include <parallax/types.hpp>
@@ -29,6 +38,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace parallax::plan {
@@ -103,6 +113,29 @@ struct LocalCosts {
   int optimizer_slots = 1;  ///< optimizer state per value (SGD 0, Adagrad 1, Adam 2), for memory
 };
 
+/// How the planner prices the variables a policy synchronises: a fused
+/// ring all-reduce, rows sharded over the ranks (pulled and pushed), rows
+/// all-gathered; `none` for a policy it has no model of (AsyncPS, a user's).
+enum class Pricing { none, ring, sharded, gathered };
+
+template <class Policy>
+constexpr Pricing pricing_of() {
+  if constexpr (std::is_same_v<Policy, RingAllReduce>) return Pricing::ring;
+  else if constexpr (std::is_same_v<Policy, ShardedPS>) return Pricing::sharded;
+  else if constexpr (std::is_same_v<Policy, AllGatherv>) return Pricing::gathered;
+  else return Pricing::none;
+}
+
+/// Whether the planner can price architecture Arch: dense variables all-reduced
+/// or sharded, sparse ones sharded or all-gathered.
+template <class Arch>
+constexpr bool priced() {
+  constexpr Pricing dense = pricing_of<typename Arch::template policy<Dense>>();
+  constexpr Pricing sparse = pricing_of<typename Arch::template policy<Sparse>>();
+  return (dense == Pricing::ring || dense == Pricing::sharded) &&
+         (sparse == Pricing::sharded || sparse == Pricing::gathered);
+}
+
 /// One architecture's predicted step.
 struct Estimate {
   std::string arch;
@@ -144,10 +177,31 @@ class Model {
 
   const Cluster& cluster() const noexcept { return cluster_; }
 
-  /// The step under "hybrid", "allreduce" or "ps".
+  /// The step under architecture Arch.
+  template <class Arch>
+  Estimate estimate() const {
+    return estimate_as(Arch::name, pricing_of<typename Arch::template policy<Dense>>(),
+                       pricing_of<typename Arch::template policy<Sparse>>());
+  }
+
+  /// The step under the architecture of arch::all named `arch`.
   Estimate estimate(const std::string& arch) const {
-    PARALLAX_EXPECTS(arch == "hybrid" || arch == "allreduce" || arch == "ps", "plan::Model: unknown architecture '",
-                     arch, "': expected hybrid, allreduce or ps");
+    return arch::pick(
+        arch::all{}, arch, [](auto a) { return std::string_view(decltype(a)::name); },
+        [&](auto a) { return estimate<decltype(a)>(); },
+        [&] {
+          return detail::concat("plan::Model: unknown architecture '", arch, "': expected ", arch::names(arch::all{}));
+        });
+  }
+
+ private:
+  Estimate estimate_as(const std::string& arch, Pricing dense, Pricing sparse) const {
+    PARALLAX_EXPECTS(dense == Pricing::ring || dense == Pricing::sharded, "plan::Model: architecture '", arch,
+                     "' routes dense variables to a policy the planner does not price (it prices RingAllReduce and "
+                     "ShardedPS)");
+    PARALLAX_EXPECTS(sparse == Pricing::sharded || sparse == Pricing::gathered, "plan::Model: architecture '", arch,
+                     "' routes sparse variables to a policy the planner does not price (it prices ShardedPS and "
+                     "AllGatherv)");
     const int n = cluster_.size();
     Estimate e;
     e.arch = arch;
@@ -156,13 +210,13 @@ class Model {
     std::vector<double> local(static_cast<std::size_t>(n), 0.0), memory(static_cast<std::size_t>(n), 0.0);
     const double slots = 1.0 + costs_.optimizer_slots;
 
-    // Dense variables: one fused all-reduce (hybrid, allreduce) or sharded
-    // rows (ps).
+    // Dense variables: one fused all-reduce (RingAllReduce) or sharded rows
+    // (ShardedPS).
     std::size_t dense_bytes = 0;
     for (const auto& v : vars_)
       if (!v.sparse) dense_bytes += v.bytes();
     if (dense_bytes) {
-      if (arch == "ps") {
+      if (dense == Pricing::sharded) {
         for (const auto& v : vars_)
           if (!v.sparse) dense_shards(v, e, local, memory);
       } else {
@@ -196,11 +250,11 @@ class Model {
     for (const auto& v : vars_) {
       if (!v.sparse) continue;
       any_sparse = true;
-      if (arch == "allreduce") all_gathered(v, e, local, memory);
+      if (sparse == Pricing::gathered) all_gathered(v, e, local, memory);
       else sharded(v, local, memory, groups, group_calls.try_emplace({v.cols, static_cast<int>(v.type)}, n).first->second);
     }
     for (const auto& [shape, calls] : group_calls) sharded_calls(calls, e);
-    if (any_sparse && arch != "allreduce") e.partitions = partitions_of(first_sparse());
+    if (any_sparse && sparse == Pricing::sharded) e.partitions = partitions_of(first_sparse());
 
     for (int r = 0; r < n; ++r) {
       e.local_s = std::max(e.local_s, local[static_cast<std::size_t>(r)]);
@@ -209,24 +263,26 @@ class Model {
     return e;
   }
 
-  /// Every architecture's estimate, in the order hybrid, allreduce, ps.
-  std::vector<Estimate> candidates() const { return {estimate("hybrid"), estimate("allreduce"), estimate("ps")}; }
 
-  /// hybrid and ps at each partition count of the sharded variables (every
-  /// sparse one, and ps's dense ones, get P, at most one per row), then
-  /// allreduce: the candidates a partition search would try.
-  std::vector<Estimate> candidates(const std::vector<int>& partitions) const {
+ public:
+  /// The estimate of every architecture of arch::all the planner prices
+  /// (priced()), in the list's order (hybrid, allreduce, ps).
+  std::vector<Estimate> candidates() const {
     std::vector<Estimate> out;
-    for (const char* arch : {"hybrid", "ps"})
-      for (int p : partitions) {
-        PARALLAX_EXPECTS(p >= 1, "plan::Model: partition counts must be at least 1, got ", p);
-        Model m = *this;
-        for (auto& v : m.vars_)
-          if (v.sparse || std::string(arch) == "ps") v.partitions = static_cast<int>(std::min<std::size_t>(v.rows, p));
-        out.push_back(m.estimate(arch));
-        out.back().partitions = p;
-      }
-    out.push_back(estimate("allreduce"));
+    arch::for_each(arch::all{}, [&](auto a) { add_candidates<decltype(a)>(out, nullptr, false); });
+    return out;
+  }
+
+  /// The architectures that shard sparse variables (hybrid, ps), each at
+  /// every partition count of its sharded variables (every sparse one, and
+  /// dense ones it shards, get P, at most one per row), then the others
+  /// (allreduce), in arch::all's order: the candidates a partition search
+  /// would try.
+  std::vector<Estimate> candidates(const std::vector<int>& partitions) const {
+    for (int p : partitions) PARALLAX_EXPECTS(p >= 1, "plan::Model: partition counts must be at least 1, got ", p);
+    std::vector<Estimate> out;
+    arch::for_each(arch::all{}, [&](auto a) { add_candidates<decltype(a)>(out, &partitions, true); });
+    arch::for_each(arch::all{}, [&](auto a) { add_candidates<decltype(a)>(out, &partitions, false); });
     return out;
   }
 
@@ -261,6 +317,31 @@ class Model {
   }
 
  private:
+  /// Appends A's estimate, if the planner prices A: with `partitions`, in
+  /// the pass `sharding` of the architectures that shard sparse variables
+  /// one per partition count, in the other pass the rest once; without,
+  /// every priced architecture once.
+  template <class A>
+  void add_candidates(std::vector<Estimate>& out, const std::vector<int>* partitions, bool sharding) const {
+    if constexpr (priced<A>()) {
+      constexpr Pricing dense = pricing_of<typename A::template policy<Dense>>();
+      constexpr bool shards = pricing_of<typename A::template policy<Sparse>>() == Pricing::sharded;
+      if (!partitions) {
+        out.push_back(estimate<A>());
+      } else if (shards && sharding) {
+        for (int p : *partitions) {
+          Model m = *this;
+          for (auto& v : m.vars_)
+            if (v.sparse || dense == Pricing::sharded) v.partitions = static_cast<int>(std::min<std::size_t>(v.rows, p));
+          out.push_back(m.estimate<A>());
+          out.back().partitions = p;
+        }
+      } else if (!shards && !sharding) {
+        out.push_back(estimate<A>());
+      }
+    }
+  }
+
   /// The bytes of one engine call, by (rank, peer), and its time.
   struct Calls {
     explicit Calls(int n) : n_(n), sent_(static_cast<std::size_t>(n) * static_cast<std::size_t>(n), 0.0) {}
