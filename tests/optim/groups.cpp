@@ -30,10 +30,14 @@ using Layer = px::Variable<px::Dense, float>;
 /// The usual recipe: Adagrad on the tables, AdamW on the dense layers, no
 /// decay on the bias, half the rate on table "b".
 auto recipe() {
-  return opt::Groups(opt::group(opt::select::sparse(), opt::Adagrad{}.with_lr(0.1f)),
-                     opt::group(opt::select::dense(), opt::AdamW{}.with_lr(0.02f).with_weight_decay(0.1f)))
-      .no_weight_decay(opt::select::named({"bias"}))
-      .scale_lr(opt::select::named({"b"}), 0.5f);
+  // example-begin groups_recipe
+  namespace opt = px::optim;
+  auto groups = opt::Groups(opt::group(opt::select::sparse(), opt::Adagrad{}.with_lr(0.1f)),
+                            opt::group(opt::select::dense(), opt::AdamW{}.with_lr(0.02f).with_weight_decay(0.1f)))
+                    .no_weight_decay(opt::select::named({"bias"}))  // no decay on the bias
+                    .scale_lr(opt::select::named({"b"}), 0.5f);     // table "b" at half the rate
+  // example-end
+  return groups;
 }
 
 struct Model {
