@@ -29,6 +29,8 @@
 /// compile time.
 
 #include <parallax/error.hpp>
+#include <parallax/optim/adagrad.hpp>
+#include <parallax/optim/adam.hpp>
 #include <parallax/optim/optimizer.hpp>
 
 #include <algorithm>
@@ -114,16 +116,21 @@ class Groups {
   /// (its schedule sets it each step).
   float lr = 1.f;
 
-  explicit Groups(Group<Optimizers>... groups) : groups_(std::move(groups)...) {}
+  explicit Groups(Group<Optimizers>... groups) : groups_(std::move(groups)...) {
+    std::size_t i = 0;
+    std::apply([&](const auto&... g) { (has_selector(static_cast<bool>(g.select), i++), ...); }, groups_);
+  }
 
   /// Multiplies the learning rate of the variables `select` picks by `factor`.
   Groups& scale_lr(Selector select, float factor) {
+    PARALLAX_EXPECTS(select, "optim::Groups::scale_lr: no selector");
     PARALLAX_EXPECTS(factor >= 0, "optim::Groups::scale_lr: factor ", factor, " is negative");
     scales_.push_back({std::move(select), factor});
     return *this;
   }
   /// Turns weight decay off for the variables `select` picks (biases, embeddings).
   Groups& no_weight_decay(Selector select) {
+    PARALLAX_EXPECTS(select, "optim::Groups::no_weight_decay: no selector");
     no_decay_.push_back(std::move(select));
     return *this;
   }
@@ -171,6 +178,10 @@ class Groups {
   }
 
  private:
+  static void has_selector(bool has, std::size_t group) {
+    PARALLAX_EXPECTS(has, "optim::Groups: group ", group, " has no selector");
+  }
+
   std::tuple<Group<Optimizers>...> groups_;
   std::vector<std::pair<Selector, float>> scales_;
   std::vector<Selector> no_decay_;
@@ -178,6 +189,11 @@ class Groups {
 
 template <class... Os>
 Groups(Group<Os>...) -> Groups<Os...>;
+
+/// The usual recipe's type, Adagrad for one group (the tables) and Adam /
+/// AdamW for the other (the dense layers): parallax::trainers compiles its
+/// trainers (trainers.hpp).
+using AdagradAdamW = Groups<Adagrad, Adam>;
 
 /// A variable's binding to its group of optim::Groups: `*bound` is itself,
 /// and apply_dense / apply_rows run the group's optimizer with the
