@@ -1029,8 +1029,8 @@ TEMPLATE_TEST_CASE("AdamW, warm-up then cosine decay and global-norm clipping ma
   auto& ctx = test::world();
   const std::size_t steps = 6;
   // example-begin training_loop_options
-  // AdamW: Adam with decoupled weight decay (the fifth field).
-  const px::optim::Adam opt{0.1f, 0.9f, 0.999f, 1e-8f, 0.05f};
+  // AdamW: Adam with decoupled weight decay, its hyper-parameters by name.
+  const px::optim::AdamW opt = px::optim::AdamW{}.with_lr(0.1f).with_weight_decay(0.05f);
   px::TrainerOptions o;
   // Two steps of linear warm-up, then a cosine decay to 0.1 over four.
   o.schedule = px::schedule::Warmup<px::schedule::Cosine>{2, {4, 0.1}};

@@ -351,6 +351,27 @@ class Checkpoints {
     }
     return m;
   }
+  /// With optim::Groups on both sides (each variable's optimizer recorded,
+  /// "groups:adagrad,adam,..."): "; variable 'x' was saved with ..." for
+  /// the first variable whose optimizer differs; else empty.
+  static std::string first_optimizer_difference(const detail::Manifest& saved, const detail::Manifest& here) {
+    const std::string prefix = "groups:";
+    if (saved.optimizer.rfind(prefix, 0) != 0 || here.optimizer.rfind(prefix, 0) != 0) return {};
+    auto split = [&](const std::string& s) {
+      std::vector<std::string> out(1);
+      for (std::size_t i = prefix.size(); i < s.size(); ++i) {
+        if (s[i] == ',') out.emplace_back();
+        else out.back() += s[i];
+      }
+      return out;
+    };
+    const auto a = split(saved.optimizer), b = split(here.optimizer);
+    for (std::size_t v = 0; v < a.size() && v < b.size() && v < here.variables.size(); ++v)
+      if (a[v] != b[v])
+        return detail::concat("; variable '", here.variables[v].name, "' was saved with ", a[v], ", here it uses ",
+                              b[v]);
+    return {};
+  }
   /// Throws unless the checkpoint holds this model's variables and optimizer.
   void check_model(const detail::Manifest& m, const std::string& mpath) const {
     const detail::Manifest here = manifest_of_model();
@@ -360,7 +381,7 @@ class Checkpoints {
     };
     if (m.optimizer != here.optimizer || m.slots != here.slots)
       throw error(detail::concat("checkpoint manifest ", mpath, " was saved with optimizer ", m.optimizer,
-                                 "; this trainer uses ", here.optimizer));
+                                 "; this trainer uses ", here.optimizer, first_optimizer_difference(m, here)));
     if (m.variables.size() != here.variables.size())
       throw error(detail::concat("checkpoint manifest ", mpath, " holds ", m.variables.size(),
                                  " variables; this model has ", here.variables.size(), " (a different model?)"));

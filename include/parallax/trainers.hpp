@@ -5,7 +5,7 @@
 /// Trainer, and link the CMake target parallax::trainers. That target is a
 /// library holding explicit instantiations of
 ///
-///   Trainer<arch::Hybrid | arch::AllReduce | arch::PS, optim::Sgd | Momentum | Adagrad | Adam>
+///   Trainer<arch::Hybrid | arch::AllReduce | arch::PS, optim::Sgd | Momentum | Adagrad | Adam | AdagradAdamW>
 ///   (engine::Mpi, host memory), the synchronizers those place float
 ///   variables in, and Checkpoints<engine::Mpi>,
 ///
@@ -43,4 +43,5 @@ PARALLAX_TRAINERS_FOR(extern, ::parallax::optim::Sgd)
 PARALLAX_TRAINERS_FOR(extern, ::parallax::optim::Momentum)
 PARALLAX_TRAINERS_FOR(extern, ::parallax::optim::Adagrad)
 PARALLAX_TRAINERS_FOR(extern, ::parallax::optim::Adam)
+PARALLAX_TRAINERS_FOR(extern, ::parallax::optim::AdagradAdamW)
 #endif

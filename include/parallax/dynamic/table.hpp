@@ -74,6 +74,8 @@ struct Options {
   template <class O>
   Options& with_optimizer(const O& opt) {
     static_assert(optim::check<O>());
+    static_assert(!optim::is_groups_v<O>, "dynamic::Table takes one optimizer (a group's, e.g. optim::Adagrad), "
+                                          "not optim::Groups");
     slots = O::slots;
     for (int k = 0; k < O::slots; ++k) slot_initial[k] = static_cast<double>(opt.template slot_initial<double>(k));
     return *this;
@@ -198,6 +200,8 @@ class Table {
   template <class O>
   void apply(const O& opt, std::uint64_t step, const index_t* slots, const T* grads, std::size_t n, T scale = T(1)) {
     static_assert(optim::check<O>());
+    static_assert(!optim::is_groups_v<O>, "dynamic::Table takes one optimizer (a group's, e.g. optim::Adagrad), "
+                                          "not optim::Groups");
     if (O::slots != options_.slots)
       throw error("parallax::dynamic::Table \"" + options_.name + "\": built for " + std::to_string(options_.slots) +
                   " optimizer slots, applied with " + O::name + " (" + std::to_string(O::slots) + ")");

@@ -14,6 +14,12 @@ struct Adagrad {
   float initial_accumulator = 0.1f;
   float eps = 1e-7f;
 
+  // Named setters (C++17 has no designated initializers): each returns a copy
+  // with one field set, e.g. `Adagrad{}.with_lr(1e-3f)`.
+  Adagrad with_lr(float v) const { Adagrad o = *this; o.lr = v; return o; }
+  Adagrad with_initial_accumulator(float v) const { Adagrad o = *this; o.initial_accumulator = v; return o; }
+  Adagrad with_eps(float v) const { Adagrad o = *this; o.eps = v; return o; }
+
   static constexpr const char* name = "adagrad";
   static constexpr int slots = 1;
   template <class T>

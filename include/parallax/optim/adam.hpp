@@ -23,6 +23,14 @@ struct Adam {
   /// the decay by the learning rate the same way).
   float weight_decay = 0.f;
 
+  // Named setters (C++17 has no designated initializers): each returns a copy
+  // with one field set, e.g. `Adam{}.with_lr(1e-3f)`.
+  Adam with_lr(float v) const { Adam o = *this; o.lr = v; return o; }
+  Adam with_beta1(float v) const { Adam o = *this; o.beta1 = v; return o; }
+  Adam with_beta2(float v) const { Adam o = *this; o.beta2 = v; return o; }
+  Adam with_eps(float v) const { Adam o = *this; o.eps = v; return o; }
+  Adam with_weight_decay(float v) const { Adam o = *this; o.weight_decay = v; return o; }
+
   static constexpr const char* name = "adam";
   static constexpr int slots = 2;
   template <class T>
@@ -55,5 +63,11 @@ struct Adam {
             static_cast<T>(lr) * static_cast<T>(weight_decay)};
   }
 };
+
+/// AdamW: Adam with its decoupled weight decay, for the hyper-parameters by
+/// name (`AdamW{}.with_weight_decay(0.01f)`, or C++20's
+/// `AdamW{.lr = 1e-3f, .weight_decay = 0.01f}`). The same type as Adam,
+/// so checkpoints of either restore into the other.
+using AdamW = Adam;
 
 }  // namespace parallax::optim

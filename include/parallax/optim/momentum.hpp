@@ -17,6 +17,13 @@ struct Momentum {
   /// velocity. Sparse variables decay lazily: only the rows a step touches.
   float weight_decay = 0.f;
 
+  // Named setters (C++17 has no designated initializers): each returns a copy
+  // with one field set, e.g. `Momentum{}.with_lr(1e-3f)`.
+  Momentum with_lr(float v) const { Momentum o = *this; o.lr = v; return o; }
+  Momentum with_momentum(float v) const { Momentum o = *this; o.momentum = v; return o; }
+  Momentum with_nesterov(bool v) const { Momentum o = *this; o.nesterov = v; return o; }
+  Momentum with_weight_decay(float v) const { Momentum o = *this; o.weight_decay = v; return o; }
+
   static constexpr const char* name = "momentum";
   static constexpr int slots = 1;
   template <class T>

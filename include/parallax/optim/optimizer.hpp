@@ -35,14 +35,29 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace parallax::optim {
 
 /// State values per element an optimizer may keep: the update rule receives
 /// two (s0, s1).
 inline constexpr int max_slots = 2;
+
+template <class... Optimizers>
+class Groups;  // optim/groups.hpp: an optimizer per group of variables
+
+/// True for optim::Groups<...>: it meets the trainer's optimizer slot by
+/// binding each variable to one of its optimizers (optim/groups.hpp) rather
+/// than by a rule of its own.
+template <class O>
+struct is_groups : std::false_type {};
+template <class... Os>
+struct is_groups<Groups<Os...>> : std::true_type {};
+template <class O>
+inline constexpr bool is_groups_v = is_groups<O>::value;
 
 namespace contract {
 template <class O, class = void>
@@ -82,7 +97,7 @@ inline constexpr bool has_learning_rate_v = contract::learning_rate<O>::value;
 
 /// True when O meets the optimizer contract (see check()).
 template <class O>
-inline constexpr bool is_optimizer_v = contract::named<O>::value && contract::slot_count<O>::value &&
+inline constexpr bool is_optimizer_v = is_groups_v<O> || contract::named<O>::value && contract::slot_count<O>::value &&
                                        contract::slots_or_zero<O>() >= 0 && contract::slots_or_zero<O>() <= max_slots &&
                                        contract::initial<O, float>::value && contract::initial<O, double>::value &&
                                        contract::rule<O, float>::value && contract::rule<O, double>::value;
@@ -91,14 +106,16 @@ inline constexpr bool is_optimizer_v = contract::named<O>::value && contract::sl
 /// lacks is a compile error that names it. Returns true.
 template <class O>
 constexpr bool check() {
-  static_assert(contract::named<O>::value, "parallax optimizer: needs `static constexpr const char* name`");
-  static_assert(contract::slot_count<O>::value,
+  // optim::Groups passes: each of its optimizers is checked (optim/groups.hpp).
+  static_assert(is_groups_v<O> || contract::named<O>::value,
+                "parallax optimizer: needs `static constexpr const char* name`");
+  static_assert(is_groups_v<O> || contract::slot_count<O>::value,
                 "parallax optimizer: needs `static constexpr int slots` (state values per element)");
-  static_assert(contract::slots_or_zero<O>() >= 0 && contract::slots_or_zero<O>() <= max_slots,
+  static_assert(is_groups_v<O> || (contract::slots_or_zero<O>() >= 0 && contract::slots_or_zero<O>() <= max_slots),
                 "parallax optimizer: `slots` must be 0, 1 or 2 (the update rule receives two state values)");
-  static_assert(contract::initial<O, float>::value && contract::initial<O, double>::value,
+  static_assert(is_groups_v<O> || (contract::initial<O, float>::value && contract::initial<O, double>::value),
                 "parallax optimizer: needs `template <class T> T slot_initial(int k) const`");
-  static_assert(contract::rule<O, float>::value && contract::rule<O, double>::value,
+  static_assert(is_groups_v<O> || (contract::rule<O, float>::value && contract::rule<O, double>::value),
                 "parallax optimizer: needs `template <class T> Rule<T> rule(std::uint64_t step) const`, where Rule<T> "
                 "is callable as rule(T& w, T g, T& s0, T& s1)");
   return true;
@@ -320,26 +337,111 @@ class State {
   Buffer<T, Space> slot_[Optimizer::slots > 0 ? Optimizer::slots : 1];
 };
 
-/// w[i] <- rule(w[i], scale * g[i]) for i < n.
+/// What a synchronizer sees of a variable when it binds it to an optimizer.
+struct VariableInfo {
+  std::string name;
+  bool sparse = false;
+};
+
+/// A variable's optimizer, as its synchronizer holds it: `*bound` is what
+/// apply_dense / apply_rows / State take. For a single optimizer, a pointer
+/// to the trainer's (whose learning rate changes between steps); for
+/// optim::Groups, the variable's group with its learning-rate scale and
+/// weight-decay exclusion (optim/groups.hpp). Equal bindings may share one
+/// state buffer and one update call (ShardedPS groups tables by them).
+template <class Optimizer>
+class Bound {
+ public:
+  explicit Bound(const Optimizer& opt) : opt_(&opt) {}
+  const Optimizer& operator*() const noexcept { return *opt_; }
+  bool operator==(const Bound& other) const noexcept { return opt_ == other.opt_; }
+  bool operator!=(const Bound& other) const noexcept { return !(*this == other); }
+
+ private:
+  const Optimizer* opt_;
+};
+
+/// The binding of variable `var` to `opt` (optim::Groups overloads it:
+/// there it picks the variable's group, or throws naming the variable).
+template <class Optimizer>
+Bound<Optimizer> bind(const Optimizer& opt, const VariableInfo& var) {
+  if constexpr (is_groups_v<Optimizer>) return opt.bind(var);
+  else return Bound<Optimizer>(opt);
+}
+
+/// What a checkpoint records as the optimizer of `vars` (in registration
+/// order): the optimizer's name, or optim::Groups' per variable (which
+/// throws naming a variable in no group or in two).
+template <class Optimizer>
+std::string saved_name(const Optimizer& opt, const std::vector<VariableInfo>& vars) {
+  if constexpr (is_groups_v<Optimizer>) return opt.saved_name(vars);
+  else return Optimizer::name;
+}
+
+namespace detail {
+// The kernels over the state's slots s0, s1 (null past Optimizer::slots),
+// for State and for optim::Groups' state alike.
 template <class Optimizer, class T, class Space>
-void apply_dense(const Exec<Space>& ex, const Optimizer& opt, std::uint64_t step, T* w, const T* g, std::size_t n,
-                 State<Optimizer, T, Space>& state, T scale) {
+void dense_update(const Exec<Space>& ex, const Optimizer& opt, std::uint64_t step, T* w, const T* g, std::size_t n,
+                  T* s0, T* s1, T scale) {
   if (n == 0) return;
-  detail::with_decay_known<T>(opt.template rule<T>(step), [&](auto rule) {
-    for_each(ex, n,
-             detail::DenseUpdate<decltype(rule), T, Optimizer::slots>{rule, w, g, state.slot(0), state.slot(1), scale});
+  with_decay_known<T>(opt.template rule<T>(step), [&](auto rule) {
+    for_each(ex, n, DenseUpdate<decltype(rule), T, Optimizer::slots>{rule, w, g, s0, s1, scale});
+  });
+}
+template <class Optimizer, class T, class Space>
+void row_update(const Exec<Space>& ex, const Optimizer& opt, std::uint64_t step, T* w, const index_t* rows,
+                const T* g, std::size_t k, std::size_t cols, T* s0, T* s1, T scale) {
+  with_decay_known<T>(opt.template rule<T>(step), [&](auto rule) {
+    for_each_rows(ex, k, cols, RowUpdate<decltype(rule), T, Optimizer::slots>{rule, w, s0, s1, rows, g, cols, scale});
+  });
+}
+template <class Optimizer, class H, class Space>
+void half_row_update(const Exec<Space>& ex, const Optimizer& opt, std::uint64_t step, H* w, const index_t* rows,
+                     const index_t* ids, const float* g, std::size_t k, std::size_t cols, float* s0, float* s1,
+                     float scale, Rounding rounding) {
+  with_decay_known<float>(opt.template rule<float>(step), [&](auto rule) {
+    for_each_rows(ex, k, cols,
+                  HalfRowUpdate<decltype(rule), H, Optimizer::slots>{rule, w, s0, s1, rows, ids, g, cols, scale,
+                                                                      rounding, step});
+  });
+}
+}  // namespace detail
+
+namespace detail {
+/// Whether O is a variable's binding to one of optim::Groups' optimizers
+/// (it offers visit(f): f(the group's optimizer, as the variable uses it)).
+template <class O, class = void>
+struct visits : std::false_type {};
+template <class O>
+struct visits<O, std::enable_if_t<O::visits_optimizer>> : std::true_type {};
+/// f(opt), or f(the optimizer a Groups binding stands for).
+template <class Optimizer, class F>
+void with_optimizer(const Optimizer& opt, F&& f) {
+  if constexpr (visits<Optimizer>::value) opt.visit(f);
+  else f(opt);
+}
+}  // namespace detail
+
+/// w[i] <- rule(w[i], scale * g[i]) for i < n. `state` is the
+/// State<Optimizer, T, Space> of the n elements; `opt` is the optimizer, or
+/// a variable's binding to optim::Groups (`*bound`).
+template <class Optimizer, class T, class Space, class S>
+void apply_dense(const Exec<Space>& ex, const Optimizer& opt, std::uint64_t step, T* w, const T* g, std::size_t n,
+                 S& state, T scale) {
+  detail::with_optimizer(opt, [&](const auto& o) {
+    detail::dense_update(ex, o, step, w, g, n, state.slot(0), state.slot(1), scale);
   });
 }
 
 /// For each of the k unique local rows r: w[r, :] <- rule(w[r, :], scale * g[j, :]);
-/// other rows and their state stay as they are (lazy update).
-template <class Optimizer, class T, class Space>
+/// other rows and their state stay as they are (lazy update). `opt` and
+/// `state` as apply_dense's.
+template <class Optimizer, class T, class Space, class S>
 void apply_rows(const Exec<Space>& ex, const Optimizer& opt, std::uint64_t step, T* w, const index_t* rows,
-                const T* g, std::size_t k, std::size_t cols, State<Optimizer, T, Space>& state, T scale) {
-  detail::with_decay_known<T>(opt.template rule<T>(step), [&](auto rule) {
-    for_each_rows(ex, k, cols,
-                  detail::RowUpdate<decltype(rule), T, Optimizer::slots>{rule, w, state.slot(0), state.slot(1), rows, g,
-                                                                         cols, scale});
+                const T* g, std::size_t k, std::size_t cols, S& state, T scale) {
+  detail::with_optimizer(opt, [&](const auto& o) {
+    detail::row_update(ex, o, step, w, rows, g, k, cols, state.slot(0), state.slot(1), scale);
   });
 }
 
@@ -350,14 +452,12 @@ void apply_rows(const Exec<Space>& ex, const Optimizer& opt, std::uint64_t step,
 /// `rounding`. `ids` are the rows' global ids (the stochastic draws hash
 /// them, so they do not depend on where a row lives); the same as `rows`
 /// for a table that is not sharded.
-template <class Optimizer, class H, class Space, std::enable_if_t<is_half_v<H>, int> = 0>
+template <class Optimizer, class H, class Space, class S, std::enable_if_t<is_half_v<H>, int> = 0>
 void apply_rows(const Exec<Space>& ex, const Optimizer& opt, std::uint64_t step, H* w, const index_t* rows,
-                const index_t* ids, const float* g, std::size_t k, std::size_t cols,
-                State<Optimizer, float, Space>& state, float scale, Rounding rounding = {}) {
-  detail::with_decay_known<float>(opt.template rule<float>(step), [&](auto rule) {
-    for_each_rows(ex, k, cols,
-                  detail::HalfRowUpdate<decltype(rule), H, Optimizer::slots>{
-                      rule, w, state.slot(0), state.slot(1), rows, ids, g, cols, scale, rounding, step});
+                const index_t* ids, const float* g, std::size_t k, std::size_t cols, S& state, float scale,
+                Rounding rounding = {}) {
+  detail::with_optimizer(opt, [&](const auto& o) {
+    detail::half_row_update(ex, o, step, w, rows, ids, g, k, cols, state.slot(0), state.slot(1), scale, rounding);
   });
 }
 

@@ -14,6 +14,11 @@ struct Sgd {
   /// Sparse variables decay lazily: only the rows a step touches.
   float weight_decay = 0.f;
 
+  // Named setters (C++17 has no designated initializers): each returns a copy
+  // with one field set, e.g. `Sgd{}.with_lr(1e-3f)`.
+  Sgd with_lr(float v) const { Sgd o = *this; o.lr = v; return o; }
+  Sgd with_weight_decay(float v) const { Sgd o = *this; o.weight_decay = v; return o; }
+
   static constexpr const char* name = "sgd";
   static constexpr int slots = 0;
   template <class T>

@@ -425,7 +425,14 @@ void load_block(detail::CheckpointReader& in, std::size_t v, int what, const Par
 template <class T, class Space>
 void save_state(detail::AtomicFile& out, const T* value, T* const* slots, int count, std::size_t n) {
   save_block<T, Space>(out, value, n);
-  for (int k = 0; k < count; ++k) save_block<T, Space>(out, slots[k], n);
+  for (int k = 0; k < count; ++k) {
+    if (slots[k]) {
+      save_block<T, Space>(out, slots[k], n);
+    } else {  // a slot this variable's optimizer does not keep
+      const std::vector<T> zeros(n, T(0));
+      out.write(zeros.data(), n * sizeof(T));
+    }
+  }
 }
 /// Loads what save_state() saved, for the rows `map` places on `rank` (all
 /// rows when null).
@@ -433,15 +440,25 @@ template <class T, class Space>
 void load_state(detail::CheckpointReader& in, std::size_t v, const PartitionMap* map, int rank, std::size_t rows,
                 std::size_t cols, T* value, T* const* slots, int count) {
   load_block<T, Space>(in, v, 0, map, rank, rows, cols, value);
-  for (int k = 0; k < count; ++k) load_block<T, Space>(in, v, k + 1, map, rank, rows, cols, slots[k]);
+  for (int k = 0; k < count; ++k)
+    if (slots[k]) load_block<T, Space>(in, v, k + 1, map, rank, rows, cols, slots[k]);
 }
 
-/// The slots of an optimizer state as pointers (for save_state / load_state).
+/// The slots of an optimizer state as pointers (for save_state /
+/// load_state), Optimizer::slots of them; null for a slot the variable's
+/// optimizer does not keep (optim::Groups: saved as zeros, not loaded).
 template <class Optimizer, class T, class Space>
 std::vector<T*> slots_of(optim::State<Optimizer, T, Space>& state, std::size_t offset = 0) {
   std::vector<T*> out;
-  for (int k = 0; k < Optimizer::slots; ++k) out.push_back(state.slot(k) + offset);
+  for (int k = 0; k < Optimizer::slots; ++k) out.push_back(state.slot(k) ? state.slot(k) + offset : nullptr);
   return out;
+}
+
+/// A member's binding of its variable to the trainer's optimizer
+/// (optim::bind; throws naming a variable optim::Groups places in no group).
+template <class Optimizer, class Var>
+optim::Bound<Optimizer> bind_variable(const Optimizer& opt, const Var& var) {
+  return optim::bind(opt, optim::VariableInfo{var.name(), Var::is_sparse()});
 }
 
 }  // namespace policy

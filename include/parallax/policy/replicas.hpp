@@ -64,8 +64,8 @@ class DenseReplica : public MemberOf<Var> {
   using space = engine::space_of_t<Engine>;
 
   DenseReplica(Var var, Engine& engine, const Optimizer& opt, const char* policy)
-      : MemberOf<Var>(std::move(var), policy), engine_(&engine), opt_(&opt),
-        state_(opt, this->var_.shape().elements()) {}
+      : MemberOf<Var>(std::move(var), policy), engine_(&engine), opt_(bind_variable(opt, this->var_)),
+        state_(*opt_, this->var_.shape().elements()) {}
 
   Engine& engine() noexcept { return *engine_; }
   Buffer<T, space>& value() noexcept { return this->var_.state().value; }
@@ -100,7 +100,7 @@ class DenseReplica : public MemberOf<Var> {
 
  private:
   Engine* engine_;
-  const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
+  optim::Bound<Optimizer> opt_;  // the trainer's optimizer: its learning rate changes between steps
   optim::State<Optimizer, T, space> state_;
 };
 
@@ -116,10 +116,11 @@ class SparseReplica : public MemberOf<Var> {
   using space = engine::space_of_t<Engine>;
 
   SparseReplica(Var var, Engine& engine, const Optimizer& opt, const char* policy)
-      : MemberOf<Var>(std::move(var), policy), engine_(&engine), opt_(&opt), value_(this->var_.shape().elements()) {
+      : MemberOf<Var>(std::move(var), policy), engine_(&engine), opt_(bind_variable(opt, this->var_)),
+        value_(this->var_.shape().elements()) {
     this->var_.fill_initial(ex(), value_.data(), 0, this->var_.rows());
     ex().synchronize();
-    state_.reset(opt, value_.size());
+    state_.reset(*opt_, value_.size());
   }
 
   Engine& engine() noexcept { return *engine_; }
@@ -182,7 +183,7 @@ class SparseReplica : public MemberOf<Var> {
   Exec<space>& ex() { return engine_->exec(); }
 
   Engine* engine_;
-  const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
+  optim::Bound<Optimizer> opt_;  // the trainer's optimizer: its learning rate changes between steps
   Buffer<T, space> value_;
   optim::State<Optimizer, T, space> state_;
   Buffer<index_t, space> safe_ids_;

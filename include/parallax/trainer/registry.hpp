@@ -59,10 +59,12 @@ class Registry {
                                  Optimizer>() &&
                    ...));
     std::vector<detail::VarRecord> records;
+    std::vector<optim::VariableInfo> infos;
     auto record = [&](auto& v) {
       using V = std::remove_reference_t<decltype(v)>;
       records.push_back(detail::VarRecord::make(v.name(), v.shape(), data_type_of_v<typename V::value_type>, V::is_sparse(),
                                         policy_for_t<Arch, V>::name));
+      infos.push_back({v.name(), V::is_sparse()});
     };
     (detail::for_each_variable(vars, record), ...);
     std::vector<std::string> names;
@@ -75,6 +77,9 @@ class Registry {
     };
     (detail::for_each_variable(vars, unregistered), ...);
     detail::agree_on_variables(engine, records);
+    // Every rank has the same variables now: a variable optim::Groups places
+    // in no group, or in two, throws here on every rank alike.
+    optimizer_name_ = optim::saved_name(opt, infos);
     try {
       (detail::for_each_variable(vars, [&](auto& v) { add(engine, opt, options, owner, v); }), ...);
       for (auto& s : synchronizers_) s.second->prepare();
@@ -117,6 +122,8 @@ class Registry {
   }
   /// Every variable, in registration order.
   const std::vector<policy::Member*>& members() const noexcept { return members_; }
+  /// The optimizer checkpoints record (optim::saved_name).
+  const std::string& optimizer_name() const noexcept { return optimizer_name_; }
 
   /// A batched lookup's variables: held by this trainer, each once.
   template <class Request>
@@ -195,6 +202,7 @@ class Registry {
   std::vector<policy::Member*> members_;           // every variable, in registration order
   std::vector<std::size_t> member_synchronizer_;   // each member's synchronizer
   std::vector<const void**> registered_;           // each variable's link to its trainer
+  std::string optimizer_name_;                     // what checkpoints record
 };
 
 }  // namespace parallax::trainer

@@ -23,7 +23,7 @@ class Saves {
  public:
   Saves(Engine& engine, const CheckpointOptions& options, Registry<Arch, Engine, Optimizer>& registry,
         Steps<Arch, Engine, Optimizer>& steps)
-      : checkpoints_(engine, options, Optimizer::name, Optimizer::slots, registry.members()),
+      : checkpoints_(engine, options, registry.optimizer_name(), Optimizer::slots, registry.members()),
         registry_(&registry), steps_(&steps) {}
 
   Checkpoints<Engine>& checkpoints() noexcept { return checkpoints_; }

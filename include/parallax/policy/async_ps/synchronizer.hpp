@@ -50,6 +50,9 @@ class AsyncSynchronizer final : public Synchronizer<Engine> {
  public:
   using space = engine::space_of_t<Engine>;
   static_assert(std::is_same_v<space, HostSpace>, "AsyncPS keeps its shards in host shared memory: use engine::Mpi");
+  static_assert(!optim::is_groups_v<Optimizer>,
+                "AsyncPS applies one optimizer's rule to every row it owns: it does not take optim::Groups (use a "
+                "synchronous architecture, or one optimizer)");
 
   AsyncSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions& options)
       : engine_(&engine), opt_(&opt), options_(options) {

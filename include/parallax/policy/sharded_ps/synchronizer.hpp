@@ -67,7 +67,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
                            engine_->size());
     if constexpr (Var::is_sparse()) {
       using T = typename Var::value_type;
-      Group<T>& g = group_for<T>(var.cols());
+      Group<T>& g = group_for<T>(var.cols(), bind_variable(*opt_, var));
       const std::size_t index = g.tables.add(var.name(), map);
       auto m = std::make_unique<TableOf<Var>>(std::move(var), *engine_, g, index);
       g.members.push_back(m.get());
@@ -483,8 +483,9 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   template <class T>
   class Group final : public GroupBase {
    public:
-    Group(Engine& engine, const Optimizer& opt, std::size_t cols, const ShardedOptions& o)
-        : tables(engine, cols, o.local_aggregation, o.shared_memory), engine_(&engine), opt_(&opt) {}
+    Group(Engine& engine, const optim::Bound<Optimizer>& bound, std::size_t cols, const ShardedOptions& o)
+        : tables(engine, cols, o.local_aggregation, o.shared_memory), engine_(&engine), opt_(bound) {}
+    const optim::Bound<Optimizer>& bound() const noexcept { return opt_; }
 
     void build() override {
       tables.build();
@@ -540,7 +541,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
 
    private:
     Engine* engine_;
-    const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
+    optim::Bound<Optimizer> opt_;  // every table's: the trainer's optimizer, whose learning rate changes
     std::vector<typename TableGroup<T, Engine>::Push> pushes_;
     std::vector<std::unique_ptr<BagPool<T, Engine>>> bag_pools_;
     std::size_t bag_pools_used_ = 0;
@@ -853,13 +854,16 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   }
 
   /// The group that stores sparse variables of type T and `cols` columns
-  /// (a new one per table when grouping is off).
+  /// updated alike (one state buffer, one update call: the same binding to
+  /// the optimizer); a new one per table when grouping is off.
   template <class T>
-  Group<T>& group_for(std::size_t cols) {
+  Group<T>& group_for(std::size_t cols, const optim::Bound<Optimizer>& bound) {
     if (options_.sharded.group_tables)
       for (std::size_t i = 0; i < groups_.size(); ++i)
-        if (group_types_[i] == &typeid(T) && group_cols_[i] == cols) return static_cast<Group<T>&>(*groups_[i]);
-    groups_.push_back(std::make_unique<Group<T>>(*engine_, *opt_, cols, options_.sharded));
+        if (group_types_[i] == &typeid(T) && group_cols_[i] == cols &&
+            static_cast<Group<T>&>(*groups_[i]).bound() == bound)
+          return static_cast<Group<T>&>(*groups_[i]);
+    groups_.push_back(std::make_unique<Group<T>>(*engine_, bound, cols, options_.sharded));
     group_types_.push_back(&typeid(T));
     group_cols_.push_back(cols);
     return static_cast<Group<T>&>(*groups_.back());
@@ -892,10 +896,10 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
 
    public:
     DenseOf(Var var, Engine& engine, const Optimizer& opt, PartitionMap map)
-        : MemberOf<Var>(std::move(var), ShardedPS::name), engine_(&engine), opt_(&opt),
+        : MemberOf<Var>(std::move(var), ShardedPS::name), engine_(&engine), opt_(bind_variable(opt, this->var_)),
           shards_(engine, map, this->var_.cols()) {
       shards_.take_shard(this->var_.state().value.data(), shards_.shard().data());
-      state_.reset(opt, shards_.shard_elements());
+      state_.reset(*opt_, shards_.shard_elements());
       sum_.resize_discard(shards_.shard_elements());
     }
     bool has_gradient() const override { return this->var_.state().grad_touched; }
@@ -938,7 +942,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
 
    private:
     Engine* engine_;
-    const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
+    optim::Bound<Optimizer> opt_;  // the trainer's optimizer: its learning rate changes between steps
     DenseShards<T, Engine> shards_;
     optim::State<Optimizer, T, space> state_;
     Buffer<T, space> sum_;
