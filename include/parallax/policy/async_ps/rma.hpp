@@ -3,9 +3,9 @@
 /// AsyncPS's route across hosts: a window of MPI one-sided memory
 /// (MPI_Win_allocate) per shard, read and written with MPI_Get / MPI_Put
 /// under the owner's passive-target lock (MPI_Win_lock), and what a call
-/// moves: the rows of one owner, scattered in its segment, under one
-/// lock, so a lookup or a push takes one lock and one round trip per owner,
-/// not per row.
+/// moves: the rows of one owner, scattered in its segment, as one derived
+/// datatype, so a lookup or a push takes one lock and one transfer per
+/// owner, not one per row.
 ///
 /// MPICH over UCX (ch4) serves one-sided calls by active messages: a lock,
 /// get or put completes when the owner's process is inside MPI (any MPI
@@ -48,11 +48,44 @@ inline bool one_machine(MPI_Comm comm) {
   return all != 0;
 }
 
-/// Byte ranges of a window segment: where a call's rows lie in its owner's
-/// segment, each `block` bytes.
-struct Blocks {
-  std::vector<MPI_Aint> at;  // byte displacements
-  std::size_t block;
+/// Byte ranges of a window segment, in the order a call's buffer holds
+/// them: blocks that follow each other in the segment are merged into one
+/// run, and the runs travel as one derived datatype, so a call moves each
+/// owner's rows in one transfer (a dense variable's rows of an owner are a
+/// few runs).
+class Blocks {
+ public:
+  Blocks() = default;
+  Blocks(const Blocks&) = delete;
+  Blocks& operator=(const Blocks&) = delete;
+  ~Blocks() {
+    if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
+  }
+  /// `bytes` bytes at byte displacement `at`, after the blocks added before.
+  void add(MPI_Aint at, std::size_t bytes) {
+    total_ += bytes;
+    if (!at_.empty() && at_.back() + len_.back() == at) {
+      len_.back() += static_cast<int>(bytes);
+      return;
+    }
+    at_.push_back(at);
+    len_.push_back(static_cast<int>(bytes));
+  }
+  std::size_t bytes() const noexcept { return total_; }
+  /// The runs as one datatype (built once).
+  MPI_Datatype type() {
+    if (type_ == MPI_DATATYPE_NULL) {
+      PARALLAX_MPI_CHECK(MPI_Type_create_hindexed(static_cast<int>(at_.size()), len_.data(), at_.data(), MPI_BYTE, &type_));
+      PARALLAX_MPI_CHECK(MPI_Type_commit(&type_));
+    }
+    return type_;
+  }
+
+ private:
+  std::vector<MPI_Aint> at_;
+  std::vector<int> len_;
+  std::size_t total_ = 0;
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
 };
 
 /// `bytes` bytes of this rank's in a one-sided window over `comm`
@@ -236,22 +269,17 @@ class Access {
     PARALLAX_MPI_CHECK(MPI_Win_unlock(target_, win_));
     watch_->disarm();
   }
-  /// Copies the target's `where` into `out` (contiguous, `bytes` bytes), and
-  /// waits until it arrived.
-  void get(void* out, const Blocks& where) const {
-    auto* to = static_cast<unsigned char*>(out);
-    const int n = static_cast<int>(where.block);
-    for (std::size_t i = 0; i < where.at.size(); ++i)
-      PARALLAX_MPI_CHECK(MPI_Get(to + i * where.block, n, MPI_BYTE, target_, where.at[i], n, MPI_BYTE, win_));
+  /// Copies the target's `where` into `out` (contiguous), and waits until
+  /// it arrived.
+  void get(void* out, Blocks& where) const {
+    PARALLAX_MPI_CHECK(
+        MPI_Get(out, static_cast<int>(where.bytes()), MPI_BYTE, target_, 0, 1, where.type(), win_));
     PARALLAX_MPI_CHECK(MPI_Win_flush(target_, win_));
   }
-  /// Writes `in` (contiguous) to the target's `where`; complete at the
-  /// epoch's end.
-  void put(const void* in, const Blocks& where) const {
-    const auto* from = static_cast<const unsigned char*>(in);
-    const int n = static_cast<int>(where.block);
-    for (std::size_t i = 0; i < where.at.size(); ++i)
-      PARALLAX_MPI_CHECK(MPI_Put(from + i * where.block, n, MPI_BYTE, target_, where.at[i], n, MPI_BYTE, win_));
+  /// Writes `in` (contiguous) to the target's `where`; complete at end().
+  void put(const void* in, Blocks& where) const {
+    PARALLAX_MPI_CHECK(
+        MPI_Put(in, static_cast<int>(where.bytes()), MPI_BYTE, target_, 0, 1, where.type(), win_));
   }
 
  private:

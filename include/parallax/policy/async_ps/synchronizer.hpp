@@ -307,9 +307,8 @@ class AsyncSynchronizer final : public Synchronizer<Engine> {
       for (int o = 0; o < map_.ranks; ++o) {
         const std::vector<std::size_t>& mine = owned_[static_cast<std::size_t>(o)];
         if (mine.empty()) continue;
-        async::Blocks where{std::vector<MPI_Aint>(mine.size()), row_bytes};
-        for (std::size_t j = 0; j < mine.size(); ++j)
-          where.at[j] = static_cast<MPI_Aint>(map_.local_row(ids[mine[j]]) * row_bytes);
+        async::Blocks where;
+        for (std::size_t i : mine) where.add(static_cast<MPI_Aint>(map_.local_row(ids[i]) * row_bytes), row_bytes);
         buffer_.resize(mine.size() * cols_);
         async::Access access(rma_, o, false, *sync_->watchdog_, this->var_.name());
         access.get(buffer_.data(), where);
@@ -338,21 +337,23 @@ class AsyncSynchronizer final : public Synchronizer<Engine> {
       for (int o = 0; o < map_.ranks; ++o) {
         const std::vector<std::size_t>& mine = owned_[static_cast<std::size_t>(o)];
         if (mine.empty()) continue;
-        // Each row, then its slots, as they lie in the owner's segment.
-        const std::size_t shard = map_.shard_rows(o);
-        async::Blocks where{{}, row_bytes};
-        where.at.reserve(mine.size() * parts);
-        for (std::size_t i : mine)
-          for (std::size_t k = 0; k < parts; ++k)
-            where.at.push_back(static_cast<MPI_Aint>((k * shard + map_.local_row(ids[i])) * row_bytes));
-        buffer_.resize(where.at.size() * cols_);
+        // The rows, then each slot of them, as they lie in the owner's
+        // segment (part k of the j-th row at buffer_[(k * m + j) * cols]).
+        const std::size_t shard = map_.shard_rows(o), m = mine.size();
+        async::Blocks where;
+        for (std::size_t k = 0; k < parts; ++k)
+          for (std::size_t i : mine)
+            where.add(static_cast<MPI_Aint>((k * shard + map_.local_row(ids[i])) * row_bytes), row_bytes);
+        buffer_.resize(m * parts * cols_);
         async::Access access(rma_, o, true, *sync_->watchdog_, this->var_.name());
         access.get(buffer_.data(), where);
-        for (std::size_t j = 0; j < mine.size(); ++j) {
-          T* row = buffer_.data() + j * parts * cols_;
+        for (std::size_t j = 0; j < m; ++j) {
+          T* row = buffer_.data() + j * cols_;
+          T* s0 = row + m * cols_;
+          T* s1 = row + 2 * m * cols_;
           const T* grad = g + mine[j] * cols_;
           for (std::size_t c = 0; c < cols_; ++c)
-            rule(row[c], grad[c] * scale, slots > 0 ? row[cols_ + c] : unused0, slots > 1 ? row[2 * cols_ + c] : unused1);
+            rule(row[c], grad[c] * scale, slots > 0 ? s0[c] : unused0, slots > 1 ? s1[c] : unused1);
         }
         access.put(buffer_.data(), where);
         access.end();
