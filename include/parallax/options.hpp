@@ -241,8 +241,9 @@ struct TrainerOptions {
       if (const char* env = std::getenv("PARALLAX_TIMELINE")) o.timeline = env;
     if (const char* env = std::getenv("PARALLAX_SHARED_SHARDS"))
       o.sharded.shared_memory = o.sharded.shared_memory && std::atoi(env) != 0;
-    if (const char* env = std::getenv("PARALLAX_ASYNC_ROUTE"); env != nullptr && o.async.route == AsyncOptions::Route::automatic) {
-      const std::string r = env;
+    const char* route = std::getenv("PARALLAX_ASYNC_ROUTE");
+    if (route != nullptr && o.async.route == AsyncOptions::Route::automatic) {
+      const std::string r = route;
       PARALLAX_EXPECTS(r == "rma" || r == "shared_memory" || r == "automatic",
                        "PARALLAX_ASYNC_ROUTE must be rma, shared_memory or automatic, not '", r, "'");
       o.async.route = r == "rma" ? AsyncOptions::Route::rma

@@ -6,6 +6,8 @@
 #define PARALLAX_TEST_ASYNC_RMA 1
 #include "async_ps.cpp"
 
+#include <cstdlib>
+
 TEST_CASE("AsyncPS takes the route it is told, and the RMA route across hosts by itself", "[async]") {
   auto& ctx = test::world();
   Table e(ctx, "e", {R, C});
@@ -19,4 +21,18 @@ TEST_CASE("AsyncPS takes the route it is told, and the RMA route across hosts by
   // One machine here: shared memory, unless PARALLAX_ASYNC_ROUTE says otherwise.
   const char* env = std::getenv("PARALLAX_ASYNC_ROUTE");
   CHECK(trainer.synchronizer<px::AsyncPS>().rma() == (env != nullptr && std::string(env) == "rma"));
+}
+
+TEST_CASE("PARALLAX_ASYNC_ROUTE: a value that names no route is refused by name", "[async]") {
+  auto& ctx = test::world();
+  Table e(ctx, "e", {R, C});
+  const char* before = std::getenv("PARALLAX_ASYNC_ROUTE");
+  const std::string saved = before ? before : "";
+  setenv("PARALLAX_ASYNC_ROUTE", "rdma", 1);
+  px::TrainerOptions o = options(1);
+  o.async.route = px::AsyncOptions::Route::automatic;
+  CHECK_THROWS_WITH((px::Trainer<px::arch::Async, px::optim::Sgd>(ctx, o, px::optim::Sgd{1.f}, e)),
+                    Catch::Contains("PARALLAX_ASYNC_ROUTE") && Catch::Contains("'rdma'"));
+  if (before) setenv("PARALLAX_ASYNC_ROUTE", saved.c_str(), 1);
+  else unsetenv("PARALLAX_ASYNC_ROUTE");
 }

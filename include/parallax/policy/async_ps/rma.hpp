@@ -75,7 +75,8 @@ class Blocks {
   /// The runs as one datatype (built once).
   MPI_Datatype type() {
     if (type_ == MPI_DATATYPE_NULL) {
-      PARALLAX_MPI_CHECK(MPI_Type_create_hindexed(static_cast<int>(at_.size()), len_.data(), at_.data(), MPI_BYTE, &type_));
+      PARALLAX_MPI_CHECK(
+          MPI_Type_create_hindexed(static_cast<int>(at_.size()), len_.data(), at_.data(), MPI_BYTE, &type_));
       PARALLAX_MPI_CHECK(MPI_Type_commit(&type_));
     }
     return type_;
