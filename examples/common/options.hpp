@@ -95,7 +95,7 @@ inline void add_common_options(po::options_description& desc, CommonOptions& o) 
     ("sync", po::value(&o.sync)->default_value(o.sync),
      "sync: every step waits for every rank's gradients; async: sparse pushes land when they are made and no "
      "step waits for the others beyond --staleness (with --arch ps everything is asynchronous; with --arch "
-     "hybrid the dense layers stay all-reduced, Persia's split). Host build, ranks on one machine")
+     "hybrid the dense layers stay all-reduced, Persia's split). Host build; across hosts through MPI one-sided calls")
     ("staleness", po::value(&o.staleness)->default_value(o.staleness),
      "--sync async: steps a rank may complete beyond the slowest rank (0: lock step; -1: unbounded)")
     ("slow-rank", po::value(&o.slow_rank)->default_value(o.slow_rank),

@@ -122,6 +122,13 @@ struct AsyncOptions {
   /// completed at most this many steps more than the slowest rank. 0: every
   /// rank waits for every other at every step; -1: unbounded.
   int staleness = 4;
+  /// How ranks reach the shards and clocks (docs/async.md, "Two routes").
+  enum class Route {
+    automatic,      ///< shared memory where every rank maps it (one machine), else rma
+    shared_memory,  ///< loads and stores in an MPI-3 shared-memory window (one machine only)
+    rma,            ///< MPI one-sided calls: works across hosts; PARALLAX_ASYNC_ROUTE=rma forces it
+  };
+  Route route = Route::automatic;
 };
 
 /// When and where a Trainer saves on its own (during step()).
@@ -234,6 +241,14 @@ struct TrainerOptions {
       if (const char* env = std::getenv("PARALLAX_TIMELINE")) o.timeline = env;
     if (const char* env = std::getenv("PARALLAX_SHARED_SHARDS"))
       o.sharded.shared_memory = o.sharded.shared_memory && std::atoi(env) != 0;
+    const char* route = std::getenv("PARALLAX_ASYNC_ROUTE");
+    if (route != nullptr && o.async.route == AsyncOptions::Route::automatic) {
+      const std::string r = route;
+      PARALLAX_EXPECTS(r == "rma" || r == "shared_memory" || r == "automatic",
+                       "PARALLAX_ASYNC_ROUTE must be rma, shared_memory or automatic, not '", r, "'");
+      o.async.route = r == "rma" ? AsyncOptions::Route::rma
+                      : r == "shared_memory" ? AsyncOptions::Route::shared_memory : AsyncOptions::Route::automatic;
+    }
     // A communication thread needs MPI_THREAD_SERIALIZED; on a host it waits
     // for a core of its own unless told not to (overlap_needs_spare_core).
     const long hardware = static_cast<long>(std::thread::hardware_concurrency());

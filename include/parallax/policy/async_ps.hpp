@@ -21,10 +21,11 @@ class AsyncSynchronizer;
 /// step waits for the other ranks' gradients: a push is applied to its rows
 /// when it is made, exactly once, and a lookup returns the rows as they are
 /// then. A rank runs at most TrainerOptions::async.staleness steps ahead of
-/// the slowest (stale synchronous parallel). Every shard lives in shared
-/// memory that every rank reads and writes under per-row locks, so an owner
-/// need not take part in its rows' pulls and pushes: the ranks must share
-/// one machine. Dense variables are sharded the same way and each rank's
+/// the slowest (stale synchronous parallel). On one machine every shard
+/// lives in shared memory that every rank reads and writes under per-row
+/// locks, so an owner need not take part in its rows' pulls and pushes;
+/// across hosts the shards live in MPI one-sided windows, reached under
+/// each owner's passive-target lock (AsyncOptions::route). Dense variables are sharded the same way and each rank's
 /// replica (`value()`) is refreshed from the shards after each step.
 struct AsyncPS {
   static constexpr const char* name = "AsyncPS";

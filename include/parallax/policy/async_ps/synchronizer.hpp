@@ -14,6 +14,13 @@
 /// while it applies the optimizer to the row and its state. A lookup of
 /// several rows is not atomic across rows (another rank's push may land
 /// between two of them), as in every asynchronous parameter server.
+///
+/// Across hosts (the RMA route, rma.hpp) the shards live in one-sided
+/// windows instead, and the owner's passive-target lock takes the row
+/// locks' place: a lookup reads each owner's rows under its shared lock, a
+/// push reads its rows and their optimizer state under the exclusive lock,
+/// applies the optimizer here (the same rule in the same order as the
+/// shared-memory route) and writes them back before the unlock.
 
 #include <parallax/detail/fault.hpp>
 #include <parallax/detail/shared_window.hpp>
@@ -24,6 +31,7 @@
 #include <parallax/partition.hpp>
 #include <parallax/policy/async_ps.hpp>
 #include <parallax/policy/async_ps/clock.hpp>
+#include <parallax/policy/async_ps/rma.hpp>
 #include <parallax/policy/policy.hpp>
 #include <parallax/space.hpp>
 #include <parallax/types.hpp>
@@ -76,7 +84,11 @@ class AsyncSynchronizer final : public Synchronizer<Engine> {
 
   /// The step clocks, then every table's windows. Collective.
   void prepare() override {
-    clock_ = std::make_unique<async::Clock>(engine_->comm(), options_.async.staleness, timeout());
+    using Route = AsyncOptions::Route;
+    rma_ = options_.async.route == Route::rma ||
+           (options_.async.route == Route::automatic && !async::one_machine(engine_->comm()));
+    clock_ = std::make_unique<async::Clock>(engine_->comm(), options_.async.staleness, timeout(), rma_);
+    if (rma_) watchdog_ = std::make_unique<async::Watchdog>(engine_->rank(), timeout());
     for (TableBase* t : tables_) t->build();
     engine_->barrier();
   }
@@ -133,6 +145,9 @@ class AsyncSynchronizer final : public Synchronizer<Engine> {
 
   const AsyncStats& stats() { return clock_->stats(); }
   async::Clock& clock() { return *clock_; }
+  /// Whether the shards are reached by MPI one-sided calls (across hosts)
+  /// rather than loads and stores in shared memory. Valid after prepare().
+  bool rma() const noexcept { return rma_; }
 
  private:
   std::chrono::milliseconds timeout() const { return engine_->options().timeout; }
@@ -162,17 +177,25 @@ class AsyncSynchronizer final : public Synchronizer<Engine> {
 
     void build() override {
       const std::size_t n = map_.shard_rows(rank_);
-      values_ = detail::SharedWindow<T>::create(sync_->engine_->comm(), n * cols_ * (1 + slots));
-      locks_ = detail::SharedWindow<async::RowLock>::create(sync_->engine_->comm(), n);
-      PARALLAX_EXPECTS(values_ && locks_, "AsyncPS: variable '", this->var_.name(),
-                       "': its shards need shared memory that every rank maps (one machine, room in /dev/shm)");
-      T* shard = values_.local();
+      if (sync_->rma_) {
+        rma_ = async::RmaWindow::create(sync_->engine_->comm(), n * cols_ * (1 + slots) * sizeof(T), false);
+      } else {
+        values_ = detail::SharedWindow<T>::create(sync_->engine_->comm(), n * cols_ * (1 + slots));
+        locks_ = detail::SharedWindow<async::RowLock>::create(sync_->engine_->comm(), n);
+        PARALLAX_EXPECTS(values_ && locks_, "AsyncPS: variable '", this->var_.name(),
+                         "': its shards need shared memory that every rank maps (one machine, room in /dev/shm)");
+      }
+      T* shard = local();
       for (std::size_t t = 0; t < map_.partitions_on(rank_); ++t) {
         const int p = rank_ + static_cast<int>(t) * map_.ranks;
         this->var_.fill_initial(exec_, shard + map_.shard_offset(p) * cols_, map_.begin(p), map_.size(p));
       }
       for (int k = 0; k < slots; ++k)
         std::fill(shard + (k + 1) * n * cols_, shard + (k + 2) * n * cols_, sync_->opt_->template slot_initial<T>(k));
+      if (sync_->rma_) {
+        rma_.sync();
+        return;
+      }
       std::fill(locks_.local(), locks_.local() + n, async::RowLock{0});
       values_.sync();
       locks_.sync();
@@ -195,7 +218,7 @@ class AsyncSynchronizer final : public Synchronizer<Engine> {
                          ") on rank ", rank_);
       looked_up_.emplace_back(n * cols_);
       T* out = looked_up_.back().data();
-      for (std::size_t i = 0; i < n; ++i) read_row(ids[i], out + i * cols_);
+      read_rows(ids, n, out);
       return Rows<T, space>{out, n, cols_};
     }
 
@@ -205,11 +228,9 @@ class AsyncSynchronizer final : public Synchronizer<Engine> {
       if constexpr (Var::is_sparse()) {
         auto& g = this->var_.state().sparse_grad;
         g.coalesce(exec_);
-        for (std::size_t j = 0; j < g.size(); ++j) apply_row(rule, g.indices()[j], g.values() + j * cols_, scale);
+        apply_rows(rule, g.indices(), g.values(), g.size(), scale);
       } else {
-        const T* g = this->var_.state().grad.data();
-        for (std::size_t r = 0; r < this->var_.rows(); ++r)
-          apply_row(rule, static_cast<index_t>(r), g + r * cols_, scale);
+        apply_rows(rule, all_ids().data(), this->var_.state().grad.data(), this->var_.rows(), scale);
       }
     }
     /// Dense: the replica every rank reads, from the shards.
@@ -233,15 +254,16 @@ class AsyncSynchronizer final : public Synchronizer<Engine> {
     void save(detail::AtomicFile& out) override {
       const std::size_t n = map_.shard_rows(rank_) * cols_;
       std::vector<T*> s;
-      for (int k = 0; k < slots; ++k) s.push_back(values_.local() + (k + 1) * n);
-      save_state<T, space>(out, values_.local(), s.data(), slots, n);
+      for (int k = 0; k < slots; ++k) s.push_back(local() + (k + 1) * n);
+      save_state<T, space>(out, local(), s.data(), slots, n);
     }
     void load(detail::CheckpointReader& in, std::size_t index) override {
       const std::size_t n = map_.shard_rows(rank_) * cols_;
       std::vector<T*> s;
-      for (int k = 0; k < slots; ++k) s.push_back(values_.local() + (k + 1) * n);
-      load_state<T, space>(in, index, &map_, rank_, this->var_.rows(), cols_, values_.local(), s.data(), slots);
+      for (int k = 0; k < slots; ++k) s.push_back(local() + (k + 1) * n);
+      load_state<T, space>(in, index, &map_, rank_, this->var_.rows(), cols_, local(), s.data(), slots);
       values_.sync();
+      rma_.sync();
       if constexpr (!Var::is_sparse())
         load_block<T, space>(in, index, 0, nullptr, rank_, this->var_.rows(), cols_, this->var_.state().value.data());
     }
@@ -267,8 +289,78 @@ class AsyncSynchronizer final : public Synchronizer<Engine> {
       std::memcpy(out, w.row, cols_ * sizeof(T));
       async::unlock_row(w.lock);
     }
-    void read_all(T* out) const {
-      for (std::size_t r = 0; r < this->var_.rows(); ++r) read_row(static_cast<index_t>(r), out + r * cols_);
+    void read_all(T* out) { read_rows(all_ids().data(), this->var_.rows(), out); }
+    /// This rank's shard: values, then each optimizer slot.
+    T* local() const { return sync_->rma_ ? rma_.local<T>() : values_.local(); }
+    /// 0 .. rows - 1 (what a dense variable reads and pushes).
+    const std::vector<index_t>& all_ids() {
+      if (all_ids_.size() != this->var_.rows()) {
+        all_ids_.resize(this->var_.rows());
+        for (std::size_t r = 0; r < all_ids_.size(); ++r) all_ids_[r] = static_cast<index_t>(r);
+      }
+      return all_ids_;
+    }
+    void read_rows(const index_t* ids, std::size_t n, T* out) {
+      if (!sync_->rma_) {
+        for (std::size_t i = 0; i < n; ++i) read_row(ids[i], out + i * cols_);
+        return;
+      }
+      by_owner(ids, n);
+      const std::size_t row_bytes = cols_ * sizeof(T);
+      for (int o = 0; o < map_.ranks; ++o) {
+        const std::vector<std::size_t>& mine = owned_[static_cast<std::size_t>(o)];
+        if (mine.empty()) continue;
+        async::Blocks where;
+        for (std::size_t i : mine) where.add(static_cast<MPI_Aint>(map_.local_row(ids[i]) * row_bytes), row_bytes);
+        buffer_.resize(mine.size() * cols_);
+        async::Access access(rma_, o, false, *sync_->watchdog_, this->var_.name());
+        access.get(buffer_.data(), where);
+        access.end();
+        for (std::size_t j = 0; j < mine.size(); ++j)
+          std::memcpy(out + mine[j] * cols_, buffer_.data() + j * cols_, row_bytes);
+      }
+    }
+    /// Sorts the entries of `ids` by owner (owned_[o]: their indices).
+    void by_owner(const index_t* ids, std::size_t n) {
+      owned_.resize(static_cast<std::size_t>(map_.ranks));
+      for (auto& v : owned_) v.clear();
+      for (std::size_t i = 0; i < n; ++i) owned_[static_cast<std::size_t>(map_.owner(ids[i]))].push_back(i);
+    }
+    /// The optimizer on rows `ids` (distinct) with gradients `g` (row i at
+    /// g + i * cols), each row under its lock (RMA: its owner's).
+    template <class Rule>
+    void apply_rows(const Rule& rule, const index_t* ids, const T* g, std::size_t n, T scale) {
+      if (!sync_->rma_) {
+        for (std::size_t j = 0; j < n; ++j) apply_row(rule, ids[j], g + j * cols_, scale);
+        return;
+      }
+      by_owner(ids, n);
+      const std::size_t row_bytes = cols_ * sizeof(T), parts = 1 + static_cast<std::size_t>(slots);
+      T unused0 = T(0), unused1 = T(0);
+      for (int o = 0; o < map_.ranks; ++o) {
+        const std::vector<std::size_t>& mine = owned_[static_cast<std::size_t>(o)];
+        if (mine.empty()) continue;
+        // The rows, then each slot of them, as they lie in the owner's
+        // segment (part k of the j-th row at buffer_[(k * m + j) * cols]).
+        const std::size_t shard = map_.shard_rows(o), m = mine.size();
+        async::Blocks where;
+        for (std::size_t k = 0; k < parts; ++k)
+          for (std::size_t i : mine)
+            where.add(static_cast<MPI_Aint>((k * shard + map_.local_row(ids[i])) * row_bytes), row_bytes);
+        buffer_.resize(m * parts * cols_);
+        async::Access access(rma_, o, true, *sync_->watchdog_, this->var_.name());
+        access.get(buffer_.data(), where);
+        for (std::size_t j = 0; j < m; ++j) {
+          T* row = buffer_.data() + j * cols_;
+          T* s0 = row + m * cols_;
+          T* s1 = row + 2 * m * cols_;
+          const T* grad = g + mine[j] * cols_;
+          for (std::size_t c = 0; c < cols_; ++c)
+            rule(row[c], grad[c] * scale, slots > 0 ? s0[c] : unused0, slots > 1 ? s1[c] : unused1);
+        }
+        access.put(buffer_.data(), where);
+        access.end();
+      }
     }
     template <class Rule>
     void apply_row(const Rule& rule, index_t id, const T* g, T scale) {
@@ -287,6 +379,10 @@ class AsyncSynchronizer final : public Synchronizer<Engine> {
     Exec<space> exec_;
     detail::SharedWindow<T> values_;  // this rank's shard: values, then each optimizer slot
     detail::SharedWindow<async::RowLock> locks_;  // one per row of the shard
+    async::RmaWindow rma_;                        // RMA route: the shard, as values_
+    std::vector<std::vector<std::size_t>> owned_;  // RMA route: a call's entries by owner
+    std::vector<T> buffer_;                       // RMA route: one owner's rows in transit
+    std::vector<index_t> all_ids_;
     std::vector<std::vector<T>> looked_up_;  // this step's lookups' rows
   };
 
@@ -301,6 +397,8 @@ class AsyncSynchronizer final : public Synchronizer<Engine> {
   const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
   TrainerOptions options_;
   std::unique_ptr<async::Clock> clock_;
+  bool rma_ = false;  // the route across hosts (rma.hpp)
+  std::unique_ptr<async::Watchdog> watchdog_;  // RMA route: the deadline of one-sided calls
   std::vector<std::unique_ptr<Member>> members_;  // registration order
   std::vector<TableBase*> tables_;                // the same, as tables
 };
