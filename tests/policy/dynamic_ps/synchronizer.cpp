@@ -5,13 +5,18 @@
 // count-min admission on (small capacities), a serial replay of the ranks'
 // tables over the global batch; reruns are bit-identical; statistics add up
 // over the ranks; a wrong-width gradient and a lookup beyond an owner's
-// capacity throw on every rank.
+// capacity throw on every rank; a table saved at N ranks restores at 1-N
+// ranks bit for bit and goes on training as one process that never
+// stopped, and a corrupt save is refused on every rank.
 #include "support.hpp"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 namespace {
@@ -279,4 +284,114 @@ TEST_CASE("a lookup beyond an owner's capacity throws on every rank", "[dynamic_
   INFO(what);
   CHECK(what.find("capacity of 4 rows") != std::string::npos);
   CHECK(test::same_on_every_rank(what));
+}
+
+namespace {
+
+// A dynamic variable alone in a trainer over ctx, trained step by step on
+// the global batch (this rank's block of it).
+template <class Opt>
+struct Model {
+  Var emb;
+  px::Trainer<px::arch::PS, Opt> trainer;
+  Model(const px::Context& ctx, const Opt& opt)
+      : emb(ctx, "emb", options(1000, false)), trainer(ctx, sum_options(), opt, emb) {}
+  static px::TrainerOptions sum_options() {
+    px::TrainerOptions to;
+    to.reduction = px::Reduction::sum;
+    return to;
+  }
+  px::policy::DynamicSynchronizer<px::engine::Mpi, Opt>& sync() { return trainer.template synchronizer<px::DynamicPS>(); }
+  // Steps [from, to] of the global batch; returns the rows this rank read.
+  std::vector<float> run(std::uint64_t from, std::uint64_t to) {
+    const auto& ctx = trainer.context();
+    const auto [first, last] = block(ctx.rank(), ctx.size());
+    std::vector<float> read;
+    for (std::uint64_t s = from; s <= to; ++s) {
+      std::vector<std::uint64_t> keys;
+      for (std::size_t j = first; j < last; ++j) keys.push_back(key_at(s, j));
+      const auto rows = trainer.lookup(emb, keys);
+      std::vector<float> grads(keys.size() * C);
+      for (std::size_t i = 0; i < keys.size(); ++i)
+        for (std::size_t c = 0; c < C; ++c) {
+          read.push_back(rows.row(i)[c]);
+          grads[i * C + c] = grad_of(s, first + i, c, rows.row(i)[c]);
+        }
+      emb.grad().add(keys, grads);
+      trainer.step();
+    }
+    return read;
+  }
+};
+
+std::string scratch_dir() {
+  long id = static_cast<long>(::getpid());
+  MPI_Bcast(&id, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  return (std::filesystem::temp_directory_path() / ("parallax_dynamic_ps_" + std::to_string(id))).string();
+}
+
+}  // namespace
+
+TEST_CASE("a dynamic table saved at N ranks restores at 1-N ranks bit for bit, and training goes on alike",
+          "[dynamic_ps]") {
+  const auto& world = test::world();
+  const int n = world.size(), me = world.rank();
+  const px::optim::Adagrad opt{0.3f};
+  const std::string dir = scratch_dir();
+  // One process, the global batch, no restart.
+  px::Context single(MPI_COMM_SELF);
+  Model<px::optim::Adagrad> ref(single, opt);
+  ref.run(1, 3);
+  const auto at3 = ref.sync().table(ref.emb).export_rows();
+  const auto read_after = ref.run(4, 5);
+  const auto at5 = ref.sync().table(ref.emb).export_rows();
+
+  {
+    Model<px::optim::Adagrad> a(world, opt);
+    a.run(1, 3);
+    check_same(a.sync().table(a.emb).export_rows(), owned_by(at3, me, n));
+    a.sync().save(a.emb, dir);
+  }
+  for (int m = 1; m <= n; ++m) {
+    MPI_Comm sub;
+    MPI_Comm_split(MPI_COMM_WORLD, me < m ? 0 : MPI_UNDEFINED, me, &sub);
+    if (me >= m) continue;
+    {
+      INFO("saved at " << n << " ranks, restored at " << m);
+      px::Context ctx(sub);
+      Model<px::optim::Adagrad> b(ctx, opt);
+      b.run(1, 1);  // rows that the restore replaces
+      b.sync().restore(b.emb, dir);
+      check_same(b.sync().table(b.emb).export_rows(), owned_by(at3, me, m));
+      const auto read = b.run(4, 5);
+      const auto [first, last] = block(me, m);
+      std::vector<float> want;
+      for (std::size_t s = 0; s < 2; ++s)
+        want.insert(want.end(), read_after.begin() + static_cast<std::ptrdiff_t>((s * G + first) * C),
+                    read_after.begin() + static_cast<std::ptrdiff_t>((s * G + last) * C));
+      CHECK(same_bits(read, want));
+      check_same(b.sync().table(b.emb).export_rows(), owned_by(at5, me, m));
+    }
+    MPI_Comm_free(&sub);
+  }
+
+  // A corrupt file is refused on every rank, naming it.
+  if (me == 0) {
+    std::fstream f(px::policy::dynamic_ps::shard_path(dir, "emb", n - 1), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(40);
+    f.put('\x7f');
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  Model<px::optim::Adagrad> c(world, opt);
+  std::string what;
+  try {
+    c.sync().restore(c.emb, dir);
+  } catch (const px::error& e) {
+    what = e.what();
+  }
+  INFO(what);
+  CHECK(what.find("size or checksum differs from its manifest") != std::string::npos);
+  CHECK(test::same_on_every_rank(what));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (me == 0) std::filesystem::remove_all(dir);
 }

@@ -24,14 +24,19 @@
 #include <parallax/options.hpp>
 #include <parallax/optim/optimizer.hpp>
 #include <parallax/policy/dynamic_ps.hpp>
+#include <parallax/policy/dynamic_ps/saves.hpp>
 #include <parallax/policy/policy.hpp>
 #include <parallax/space.hpp>
 #include <parallax/types.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -155,6 +160,8 @@ class ShardOf final : public Shard<Engine, Optimizer> {
                               " added this step), column ", i % cols);
     return std::nullopt;
   }
+  // Trainer::save and Checkpoints hold fixed row layouts: a dynamic table is
+  // saved by DynamicSynchronizer::save instead.
   int saved_partitions() const override { throw unsaved(); }
   void save(detail::AtomicFile&) override { throw unsaved(); }
   void load(detail::CheckpointReader&, std::size_t) override { throw unsaved(); }
@@ -258,8 +265,8 @@ class ShardOf final : public Shard<Engine, Optimizer> {
   }
   error unsaved() const {
     return error(detail::concat("dynamic variable '", var_.name(),
-                                "': checkpoints of dynamic variables are not built (DynamicPS); export its rows with "
-                                "DynamicSynchronizer::table(var).export_rows()"));
+                                "': Trainer::save and Checkpoints do not hold dynamic tables; save it with "
+                                "trainer.synchronizer<DynamicPS>().save(var, dir)"));
   }
 
   Var var_;
@@ -343,16 +350,119 @@ class DynamicSynchronizer final : public Synchronizer<Engine> {
   }
   void update(const StepInfo& info) override {
     for (auto& s : shards_) s->apply(opt_, info);
-    step_ = info.step + 1;
+    ++step_;
   }
   void clear() override {
     for (auto& s : shards_) s->clear();
   }
-  void restored(std::uint64_t step) override { step_ = step + 1; }
+  void restored(std::uint64_t step) override { step_ = std::max(step_, step + 1); }
 
   /// This rank's shard of `var` (its table: export_rows() is the serving export).
   template <class V>
   dynamic::Table<typename V::value_type>& table(const V& var) { return shard_of(var).table(); }
+
+  /// Saves `var`'s live rows, optimizer state, counts and last steps under
+  /// `dir` (created if missing): a file per rank, then rank 0's manifest
+  /// (policy/dynamic_ps/saves.hpp). Collective; a failure on any rank
+  /// throws on every rank.
+  template <class V>
+  void save(const V& var, const std::string& dir) {
+    using T = typename V::value_type;
+    const int me = engine_.rank(), n = engine_.size();
+    auto& shard = shard_of(var);
+    std::optional<std::string> problem;
+    if (me == 0) {
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      if (ec) problem = detail::concat("cannot create directory ", dir, ": ", ec.message());
+    }
+    detail::agree(engine_, problem);
+    std::uint64_t mine[2] = {0, 0};
+    try {
+      const auto f = dynamic_ps::write_shard(dynamic_ps::shard_path(dir, var.name(), me), shard.table().export_rows());
+      mine[0] = f.first;
+      mine[1] = f.second;
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    detail::agree(engine_, problem);
+    std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(n));
+    engine_.allgather(mine, all.data(), 2, DataType::i64);
+    if (me == 0) {
+      try {
+        dynamic_ps::SavedTable m;
+        m.name = var.name();
+        m.ranks = n;
+        m.step = step_;
+        m.cols = var.cols();
+        m.slots = Optimizer::slots;
+        m.value_bytes = sizeof(T);
+        for (int r = 0; r < n; ++r)
+          m.files.emplace_back(all[2 * static_cast<std::size_t>(r)],
+                               static_cast<std::uint32_t>(all[2 * static_cast<std::size_t>(r) + 1]));
+        const std::string text = m.serialize();
+        detail::AtomicFile f(dynamic_ps::manifest_path(dir, var.name()));
+        f.write(text.data(), text.size());
+        f.commit();
+        detail::fsync_directory(dir);
+      } catch (const std::exception& e) {
+        problem = e.what();
+      }
+    }
+    detail::agree(engine_, problem);
+  }
+
+  /// Replaces `var`'s rows on every rank with those a save() under `dir`
+  /// holds, whatever rank count saved them: each rank reads every saved
+  /// file and keeps the keys dynamic::owner gives it here. Lookups then
+  /// insert at the saved step or later. Collective; a missing or corrupt
+  /// file, another variable's save, or more saved keys than a rank's
+  /// capacity throws on every rank, before any rank's table changes.
+  template <class V>
+  void restore(V& var, const std::string& dir) {
+    using T = typename V::value_type;
+    const int me = engine_.rank(), n = engine_.size();
+    auto& table = shard_of(var).table();
+    std::optional<std::string> problem;
+    std::uint64_t saved_step = 0;
+    std::vector<dynamic::Snapshot<T>> shards;
+    const auto fail = [&](const std::exception& e) {
+      problem = detail::concat("restoring dynamic variable '", var.name(), "': ", e.what());
+    };
+    try {
+      const std::string mpath = dynamic_ps::manifest_path(dir, var.name());
+      std::ifstream in(mpath, std::ios::binary);
+      if (!in) throw error(detail::concat("dynamic table manifest ", mpath, " cannot be opened"));
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const auto m = dynamic_ps::SavedTable::parse(mpath, text);
+      if (m.name != var.name() || m.cols != var.cols() || m.slots != Optimizer::slots || m.value_bytes != sizeof(T))
+        throw error(detail::concat("dynamic table manifest ", mpath, " holds '", m.name, "' of ", m.cols, " columns, ",
+                                   m.slots, " optimizer slots and ", m.value_bytes, "-byte values; this variable is '",
+                                   var.name(), "' of ", var.cols(), ", ", Optimizer::slots, " and ", sizeof(T)));
+      for (int r = 0; r < m.ranks; ++r)
+        shards.push_back(dynamic_ps::read_shard<T>(dynamic_ps::shard_path(dir, var.name(), r),
+                                                   m.files[static_cast<std::size_t>(r)]));
+      std::size_t keys = 0;
+      for (const auto& sh : shards)
+        for (std::uint64_t k : sh.keys) keys += dynamic::owner(k, n) == me ? 1 : 0;
+      if (keys > table.capacity())
+        throw error(detail::concat(keys, " saved keys belong to rank ", me, " of ", n, ", whose capacity is ",
+                                   table.capacity(), " rows"));
+      saved_step = m.step;
+    } catch (const std::exception& e) {
+      fail(e);
+    }
+    detail::agree(engine_, problem);  // every file read and fits: now the tables change
+    try {
+      const auto live = table.export_rows().keys;
+      table.erase(live.data(), live.size());
+      for (const auto& sh : shards) table.import_rows(sh, me, n);
+    } catch (const std::exception& e) {
+      fail(e);
+    }
+    detail::agree(engine_, problem);
+    step_ = std::max(step_, saved_step);
+  }
 
   /// `var`'s statistics over every rank. Collective.
   template <class V>
