@@ -395,3 +395,35 @@ TEST_CASE("a dynamic table saved at N ranks restores at 1-N ranks bit for bit, a
   MPI_Barrier(MPI_COMM_WORLD);
   if (me == 0) std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("the tutorial's dynamic variable: declare, look up, push, read the statistics", "[dynamic_ps]") {
+  const auto& ctx = test::world();
+  // example-begin dynamic_variable
+  px::dynamic::Options o;
+  o.capacity = 100000;                               // rows per rank
+  o.cols = 8;
+  o.init = px::init::Uniform{-0.05f, 0.05f, 1};      // a pure function of (name, key, column)
+  o.evict = px::dynamic::Evict::lru;                 // when full, the least recently seen go
+  o.admission = px::dynamic::admit::CountMin{};      // a key needs 2 sightings for a row
+  px::DynamicVariable<float> users(ctx, "users", o);
+  px::Trainer<px::arch::Hybrid, px::optim::Adagrad> trainer(ctx, px::optim::Adagrad{0.1f}, users);
+
+  const std::vector<std::uint64_t> keys{0x9E3779B97F4A7C15ull, 42, 0x9E3779B97F4A7C15ull};
+  const auto rows = trainer.lookup(users, keys);     // 3 x 8, default rows for keys not admitted yet
+  users.grad().add(keys, std::vector<float>(keys.size() * 8, 0.5f));
+  trainer.step();
+
+  const px::policy::DynamicStats s = trainer.synchronizer<px::DynamicPS>().stats(users);  // collective
+  // s.total.size, .inserts, .evictions, .admissions_refused; s.hit_rate(); s.max.size
+  // example-end
+  CHECK(rows.rows == 3);
+  CHECK(rows.cols == 8);
+  // Every rank looked the three keys up: the first is seen twice per rank
+  // and so admitted; 42 once per rank, so admitted from 2 ranks on.
+  const std::uint64_t admitted = ctx.size() >= 2 ? 2 : 1;
+  CHECK(s.total.lookups == 3 * static_cast<std::uint64_t>(ctx.size()));
+  CHECK(s.total.inserts == admitted);
+  CHECK(s.total.size == admitted);
+  CHECK(s.total.admissions_refused == 2);  // the first sighting of each key
+  CHECK(users.local_stats().capacity == 100000);
+}
