@@ -11,6 +11,7 @@
 #include "support.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -436,4 +437,23 @@ TEST_CASE("the tutorial's dynamic variable: declare, look up, push, read the sta
   CHECK(s.total.size == admitted);
   CHECK(s.total.admissions_refused == 2);  // the first sighting of each key
   CHECK(users.local_stats().capacity == 100000);
+}
+
+TEST_CASE("a NaN in a dynamic gradient skips the step on every rank, naming the key", "[dynamic_ps]") {
+  const auto& ctx = test::world();
+  Var emb(ctx, "emb", options(100, false));
+  px::Trainer<px::arch::Hybrid, px::optim::Sgd> trainer(ctx, px::optim::Sgd{0.1f}, emb);
+  const std::vector<std::uint64_t> keys{1000, 1001};
+  (void)trainer.lookup(emb, keys);
+  const auto before = trainer.synchronizer<px::DynamicPS>().table(emb).export_rows();
+  std::vector<float> grads(keys.size() * C, 1.0f);
+  if (ctx.rank() == ctx.size() - 1) grads[C + 1] = std::nanf("");
+  emb.grad().add(keys, grads);
+  trainer.step();
+  CHECK(trainer.skipped_steps() == 1);
+  INFO(trainer.skipped_why());
+  CHECK(trainer.skipped_why().find("gradient of dynamic variable 'emb' holds NaN in the row for key 1001") !=
+        std::string::npos);
+  CHECK(test::same_on_every_rank(trainer.skipped_why()));
+  check_same(trainer.synchronizer<px::DynamicPS>().table(emb).export_rows(), before);
 }
