@@ -41,7 +41,6 @@
 #include <optional>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -214,34 +213,35 @@ class ShardOf final : public Shard<Engine, Optimizer> {
     std::vector<T> send(g.size() * cols), recv(r.received() * cols);
     for (std::size_t j = 0; j < r.order.size(); ++j) std::copy_n(g.values() + r.order[j] * cols, cols, send.data() + j * cols);
     r.move_rows(engine, send.data(), recv.data(), cols, false);
-    // Each key's rows summed in arrival order: source rank, then the order added.
-    std::unordered_map<std::uint64_t, std::size_t> where;
-    where.reserve(r.received());
-    keys_.clear();
+    // Each key's rows summed in arrival order (source rank, then the order
+    // added), gathered by the key's row; a key without a row pushes nothing.
+    arrived_.resize(r.received());
+    table_.find(r.recv_keys.data(), r.received(), arrived_.data());
+    if (at_.size() != table_.capacity()) at_.assign(table_.capacity(), unseen);
+    push_slots_.clear();
     sums_.clear();
     for (std::size_t j = 0; j < r.received(); ++j) {
-      const auto [it, fresh] = where.emplace(r.recv_keys[j], keys_.size());
-      if (fresh) {
-        keys_.push_back(r.recv_keys[j]);
+      if (arrived_[j] < 0) continue;
+      std::uint32_t& k = at_[static_cast<std::size_t>(arrived_[j])];
+      if (k == unseen) {
+        k = static_cast<std::uint32_t>(push_slots_.size());
+        push_slots_.push_back(arrived_[j]);
         sums_.insert(sums_.end(), recv.begin() + j * cols, recv.begin() + (j + 1) * cols);
       } else {
-        T* sum = sums_.data() + it->second * cols;
+        T* sum = sums_.data() + static_cast<std::size_t>(k) * cols;
         for (std::size_t c = 0; c < cols; ++c) sum[c] += recv[j * cols + c];
       }
     }
-    push_slots_.resize(keys_.size());
-    table_.find(keys_.data(), keys_.size(), push_slots_.data());
+    for (index_t slot : push_slots_) at_[static_cast<std::size_t>(slot)] = unseen;
   }
   double square_sum() const override {
     const std::size_t cols = var_.cols();
     double s = 0.0;
-    for (std::size_t k = 0; k < keys_.size(); ++k)
-      if (push_slots_[k] >= 0)
-        for (std::size_t c = 0; c < cols; ++c) s += static_cast<double>(sums_[k * cols + c]) * sums_[k * cols + c];
+    for (std::size_t i = 0; i < push_slots_.size() * cols; ++i) s += static_cast<double>(sums_[i]) * sums_[i];
     return s;
   }
   void apply(const Optimizer& opt, const StepInfo& info) override {
-    table_.apply(opt, info.step, push_slots_.data(), sums_.data(), keys_.size(), static_cast<T>(info.scale));
+    table_.apply(opt, info.step, push_slots_.data(), sums_.data(), push_slots_.size(), static_cast<T>(info.scale));
   }
   void clear() override {
     var_.state().grad.clear();
@@ -249,7 +249,6 @@ class ShardOf final : public Shard<Engine, Optimizer> {
     results_.clear();
     lookups_.clear();
     requested_slots_.clear();
-    keys_.clear();
     sums_.clear();
     push_slots_.clear();
   }
@@ -275,9 +274,11 @@ class ShardOf final : public Shard<Engine, Optimizer> {
   std::deque<Route> lookups_;
   std::deque<std::vector<index_t>> requested_slots_;
   std::vector<index_t> slots_;
-  std::vector<std::uint64_t> keys_;  // this step's pushed keys at their owner, in first-arrival order
-  std::vector<T> sums_;
-  std::vector<index_t> push_slots_;
+  static constexpr std::uint32_t unseen = UINT32_MAX;
+  std::vector<index_t> arrived_;        // the row of each pushed key that arrived here
+  std::vector<std::uint32_t> at_;       // per row: its place in push_slots_ this step, or unseen
+  std::vector<index_t> push_slots_;     // this step's pushed rows here, in first-arrival order
+  std::vector<T> sums_;                 // and their summed gradients
 };
 
 }  // namespace dynamic_ps
