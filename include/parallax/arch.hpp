@@ -12,8 +12,10 @@
 /// and plan::Model (which prices the built-in synchronous policies) follow
 /// the list (docs/tutorial.md, "Adding an architecture").
 
+#include <parallax/dynamic/variable.hpp>
 #include <parallax/error.hpp>
 #include <parallax/policy/allgatherv/synchronizer.hpp>
+#include <parallax/policy/dynamic_ps/synchronizer.hpp>
 #include <parallax/policy/ring_allreduce/synchronizer.hpp>
 #include <parallax/policy/sharded_ps/synchronizer.hpp>
 #include <parallax/types.hpp>
@@ -100,11 +102,30 @@ decltype(auto) pick(List<A, Rest...>, std::string_view name, Key key, F&& f, Unk
 
 }  // namespace arch
 
-/// The policy that synchronises variable type V under architecture Arch: V's
-/// own policy if it names one, else the architecture's choice for its sparsity.
+namespace detail {
+template <class Arch, class V, bool Dynamic = dynamic::is_dynamic_v<V>>
+struct policy_for {
+  using type = std::conditional_t<std::is_same_v<typename V::policy, use_arch>,
+                                  typename Arch::template policy<typename V::sparsity>, typename V::policy>;
+};
+/// Dynamic variables: DynamicPS under every synchronous architecture.
 template <class Arch, class V>
-using policy_for_t = std::conditional_t<std::is_same_v<typename V::policy, use_arch>,
-                                        typename Arch::template policy<typename V::sparsity>, typename V::policy>;
+struct policy_for<Arch, V, true> {
+  static_assert(!std::is_same_v<typename Arch::template policy<Sparse>, AsyncPS>,
+                "parallax: a DynamicVariable needs a synchronous architecture (hybrid, allreduce or ps: DynamicPS); "
+                "the asynchronous ones (AsyncPS) do not hold dynamic tables");
+  static_assert(std::is_same_v<typename V::policy, use_arch> || std::is_same_v<typename V::policy, DynamicPS>,
+                "parallax: a DynamicVariable is synchronised by DynamicPS only (AllGatherv, ShardedPS and AsyncPS "
+                "hold fixed tables); leave its Policy argument as use_arch");
+  using type = DynamicPS;
+};
+}  // namespace detail
+
+/// The policy that synchronises variable type V under architecture Arch: V's
+/// own policy if it names one, else the architecture's choice for its
+/// sparsity; a DynamicVariable's is DynamicPS.
+template <class Arch, class V>
+using policy_for_t = typename detail::policy_for<Arch, V>::type;
 
 /// Calls `f(A{})` for the architecture A of arch::all named `name` (for
 /// "hybrid", `f(arch::Hybrid{})`) and returns what it returns, so a program

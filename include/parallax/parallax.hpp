@@ -20,6 +20,7 @@
 #include <parallax/context.hpp>
 #include <parallax/dynamic/admission.hpp>
 #include <parallax/dynamic/table.hpp>
+#include <parallax/dynamic/variable.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/engine/mpi.hpp>
 #include <parallax/error.hpp>
@@ -36,6 +37,8 @@
 #include <parallax/policy/async_ps.hpp>
 #include <parallax/policy/async_ps/clock.hpp>
 #include <parallax/policy/async_ps/synchronizer.hpp>
+#include <parallax/policy/dynamic_ps.hpp>
+#include <parallax/policy/dynamic_ps/synchronizer.hpp>
 #include <parallax/policy/policy.hpp>
 #include <parallax/policy/replicas.hpp>
 #include <parallax/policy/ring_allreduce.hpp>

@@ -116,6 +116,14 @@ class Trainer {
     staged_ids_.assign_from_host(ids.data(), ids.size());
     return lookup(var, staged_ids_.data(), ids.size());
   }
+  /// A DynamicVariable's rows for 64-bit keys (rows of new keys are created
+  /// at their owners). Collective; valid until step().
+  template <class V, std::enable_if_t<dynamic::is_dynamic_v<V>, int> = 0>
+  RowsOf<V> lookup(V& var, const std::vector<std::uint64_t>& keys) {
+    // index_t and std::uint64_t are the signed and unsigned forms of one
+    // type: the policy reads the ids' bits back as keys.
+    return lookup(var, reinterpret_cast<const index_t*>(keys.data()), keys.size());
+  }
   /// The rows of several sparse variables at once, `result[i]` for `batch[i]`,
   /// as lookup() of each would return them; their policy serves the batch as
   /// a whole. A bad id throws on every rank, naming its variable, before any

@@ -1,0 +1,506 @@
+#pragma once
+/// @file
+/// DynamicSynchronizer: the DynamicPS policy's part of a trainer
+/// (docs/design.md, "Dynamic tables"). Each rank holds one dynamic::Table
+/// per dynamic variable: the keys dynamic::owner(key, ranks) gives it.
+///
+///   * lookup: every rank sends each key (duplicates too, so a key's count
+///     and its admission sightings are what one process would see) to its
+///     owner; the owner calls find_or_insert on what it received, in source
+///     rank order, at the trainer's step, and sends the rows back (default
+///     rows for unadmitted keys), which land aligned to the caller's keys.
+///   * step: the gradient rows go to the owners uncoalesced; the owner sums
+///     each key's rows in arrival order (source rank, then the order they
+///     were added), so the sum is bit for bit what one process summing the
+///     global batch gets, and applies the optimizer to the keys that hold a
+///     row (a key never looked up, refused or evicted pushes nothing).
+
+#include <parallax/detail/agreement.hpp>
+#include <parallax/detail/checkpoint_io.hpp>
+#include <parallax/dynamic/table.hpp>
+#include <parallax/dynamic/variable.hpp>
+#include <parallax/engine/engine.hpp>
+#include <parallax/error.hpp>
+#include <parallax/options.hpp>
+#include <parallax/optim/optimizer.hpp>
+#include <parallax/policy/dynamic_ps.hpp>
+#include <parallax/policy/dynamic_ps/saves.hpp>
+#include <parallax/policy/policy.hpp>
+#include <parallax/space.hpp>
+#include <parallax/types.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace parallax::policy {
+
+namespace dynamic_ps {
+
+/// Keys routed to their owners: this rank's keys grouped by owner (stable),
+/// and what every rank sent this one, in source rank order.
+struct Route {
+  std::vector<std::size_t> send_counts, send_displs, recv_counts, recv_displs;  // in keys
+  std::vector<std::size_t> order;  // order[j]: the caller's index of the j-th key sent
+  std::vector<std::uint64_t> send_keys, recv_keys;
+
+  /// Groups keys[0, n) by owner and exchanges them. Collective.
+  template <class Engine>
+  void build(Engine& engine, const std::uint64_t* keys, std::size_t n) {
+    const int ranks = engine.size();
+    const auto un = static_cast<std::size_t>(ranks);
+    std::vector<int> owners(n);
+    send_counts.assign(un, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      owners[i] = dynamic::owner(keys[i], ranks);
+      ++send_counts[static_cast<std::size_t>(owners[i])];
+    }
+    send_displs = displacements(send_counts);
+    order.resize(n);
+    send_keys.resize(n);
+    std::vector<std::size_t> at = send_displs;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t j = at[static_cast<std::size_t>(owners[i])]++;
+      order[j] = i;
+      send_keys[j] = keys[i];
+    }
+    std::vector<std::uint64_t> sc(send_counts.begin(), send_counts.end()), rc(un);
+    engine.alltoall(sc.data(), rc.data(), 1, DataType::i64);
+    recv_counts.assign(rc.begin(), rc.end());
+    recv_displs = displacements(recv_counts);
+    recv_keys.resize(recv_displs.back() + recv_counts.back());
+    engine.alltoallv(send_keys.data(), send_counts.data(), send_displs.data(), recv_keys.data(), recv_counts.data(),
+                     recv_displs.data(), DataType::i64);
+  }
+
+  /// Moves `cols` values per key the way the keys went (`back`: the other
+  /// way, from owners to callers). Collective.
+  template <class Engine, class T>
+  void move_rows(Engine& engine, const T* send, T* recv, std::size_t cols, bool back) const {
+    auto scale = [&](const std::vector<std::size_t>& v) {
+      std::vector<std::size_t> out(v);
+      for (auto& x : out) x *= cols;
+      return out;
+    };
+    const auto& sc = back ? recv_counts : send_counts;
+    const auto& sd = back ? recv_displs : send_displs;
+    const auto& rc = back ? send_counts : recv_counts;
+    const auto& rd = back ? send_displs : recv_displs;
+    const auto scc = scale(sc), sdd = scale(sd), rcc = scale(rc), rdd = scale(rd);
+    engine.alltoallv(send, scc.data(), sdd.data(), recv, rcc.data(), rdd.data(), data_type_of_v<T>);
+  }
+
+  std::size_t received() const noexcept { return recv_keys.size(); }
+
+ private:
+  static std::vector<std::size_t> displacements(const std::vector<std::size_t>& counts) {
+    std::vector<std::size_t> d(counts.size(), 0);
+    for (std::size_t p = 1; p < counts.size(); ++p) d[p] = d[p - 1] + counts[p - 1];
+    return d;
+  }
+};
+
+/// A dynamic variable as the synchronizer holds it, whatever its element type.
+template <class Engine, class Optimizer>
+class Shard : public Member {
+ public:
+  virtual std::optional<std::string> problem() const = 0;
+  virtual bool has_gradient() const = 0;
+  /// Routes this rank's gradient rows to their owners and sums them there. Collective.
+  virtual void push(Engine& engine) = 0;
+  virtual double square_sum() const = 0;
+  /// Applies the optimizer to the summed rows. The one place the optimizer is used.
+  virtual void apply(const Optimizer& opt, const StepInfo& info) = 0;
+  virtual void clear() = 0;
+  virtual const dynamic::Stats& local_stats() const = 0;
+};
+
+template <class Engine, class Optimizer, class Var>
+class ShardOf final : public Shard<Engine, Optimizer> {
+ public:
+  using T = typename Var::value_type;
+
+  ShardOf(Var var, const Optimizer& opt) : var_(std::move(var)), table_(table_options(var_, opt)) {
+    var_.state().table = &table_;
+  }
+  ~ShardOf() override { var_.state().table = nullptr; }
+
+  // ---- Member
+  const void* identity() const override { return &var_.state(); }
+  const std::string& name() const override { return var_.name(); }
+  const char* policy() const override { return DynamicPS::name; }
+  detail::VarRecord record() const override {
+    return detail::VarRecord::make(var_.name(), var_.shape(), data_type_of_v<T>, true, DynamicPS::name);
+  }
+  std::size_t stored_rows() const override { return table_.size(); }
+  void fetch(void*) override {
+    throw error(detail::concat("dynamic variable '", var_.name(), "' has no row-major whole to fetch; ",
+                               "read its rows with Trainer::lookup"));
+  }
+  std::optional<std::string> non_finite_gradient() override {
+    const auto& g = var_.state().grad;
+    const std::size_t cols = g.cols();
+    for (std::size_t i = 0; i < g.size() * cols; ++i)
+      if (!std::isfinite(g.values()[i]))
+        return detail::concat("gradient of dynamic variable '", var_.name(), "' holds ",
+                              std::isnan(g.values()[i]) ? "NaN" : g.values()[i] > 0 ? "+Inf" : "-Inf",
+                              " in the row for key ", g.keys()[i / cols], " (row ", i / cols, " of the ", g.size(),
+                              " added this step), column ", i % cols);
+    return std::nullopt;
+  }
+  // Trainer::save and Checkpoints hold fixed row layouts: a dynamic table is
+  // saved by DynamicSynchronizer::save instead.
+  int saved_partitions() const override { throw unsaved(); }
+  void save(detail::AtomicFile&) override { throw unsaved(); }
+  void load(detail::CheckpointReader&, std::size_t) override { throw unsaved(); }
+
+  // ---- Shard
+  std::optional<std::string> problem() const override { return var_.state().grad.problem(); }
+  bool has_gradient() const override { return var_.state().grad_touched || var_.state().grad.touched(); }
+
+  /// Routes keys to owners and inserts them there; the rows go back in
+  /// reply(). Collective (find_or_insert's error is kept for the agreement).
+  void request(Engine& engine, const std::uint64_t* keys, std::size_t n, std::uint64_t step,
+               std::optional<std::string>& problem) {
+    Route& r = lookups_.emplace_back();
+    r.build(engine, keys, n);
+    slots_.resize(r.received());
+    try {
+      table_.find_or_insert(r.recv_keys.data(), r.received(), step, slots_.data());
+    } catch (const error& e) {
+      if (!problem) problem = detail::concat("dynamic variable '", var_.name(), "': ", e.what());
+    }
+    requested_slots_.push_back(slots_);
+  }
+  /// Sends the rows of the last request() back; returns them aligned to its keys. Collective.
+  Rows<T, HostSpace> reply(Engine& engine) {
+    const Route& r = lookups_.back();
+    const std::vector<index_t>& slots = requested_slots_.back();
+    const std::size_t cols = var_.cols();
+    std::vector<T> out_rows(r.received() * cols), back(r.send_keys.size() * cols);
+    table_.gather(r.recv_keys.data(), slots.data(), r.received(), out_rows.data());
+    r.move_rows(engine, out_rows.data(), back.data(), cols, true);
+    std::vector<T>& rows = results_.emplace_back(back.size());
+    for (std::size_t j = 0; j < r.order.size(); ++j)
+      std::copy_n(back.data() + j * cols, cols, rows.data() + r.order[j] * cols);
+    lookups_.pop_back();  // the route's keys are not needed after the reply
+    requested_slots_.pop_back();
+    return Rows<T, HostSpace>{rows.data(), r.order.size(), cols};
+  }
+
+  /// Forgets the last request() (its lookup failed on some rank).
+  void drop_request() {
+    lookups_.pop_back();
+    requested_slots_.pop_back();
+  }
+
+  void push(Engine& engine) override {
+    const auto& g = var_.state().grad;
+    const std::size_t cols = var_.cols();
+    Route r;
+    r.build(engine, g.keys(), g.size());
+    std::vector<T> send(g.size() * cols), recv(r.received() * cols);
+    for (std::size_t j = 0; j < r.order.size(); ++j) std::copy_n(g.values() + r.order[j] * cols, cols, send.data() + j * cols);
+    r.move_rows(engine, send.data(), recv.data(), cols, false);
+    // Each key's rows summed in arrival order (source rank, then the order
+    // added), gathered by the key's row; a key without a row pushes nothing.
+    arrived_.resize(r.received());
+    table_.find(r.recv_keys.data(), r.received(), arrived_.data());
+    if (at_.size() != table_.capacity()) at_.assign(table_.capacity(), unseen);
+    push_slots_.clear();
+    sums_.clear();
+    for (std::size_t j = 0; j < r.received(); ++j) {
+      if (arrived_[j] < 0) continue;
+      std::uint32_t& k = at_[static_cast<std::size_t>(arrived_[j])];
+      if (k == unseen) {
+        k = static_cast<std::uint32_t>(push_slots_.size());
+        push_slots_.push_back(arrived_[j]);
+        sums_.insert(sums_.end(), recv.begin() + j * cols, recv.begin() + (j + 1) * cols);
+      } else {
+        T* sum = sums_.data() + static_cast<std::size_t>(k) * cols;
+        for (std::size_t c = 0; c < cols; ++c) sum[c] += recv[j * cols + c];
+      }
+    }
+    for (index_t slot : push_slots_) at_[static_cast<std::size_t>(slot)] = unseen;
+  }
+  double square_sum() const override {
+    const std::size_t cols = var_.cols();
+    double s = 0.0;
+    for (std::size_t i = 0; i < push_slots_.size() * cols; ++i) s += static_cast<double>(sums_[i]) * sums_[i];
+    return s;
+  }
+  void apply(const Optimizer& opt, const StepInfo& info) override {
+    table_.apply(opt, info.step, push_slots_.data(), sums_.data(), push_slots_.size(), static_cast<T>(info.scale));
+  }
+  void clear() override {
+    var_.state().grad.clear();
+    var_.state().grad_touched = false;
+    results_.clear();
+    lookups_.clear();
+    requested_slots_.clear();
+    sums_.clear();
+    push_slots_.clear();
+  }
+  const dynamic::Stats& local_stats() const override { return table_.stats(); }
+  dynamic::Table<T>& table() noexcept { return table_; }
+
+ private:
+  static dynamic::Options table_options(const Var& var, const Optimizer& opt) {
+    dynamic::Options o = var.options();
+    o.name = var.name();
+    o.with_optimizer(opt);
+    return o;
+  }
+  error unsaved() const {
+    return error(detail::concat("dynamic variable '", var_.name(),
+                                "': Trainer::save and Checkpoints do not hold dynamic tables; save it with "
+                                "trainer.synchronizer<DynamicPS>().save(var, dir)"));
+  }
+
+  Var var_;
+  dynamic::Table<T> table_;
+  std::deque<std::vector<T>> results_;  // this step's looked-up rows, valid until clear()
+  std::deque<Route> lookups_;
+  std::deque<std::vector<index_t>> requested_slots_;
+  std::vector<index_t> slots_;
+  static constexpr std::uint32_t unseen = UINT32_MAX;
+  std::vector<index_t> arrived_;        // the row of each pushed key that arrived here
+  std::vector<std::uint32_t> at_;       // per row: its place in push_slots_ this step, or unseen
+  std::vector<index_t> push_slots_;     // this step's pushed rows here, in first-arrival order
+  std::vector<T> sums_;                 // and their summed gradients
+};
+
+}  // namespace dynamic_ps
+
+/// Statistics of one dynamic variable over every rank: `total` sums each
+/// field (size and capacity too: the rows held and the rows possible in the
+/// job), `max` is each field's largest value on one rank.
+struct DynamicStats {
+  dynamic::Stats total;
+  dynamic::Stats max;
+  double hit_rate() const noexcept { return total.hit_rate(); }
+};
+
+template <class Engine, class Optimizer>
+class DynamicSynchronizer final : public Synchronizer<Engine> {
+  static_assert(std::is_same_v<engine::space_of_t<Engine>, HostSpace>,
+                "parallax DynamicPS: dynamic tables live in host memory; use a HostSpace engine (engine::Mpi)");
+  using ShardBase = dynamic_ps::Shard<Engine, Optimizer>;
+
+ public:
+  using space = HostSpace;
+
+  DynamicSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions&) : engine_(engine), opt_(opt) {}
+
+  template <class Var>
+  Member& add(Var var) {
+    static_assert(dynamic::is_dynamic_v<Var>,
+                  "parallax DynamicPS: synchronises DynamicVariables only; a fixed Variable goes to another policy");
+    shards_.push_back(std::make_unique<dynamic_ps::ShardOf<Engine, Optimizer, Var>>(std::move(var), opt_));
+    return *shards_.back();
+  }
+
+  /// Each request's rows, aligned to its keys (the ids' bits are the keys).
+  /// Collective; valid until the step. A step whose distinct admitted keys
+  /// exceed an owner's capacity throws on every rank.
+  template <class V>
+  std::vector<Rows<typename V::value_type, HostSpace>> lookup(const Lookup<V>* batch, std::size_t n) {
+    std::optional<std::string> problem;
+    for (std::size_t i = 0; i < n; ++i)
+      shard_of(*batch[i].var).request(engine_, reinterpret_cast<const std::uint64_t*>(batch[i].ids), batch[i].n, step_,
+                                      problem);
+    try {
+      detail::agree(engine_, problem);
+    } catch (...) {
+      for (std::size_t i = 0; i < n; ++i) shard_of(*batch[i].var).drop_request();
+      throw;
+    }
+    std::vector<Rows<typename V::value_type, HostSpace>> out(n);
+    for (std::size_t i = n; i-- > 0;) out[i] = shard_of(*batch[i].var).reply(engine_);
+    return out;
+  }
+
+  std::optional<std::string> problem() override {
+    for (const auto& s : shards_)
+      if (auto p = s->problem()) return p;
+    return std::nullopt;
+  }
+  bool has_gradient() const override {
+    for (const auto& s : shards_)
+      if (s->has_gradient()) return true;
+    return false;
+  }
+  void finish_exchange(const StepInfo&) override {
+    for (auto& s : shards_) s->push(engine_);
+  }
+  std::optional<double> gradient_square_sum() override {
+    double sum = 0.0;
+    for (const auto& s : shards_) sum += s->square_sum();
+    return sum;
+  }
+  void update(const StepInfo& info) override {
+    for (auto& s : shards_) s->apply(opt_, info);
+    ++step_;
+  }
+  void clear() override {
+    for (auto& s : shards_) s->clear();
+  }
+  void restored(std::uint64_t step) override { step_ = std::max(step_, step + 1); }
+
+  /// This rank's shard of `var` (its table: export_rows() is the serving export).
+  template <class V>
+  dynamic::Table<typename V::value_type>& table(const V& var) { return shard_of(var).table(); }
+
+  /// Saves `var`'s live rows, optimizer state, counts and last steps under
+  /// `dir` (created if missing): a file per rank, then rank 0's manifest
+  /// (policy/dynamic_ps/saves.hpp). Collective; a failure on any rank
+  /// throws on every rank.
+  template <class V>
+  void save(const V& var, const std::string& dir) {
+    using T = typename V::value_type;
+    const int me = engine_.rank(), n = engine_.size();
+    auto& shard = shard_of(var);
+    std::optional<std::string> problem;
+    if (me == 0) {
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      if (ec) problem = detail::concat("cannot create directory ", dir, ": ", ec.message());
+    }
+    detail::agree(engine_, problem);
+    std::uint64_t mine[2] = {0, 0};
+    try {
+      const auto f = dynamic_ps::write_shard(dynamic_ps::shard_path(dir, var.name(), me), shard.table().export_rows());
+      mine[0] = f.first;
+      mine[1] = f.second;
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    detail::agree(engine_, problem);
+    std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(n));
+    engine_.allgather(mine, all.data(), 2, DataType::i64);
+    if (me == 0) {
+      try {
+        dynamic_ps::SavedTable m;
+        m.name = var.name();
+        m.ranks = n;
+        m.step = step_;
+        m.cols = var.cols();
+        m.slots = Optimizer::slots;
+        m.value_bytes = sizeof(T);
+        for (int r = 0; r < n; ++r)
+          m.files.emplace_back(all[2 * static_cast<std::size_t>(r)],
+                               static_cast<std::uint32_t>(all[2 * static_cast<std::size_t>(r) + 1]));
+        const std::string text = m.serialize();
+        detail::AtomicFile f(dynamic_ps::manifest_path(dir, var.name()));
+        f.write(text.data(), text.size());
+        f.commit();
+        detail::fsync_directory(dir);
+      } catch (const std::exception& e) {
+        problem = e.what();
+      }
+    }
+    detail::agree(engine_, problem);
+  }
+
+  /// Replaces `var`'s rows on every rank with those a save() under `dir`
+  /// holds, whatever rank count saved them: each rank reads every saved
+  /// file and keeps the keys dynamic::owner gives it here. Lookups then
+  /// insert at the saved step or later. Collective; a missing or corrupt
+  /// file, another variable's save, or more saved keys than a rank's
+  /// capacity throws on every rank, before any rank's table changes.
+  template <class V>
+  void restore(V& var, const std::string& dir) {
+    using T = typename V::value_type;
+    const int me = engine_.rank(), n = engine_.size();
+    auto& table = shard_of(var).table();
+    std::optional<std::string> problem;
+    std::uint64_t saved_step = 0;
+    std::vector<dynamic::Snapshot<T>> shards;
+    const auto fail = [&](const std::exception& e) {
+      problem = detail::concat("restoring dynamic variable '", var.name(), "': ", e.what());
+    };
+    try {
+      const std::string mpath = dynamic_ps::manifest_path(dir, var.name());
+      std::ifstream in(mpath, std::ios::binary);
+      if (!in) throw error(detail::concat("dynamic table manifest ", mpath, " cannot be opened"));
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const auto m = dynamic_ps::SavedTable::parse(mpath, text);
+      if (m.name != var.name() || m.cols != var.cols() || m.slots != Optimizer::slots || m.value_bytes != sizeof(T))
+        throw error(detail::concat("dynamic table manifest ", mpath, " holds '", m.name, "' of ", m.cols, " columns, ",
+                                   m.slots, " optimizer slots and ", m.value_bytes, "-byte values; this variable is '",
+                                   var.name(), "' of ", var.cols(), ", ", Optimizer::slots, " and ", sizeof(T)));
+      for (int r = 0; r < m.ranks; ++r)
+        shards.push_back(dynamic_ps::read_shard<T>(dynamic_ps::shard_path(dir, var.name(), r),
+                                                   m.files[static_cast<std::size_t>(r)]));
+      std::size_t keys = 0;
+      for (const auto& sh : shards)
+        for (std::uint64_t k : sh.keys) keys += dynamic::owner(k, n) == me ? 1 : 0;
+      if (keys > table.capacity())
+        throw error(detail::concat(keys, " saved keys belong to rank ", me, " of ", n, ", whose capacity is ",
+                                   table.capacity(), " rows"));
+      saved_step = m.step;
+    } catch (const std::exception& e) {
+      fail(e);
+    }
+    detail::agree(engine_, problem);  // every file read and fits: now the tables change
+    try {
+      const auto live = table.export_rows().keys;
+      table.erase(live.data(), live.size());
+      for (const auto& sh : shards) table.import_rows(sh, me, n);
+    } catch (const std::exception& e) {
+      fail(e);
+    }
+    detail::agree(engine_, problem);
+    step_ = std::max(step_, saved_step);
+  }
+
+  /// `var`'s statistics over every rank. Collective.
+  template <class V>
+  DynamicStats stats(const V& var) {
+    const dynamic::Stats& s = shard_of(var).local_stats();
+    std::uint64_t mine[8] = {s.size, s.capacity, s.lookups, s.hits, s.inserts, s.evictions, s.erased,
+                             s.admissions_refused};
+    std::uint64_t sum[8], max[8];
+    engine_.allreduce(mine, sum, 8, DataType::i64, ReduceOp::sum);
+    engine_.allreduce(mine, max, 8, DataType::i64, ReduceOp::max);
+    auto unpack = [](const std::uint64_t* v) {
+      dynamic::Stats o;
+      o.size = v[0];
+      o.capacity = v[1];
+      o.lookups = v[2];
+      o.hits = v[3];
+      o.inserts = v[4];
+      o.evictions = v[5];
+      o.erased = v[6];
+      o.admissions_refused = v[7];
+      return o;
+    };
+    return DynamicStats{unpack(sum), unpack(max)};
+  }
+
+ private:
+  template <class V>
+  dynamic_ps::ShardOf<Engine, Optimizer, V>& shard_of(const V& var) {
+    for (auto& s : shards_)
+      if (s->identity() == &var.state()) return static_cast<dynamic_ps::ShardOf<Engine, Optimizer, V>&>(*s);
+    throw error(detail::concat("dynamic variable '", var.name(), "' is not registered with this Trainer"));
+  }
+
+  Engine& engine_;
+  const Optimizer& opt_;
+  std::vector<std::unique_ptr<ShardBase>> shards_;
+  std::uint64_t step_ = 1;  // the step lookups insert at: the trainer's next
+};
+
+}  // namespace parallax::policy
