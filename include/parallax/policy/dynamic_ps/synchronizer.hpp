@@ -33,6 +33,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -55,9 +56,14 @@ struct Route {
   std::vector<std::size_t> order;  // order[j]: the caller's index of the j-th key sent
   std::vector<std::uint64_t> send_keys, recv_keys;
 
-  /// Groups keys[0, n) by owner and exchanges them. Collective.
-  template <class Engine>
-  void build(Engine& engine, const std::uint64_t* keys, std::size_t n) {
+  /// Groups keys[0, n) by owner and exchanges them, with `cols` values per
+  /// key from `rows` (none when null) landing in `recv_rows`, aligned to
+  /// recv_keys. Collective: one alltoallv_unsized where the engine has it
+  /// (the sizes ride in the messages), else a round of counts first and an
+  /// alltoallv each for the keys and the rows.
+  template <class Engine, class T = float>
+  void build(Engine& engine, const std::uint64_t* keys, std::size_t n, const T* rows = nullptr, std::size_t cols = 0,
+             std::vector<T>* recv_rows = nullptr) {
     const int ranks = engine.size();
     const auto un = static_cast<std::size_t>(ranks);
     std::vector<int> owners(n);
@@ -75,13 +81,53 @@ struct Route {
       order[j] = i;
       send_keys[j] = keys[i];
     }
-    std::vector<std::uint64_t> sc(send_counts.begin(), send_counts.end()), rc(un);
-    engine.alltoall(sc.data(), rc.data(), 1, DataType::i64);
-    recv_counts.assign(rc.begin(), rc.end());
-    recv_displs = displacements(recv_counts);
-    recv_keys.resize(recv_displs.back() + recv_counts.back());
-    engine.alltoallv(send_keys.data(), send_counts.data(), send_displs.data(), recv_keys.data(), recv_counts.data(),
-                     recv_displs.data(), DataType::i64);
+    if (!rows) cols = 0;
+    if constexpr (engine::supports_v<Engine, engine::op_alltoallv_unsized>) {
+      // Per destination: its keys, then their rows.
+      const std::size_t width = sizeof(std::uint64_t) + cols * sizeof(T);
+      std::vector<std::size_t> sbytes(un), sdispls(un), rbytes(un), rdispls(un);
+      packed_.resize(n * width);
+      for (std::size_t p = 0; p < un; ++p) {
+        sbytes[p] = send_counts[p] * width;
+        sdispls[p] = send_displs[p] * width;
+        std::byte* out = packed_.data() + sdispls[p];
+        std::memcpy(out, send_keys.data() + send_displs[p], send_counts[p] * sizeof(std::uint64_t));
+        out += send_counts[p] * sizeof(std::uint64_t);
+        for (std::size_t j = send_displs[p]; j < send_displs[p] + send_counts[p]; ++j, out += cols * sizeof(T))
+          std::memcpy(out, rows + order[j] * cols, cols * sizeof(T));
+      }
+      engine.alltoallv_unsized(packed_.data(), sbytes.data(), sdispls.data(), rbytes.data(), rdispls.data(),
+                               [&](std::size_t total) {
+                                 received_.resize(total);
+                                 return received_.data();
+                               });
+      recv_counts.resize(un);
+      for (std::size_t p = 0; p < un; ++p) recv_counts[p] = rbytes[p] / width;
+      recv_displs = displacements(recv_counts);
+      recv_keys.resize(recv_displs.back() + recv_counts.back());
+      if (recv_rows) recv_rows->resize(recv_keys.size() * cols);
+      for (std::size_t p = 0; p < un; ++p) {
+        const std::byte* in = received_.data() + rdispls[p];
+        std::memcpy(recv_keys.data() + recv_displs[p], in, recv_counts[p] * sizeof(std::uint64_t));
+        if (recv_rows)
+          std::memcpy(recv_rows->data() + recv_displs[p] * cols, in + recv_counts[p] * sizeof(std::uint64_t),
+                      recv_counts[p] * cols * sizeof(T));
+      }
+    } else {
+      std::vector<std::uint64_t> sc(send_counts.begin(), send_counts.end()), rc(un);
+      engine.alltoall(sc.data(), rc.data(), 1, DataType::i64);
+      recv_counts.assign(rc.begin(), rc.end());
+      recv_displs = displacements(recv_counts);
+      recv_keys.resize(recv_displs.back() + recv_counts.back());
+      engine.alltoallv(send_keys.data(), send_counts.data(), send_displs.data(), recv_keys.data(), recv_counts.data(),
+                       recv_displs.data(), DataType::i64);
+      if (recv_rows) {
+        std::vector<T> send(n * cols);
+        for (std::size_t j = 0; j < n; ++j) std::copy_n(rows + order[j] * cols, cols, send.data() + j * cols);
+        recv_rows->resize(recv_keys.size() * cols);
+        move_rows(engine, send.data(), recv_rows->data(), cols, false);
+      }
+    }
   }
 
   /// Moves `cols` values per key the way the keys went (`back`: the other
@@ -104,6 +150,7 @@ struct Route {
   std::size_t received() const noexcept { return recv_keys.size(); }
 
  private:
+  std::vector<std::byte> packed_, received_;
   static std::vector<std::size_t> displacements(const std::vector<std::size_t>& counts) {
     std::vector<std::size_t> d(counts.size(), 0);
     for (std::size_t p = 1; p < counts.size(); ++p) d[p] = d[p - 1] + counts[p - 1];
@@ -209,10 +256,8 @@ class ShardOf final : public Shard<Engine, Optimizer> {
     const auto& g = var_.state().grad;
     const std::size_t cols = var_.cols();
     Route r;
-    r.build(engine, g.keys(), g.size());
-    std::vector<T> send(g.size() * cols), recv(r.received() * cols);
-    for (std::size_t j = 0; j < r.order.size(); ++j) std::copy_n(g.values() + r.order[j] * cols, cols, send.data() + j * cols);
-    r.move_rows(engine, send.data(), recv.data(), cols, false);
+    std::vector<T> recv;
+    r.build(engine, g.keys(), g.size(), g.values(), cols, &recv);
     // Each key's rows summed in arrival order (source rank, then the order
     // added), gathered by the key's row; a key without a row pushes nothing.
     arrived_.resize(r.received());
