@@ -1,22 +1,23 @@
 #pragma once
 /// @file
 /// The common trainers, compiled once: include this header instead of (or
-/// beside) <parallax/parallax.hpp> in the files that create or drive a
-/// Trainer, and link the CMake target parallax::trainers. That target is a
-/// library holding explicit instantiations of
+/// before) <parallax/parallax.hpp> in the files that create the Context or
+/// create or drive a Trainer, and link the CMake target parallax::trainers.
+/// That target is a library holding explicit instantiations of
 ///
 ///   Trainer<arch::Hybrid | arch::AllReduce | arch::PS, optim::Sgd | Momentum | Adagrad | Adam>
 ///   (engine::Mpi, host memory), the synchronizers those place float
-///   variables in, and Checkpoints<engine::Mpi>,
+///   variables in, what their constructors and lookups reach for float
+///   variables, the engine, Checkpoints<engine::Mpi>, and the Context's
+///   constructors and destructor (context.hpp),
 ///
 /// and it defines PARALLAX_TRAINERS_LIBRARY, under which this header declares
-/// them `extern template`: a file that includes it compiles none of that
-/// code again: the README program compiled in a median 16.0 s of CPU instead
-/// of 21.3 s (README, "Compile time"; docs/benchmarks.md). Without the target (the macro unset) the
-/// header is the umbrella header and nothing else, so code that includes it
-/// builds either way. Member templates (the trainer's constructor, lookup)
-/// still compile where they are called, as do the engine's and the
-/// context's inline functions.
+/// them `extern template` (and context.hpp leaves those members undefined):
+/// a file that includes it compiles none of that code again (README,
+/// "Compile time"). Without the target (the macro unset) the header is the
+/// umbrella header and nothing else, so code that includes it builds either
+/// way. The trainer's constructor for the file's own variables still
+/// compiles where it is called, as do the small inline functions it calls.
 
 #include <parallax/parallax.hpp>
 
