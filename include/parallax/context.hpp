@@ -177,28 +177,10 @@ class Context {
   /// Initialises MPI (MPI_THREAD_SERIALIZED: a trainer's communication
   /// thread makes calls, never beside another thread's) if nobody has yet,
   /// and finalises it on destruction if it did.
-  Context(int& argc, char**& argv, ContextOptions options = {}) {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) {
-      // Before MPI_Init, while this process has one thread: a rank that
-      // exits with status 0 before the job finished must fail the job.
-      detail::ExitMonitor::start();
-      int provided = 0;
-      PARALLAX_MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided));
-      owns_mpi_ = true;
-    }
-    setup(MPI_COMM_WORLD, options);
-    detail::ExitMonitor::set_rank(rank());
-  }
+  Context(int& argc, char**& argv, ContextOptions options = {});
 
   /// Joins an already initialised MPI over `comm` (MPI_COMM_WORLD by default).
-  explicit Context(MPI_Comm comm = MPI_COMM_WORLD, ContextOptions options = {}) {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    PARALLAX_EXPECTS(initialized, "parallax::Context(comm) needs MPI to be initialised; use Context(argc, argv)");
-    setup(comm, options);
-  }
+  explicit Context(MPI_Comm comm = MPI_COMM_WORLD, ContextOptions options = {});
 
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -213,34 +195,7 @@ class Context {
   /// (a cut link to the launcher, a TCP transport waiting on a closed peer):
   /// a rank still in either after the grace period exits by itself, with
   /// status 1 from the abort and 0 from a finalize that every rank reached.
-  ~Context() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (finalized) return;
-    if (owns_mpi_ && !detail::job_failed()) meet_at_the_end();
-    if (detail::job_failed()) {
-      // A collective failed: some rank is gone or elsewhere, and MPI_Finalize
-      // could wait for it forever. End the whole job now, non-zero.
-      std::fflush(stdout);
-      std::fflush(stderr);
-      // The launcher forwards each rank's output asynchronously and drops
-      // what it has not forwarded when the abort tears the job down: a peer's
-      // report, already written, was lost that way at 4 ranks on 2 cores.
-      // A moment's pause lets it arrive.
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      abort_mpi();
-    }
-    end_channel_.reset();
-    if (owns_abort_comm_) MPI_Comm_free(&abort_comm());
-    if (host_comm_ != MPI_COMM_NULL) MPI_Comm_free(&host_comm_);
-    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
-    if (owns_mpi_) {
-      detail::ExitMonitor::job_finished();  // every rank met at the end
-      detail::exit_if_still_running(detail::grace_for(detail::timeout_from_environment()), 0,
-                                    "MPI_Finalize (every rank had reached the end)");
-      MPI_Finalize();
-    }
-  }
+  ~Context();
 
   int rank() const noexcept { return topology_.rank(); }
   int size() const noexcept { return topology_.size(); }
@@ -509,5 +464,69 @@ class Context {
   bool owns_mpi_ = false;
   bool owns_abort_comm_ = false;
 };
+
+// The context's constructors and destructor, which bring the job's start
+// and end (MPI's, the fault channel's, the exit monitor's) into the file
+// that calls them: inline, unless parallax::trainers compiles them once
+// (<parallax/trainers.hpp>), when a file that links it sees only the
+// declarations above.
+#if !(defined(PARALLAX_TRAINERS_LIBRARY) && PARALLAX_TRAINERS_LIBRARY)
+#define PARALLAX_CONTEXT_DEFINITION_ inline
+#elif defined(PARALLAX_TRAINERS_CONTEXT_SOURCE)
+#define PARALLAX_CONTEXT_DEFINITION_
+#endif
+#ifdef PARALLAX_CONTEXT_DEFINITION_
+PARALLAX_CONTEXT_DEFINITION_ Context::Context(int& argc, char**& argv, ContextOptions options) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    // Before MPI_Init, while this process has one thread: a rank that
+    // exits with status 0 before the job finished must fail the job.
+    detail::ExitMonitor::start();
+    int provided = 0;
+    PARALLAX_MPI_CHECK(MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided));
+    owns_mpi_ = true;
+  }
+  setup(MPI_COMM_WORLD, options);
+  detail::ExitMonitor::set_rank(rank());
+}
+
+PARALLAX_CONTEXT_DEFINITION_ Context::Context(MPI_Comm comm, ContextOptions options) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  PARALLAX_EXPECTS(initialized, "parallax::Context(comm) needs MPI to be initialised; use Context(argc, argv)");
+  setup(comm, options);
+}
+
+PARALLAX_CONTEXT_DEFINITION_ Context::~Context() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (owns_mpi_ && !detail::job_failed()) meet_at_the_end();
+  if (detail::job_failed()) {
+    // A collective failed: some rank is gone or elsewhere, and MPI_Finalize
+    // could wait for it forever. End the whole job now, non-zero.
+    std::fflush(stdout);
+    std::fflush(stderr);
+    // The launcher forwards each rank's output asynchronously and drops
+    // what it has not forwarded when the abort tears the job down: a peer's
+    // report, already written, was lost that way at 4 ranks on 2 cores.
+    // A moment's pause lets it arrive.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    abort_mpi();
+  }
+  end_channel_.reset();
+  if (owns_abort_comm_) MPI_Comm_free(&abort_comm());
+  if (host_comm_ != MPI_COMM_NULL) MPI_Comm_free(&host_comm_);
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (owns_mpi_) {
+    detail::ExitMonitor::job_finished();  // every rank met at the end
+    detail::exit_if_still_running(detail::grace_for(detail::timeout_from_environment()), 0,
+                                  "MPI_Finalize (every rank had reached the end)");
+    MPI_Finalize();
+  }
+}
+#undef PARALLAX_CONTEXT_DEFINITION_
+#endif
 
 }  // namespace parallax

@@ -42,11 +42,15 @@ if(CXX_COMPILER)
   list(APPEND _common_args "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}")
 endif()
 
+if(NOT DEFINED STEP_TIMEOUT)
+  set(STEP_TIMEOUT 600)  # seconds for one step
+endif()
+
 # Runs one step; on failure shows its log (the last 12000 characters) and stops.
 function(step name)
   set(_log "${WORK_DIR}/${name}.log")
   execute_process(COMMAND ${ARGN}
-    RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out TIMEOUT 600)
+    RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out TIMEOUT ${STEP_TIMEOUT})
   file(WRITE "${_log}" "${_out}")
   if(NOT _rc EQUAL 0)
     string(LENGTH "${_out}" _len)

@@ -1,0 +1,27 @@
+# Runs two programs under the same launcher (RUN: the launcher and its
+# arguments, a list) and fails unless both exit 0 and print the same
+# standard output: a build of a program against parallax::trainers must
+# behave bit for bit as its header-only build.
+foreach(_var IN ITEMS RUN FIRST SECOND)
+  if(NOT DEFINED ${_var})
+    message(FATAL_ERROR "same_output.cmake: ${_var} is not set")
+  endif()
+endforeach()
+set(_outputs)
+foreach(_program IN ITEMS "${FIRST}" "${SECOND}")
+  execute_process(COMMAND ${RUN} "${_program}" RESULT_VARIABLE _status OUTPUT_VARIABLE _out ERROR_VARIABLE _err)
+  message(STATUS "${_program}: exit ${_status}\n${_out}${_err}")
+  if(NOT _status EQUAL 0)
+    message(FATAL_ERROR "${_program} exited with ${_status}")
+  endif()
+  list(APPEND _outputs "${_out}")
+endforeach()
+list(GET _outputs 0 _first)
+list(GET _outputs 1 _second)
+if(NOT _first STREQUAL _second)
+  message(FATAL_ERROR "the two builds printed different output:\n${FIRST}:\n${_first}\n${SECOND}:\n${_second}")
+endif()
+if(_first STREQUAL "")
+  message(FATAL_ERROR "${FIRST} printed nothing to compare")
+endif()
+message(STATUS "same output: ${_first}")
