@@ -7,7 +7,8 @@
 // over the ranks; a wrong-width gradient and a lookup beyond an owner's
 // capacity throw on every rank; a table saved at N ranks restores at 1-N
 // ranks bit for bit and goes on training as one process that never
-// stopped, and a corrupt save is refused on every rank.
+// stopped, and a corrupt save is refused on every rank; clipping by the
+// global norm and a NaN gradient act alike at every rank count.
 #include "support.hpp"
 
 #include <algorithm>
@@ -74,9 +75,11 @@ struct Run {
 // Trains `steps` steps on ctx: each rank looks up its block of the global
 // batch and pushes gradients of the rows it read.
 template <class Opt>
-Run train(const px::Context& ctx, const Opt& opt, std::size_t capacity, bool small) {
+Run train(const px::Context& ctx, const Opt& opt, std::size_t capacity, bool small, double clip_norm = 0,
+          std::vector<double>* norms = nullptr) {
   px::TrainerOptions to;
   to.reduction = px::Reduction::sum;
+  to.clip_norm = clip_norm;
   Var emb(ctx, "emb", options(capacity, small));
   px::Variable<px::Dense, float> w(ctx, "w", {2, 2});
   px::Trainer<px::arch::Hybrid, Opt> trainer(ctx, to, opt, emb, w);
@@ -95,8 +98,9 @@ Run train(const px::Context& ctx, const Opt& opt, std::size_t capacity, bool sma
         grads[i * C + c] = grad_of(s, first + i, c, rows.row(i)[c]);
       }
     emb.grad().add(keys, grads);
-    std::fill(w.grad().data(), w.grad().data() + 4, 0.01f);
+    std::fill(w.grad().data(), w.grad().data() + 4, ctx.rank() == 0 ? 0.01f : 0.0f);  // summed: one process's
     trainer.step();
+    if (norms) norms->push_back(trainer.gradient_norm());
   }
   auto& sync = trainer.template synchronizer<px::DynamicPS>();
   run.table = sync.table(emb).export_rows();
@@ -456,4 +460,26 @@ TEST_CASE("a NaN in a dynamic gradient skips the step on every rank, naming the 
         std::string::npos);
   CHECK(test::same_on_every_rank(trainer.skipped_why()));
   check_same(trainer.synchronizer<px::DynamicPS>().table(emb).export_rows(), before);
+}
+
+TEST_CASE("clipping by the global norm counts each summed dynamic row once, at any rank count", "[dynamic_ps]") {
+  const auto& ctx = test::world();
+  px::Context single(MPI_COMM_SELF);
+  const px::optim::Sgd opt{0.5f};
+  std::vector<double> want_norms, got_norms;
+  const Run want = train(single, opt, 1000, false, 0.05, &want_norms);
+  const Run got = train(ctx, opt, 1000, false, 0.05, &got_norms);
+  REQUIRE(got_norms.size() == want_norms.size());
+  for (std::size_t s = 0; s < want_norms.size(); ++s) {
+    INFO("step " << s + 1 << ": norm " << got_norms[s] << " against one process's " << want_norms[s]);
+    CHECK(want_norms[s] > 0.05);  // every step clips
+    CHECK(std::abs(got_norms[s] - want_norms[s]) <= 1e-9 * want_norms[s]);
+  }
+  const auto mine = owned_by(want.table, ctx.rank(), ctx.size());
+  REQUIRE(got.table.keys == mine.keys);
+  double worst = 0;
+  for (std::size_t i = 0; i < mine.rows.size(); ++i)
+    worst = std::max(worst, std::abs(double(got.table.rows[i]) - mine.rows[i]) / std::max(1e-3, std::abs(double(mine.rows[i]))));
+  INFO("max relative error " << worst);
+  CHECK(worst <= 1e-5);
 }

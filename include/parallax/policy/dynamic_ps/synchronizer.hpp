@@ -7,7 +7,8 @@
 ///   * lookup: every rank sends each key (duplicates too, so a key's count
 ///     and its admission sightings are what one process would see) to its
 ///     owner; the owner calls find_or_insert on what it received, in source
-///     rank order, at the trainer's step, and sends the rows back (default
+///     rank order, at the lookup step (1 + the updates this synchronizer
+///     made, or what a restore carried on), and sends the rows back (default
 ///     rows for unadmitted keys), which land aligned to the caller's keys.
 ///   * step: the gradient rows go to the owners uncoalesced; the owner sums
 ///     each key's rows in arrival order (source rank, then the order they
