@@ -60,7 +60,7 @@ class EngineSumSynchronizer final : public px::policy::Synchronizer<Engine> {
   }
   template <class V>
   std::vector<px::Rows<typename V::value_type, space>> lookup(const px::Lookup<V>* batch, std::size_t n) {
-    return px::policy::lookup_replicas<V, space>(batch, n, [&](V& var) -> Of<V>& {
+    return px::policy::lookup_replicas<V, space>(*engine_, batch, n, [&](V& var) -> Of<V>& {
       for (auto& m : members_)
         if (m->identity() == &var.state()) return static_cast<Of<V>&>(*m);
       throw px::error("not mine");
