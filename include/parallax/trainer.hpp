@@ -1,11 +1,9 @@
 #pragma once
 /// @file
-/// Trainer: the user's face of training. It owns a model's variables and
-/// hands each call to the parts under trainer/ (docs/design.md, "The
-/// trainer's parts"): the variables and their synchronizers (registry.hpp),
-/// a step's phases (step.hpp) with its learning rate and clipping, lookups
-/// ahead (prefetch.hpp), saves (saves.hpp), the communication thread and the
-/// timeline.
+/// Trainer: the user's face of training. It owns a model's variables and hands each call to the parts
+/// under trainer/ (docs/design.md, "The trainer's parts"): the variables and their synchronizers
+/// (registry.hpp), a step's phases (step.hpp) with its learning rate and clipping, lookups ahead
+/// (prefetch.hpp), saves (saves.hpp), the communication thread and the timeline.
 
 #include <parallax/arch.hpp>
 #include <parallax/checkpoint.hpp>
@@ -40,17 +38,14 @@ namespace parallax {
 /// Data-parallel training of a set of variables: synchronous, unless every
 /// variable's policy is asynchronous (arch::Async; see asynchronous()).
 ///
-/// @tparam Arch      arch::Hybrid, arch::AllReduce or arch::PS: which policy
-///                   each variable gets (a variable may name its own); the
-///                   asynchronous arch::Async and arch::AsyncHybrid (async.hpp)
-/// @tparam Optimizer optim::Sgd, Momentum, Adagrad or Adam
+/// @tparam Arch      arch::Hybrid, arch::AllReduce or arch::PS: which policy each variable gets (a
+///                   variable may name its own); the asynchronous arch::Async, AsyncHybrid (async.hpp)
+/// @tparam Optimizer optim::Sgd, Momentum, Adagrad, Adam, or optim::Groups of them per variable
 /// @tparam Engine    the transport (engine::Mpi for HostSpace variables)
 ///
-/// Per step, every rank calls lookup() for the sparse rows it needs (or
-/// takes with rows() those it prefetch()ed during the previous step), writes
-/// gradients (`dense.grad()`, `sparse.grad().add(ids, rows)`), and calls
-/// step(). Every call is collective: all ranks make the same calls in the
-/// same order.
+/// Per step, every rank calls lookup() for the sparse rows it needs (or takes with rows() those it
+/// prefetch()ed during the previous step), writes gradients (`dense.grad()`, `sparse.grad().add(ids,
+/// rows)`), and calls step(). Every call is collective: all ranks make the same calls in the same order.
 template <class Arch, class Optimizer, class Engine = engine::Mpi>
 class Trainer {
   static_assert(engine::check<Engine>());
@@ -76,7 +71,6 @@ class Trainer {
   /// throws naming the first difference. The options are resolve()d first.
   template <class... Args>
   Trainer(const Context& ctx, Optimizer opt, Args&... vars) : Trainer(ctx, TrainerOptions{}, opt, vars...) {}
-
   template <class... Args>
   Trainer(const Context& ctx, TrainerOptions options, Optimizer opt, Args&... vars)
       : ctx_(&ctx),
@@ -116,12 +110,10 @@ class Trainer {
     staged_ids_.assign_from_host(ids.data(), ids.size());
     return lookup(var, staged_ids_.data(), ids.size());
   }
-  /// A DynamicVariable's rows for 64-bit keys (rows of new keys are created
-  /// at their owners). Collective; valid until step().
+  /// A DynamicVariable's rows for 64-bit keys (new keys get rows at their owners; index_t and uint64_t
+  /// are one type's two forms, and the policy reads the ids' bits back as keys). Collective.
   template <class V, std::enable_if_t<dynamic::is_dynamic_v<V>, int> = 0>
   RowsOf<V> lookup(V& var, const std::vector<std::uint64_t>& keys) {
-    // index_t and std::uint64_t are the signed and unsigned forms of one
-    // type: the policy reads the ids' bits back as keys.
     return lookup(var, reinterpret_cast<const index_t*>(keys.data()), keys.size());
   }
   /// The rows of several sparse variables at once, `result[i]` for `batch[i]`,
