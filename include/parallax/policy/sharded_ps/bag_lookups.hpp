@@ -12,6 +12,7 @@
 #include <parallax/policy/policy.hpp>
 #include <parallax/policy/sharded_ps.hpp>
 #include <parallax/policy/sharded_ps/bag_pool.hpp>
+#include <parallax/policy/sharded_ps/group_routes.hpp>
 #include <parallax/policy/sharded_ps/lookups.hpp>
 #include <parallax/policy/sharded_ps/members.hpp>
 #include <parallax/policy/sharded_ps/steps.hpp>

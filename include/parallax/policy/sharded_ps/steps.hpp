@@ -19,6 +19,7 @@
 #include <parallax/policy/replicas.hpp>
 #include <parallax/policy/sharded_ps.hpp>
 #include <parallax/policy/sharded_ps/bag_pool.hpp>
+#include <parallax/policy/sharded_ps/group_routes.hpp>
 #include <parallax/policy/sharded_ps/row_exchange.hpp>
 #include <parallax/space.hpp>
 
