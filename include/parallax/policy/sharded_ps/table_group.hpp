@@ -9,6 +9,7 @@
 /// keeps its own partitioning: a row lives on the owner its table's
 /// PartitionMap names, so bytes and placement are what the table would have
 /// alone.
+///
 /// Layout: see table_layout.hpp (TableLayout, the group's storage, which
 /// TableGroup extends with the exchange).
 
