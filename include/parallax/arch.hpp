@@ -15,6 +15,7 @@
 #include <parallax/dynamic/variable.hpp>
 #include <parallax/error.hpp>
 #include <parallax/policy/allgatherv/synchronizer.hpp>
+#include <parallax/policy/async_ps.hpp>
 #include <parallax/policy/dynamic_ps/synchronizer.hpp>
 #include <parallax/policy/ring_allreduce/synchronizer.hpp>
 #include <parallax/policy/sharded_ps/synchronizer.hpp>

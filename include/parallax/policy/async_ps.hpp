@@ -4,11 +4,10 @@
 /// staleness. Its machinery is in policy/async_ps/: the ranks' step clocks
 /// and the staleness bound (clock.hpp), and the shards and the synchronizer
 /// a trainer runs (synchronizer.hpp). arch::AsyncPS (async.hpp) routes every
-/// variable to it.
+/// variable to it. AsyncStats, what the staleness bound did, is in
+/// asynchronous.hpp, with the interface a trainer detects.
 
-#include <cstddef>
-#include <cstdint>
-#include <vector>
+#include <parallax/policy/asynchronous.hpp>
 
 namespace parallax {
 
@@ -33,20 +32,5 @@ struct AsyncPS {
   using synchronizer = policy::AsyncSynchronizer<Engine, Optimizer>;
 };
 
-/// What the staleness bound did on this rank (Trainer::async_stats()).
-struct AsyncStats {
-  std::int64_t clock = 0;      ///< steps this rank completed
-  int staleness = 0;           ///< the bound s (-1: unbounded)
-  std::int64_t max_lag = 0;    ///< most steps this rank was ahead of the slowest rank after its waits (<= s)
-  std::int64_t max_lead_seen = 0;  ///< most steps it was ahead before waiting (what the bound held back)
-  std::uint64_t waits = 0;     ///< steps at which it waited for slower ranks
-  double wait_seconds = 0;     ///< time spent in those waits
-  /// Per rank: this rank's clock minus that rank's at the end of this
-  /// rank's last step (its lag behind this rank; negative: it is ahead).
-  std::vector<std::int64_t> lag;
-  /// Per rank: seconds this rank waited with that rank the slowest (the
-  /// wait it caused here).
-  std::vector<double> wait_caused;
-};
 
 }  // namespace parallax

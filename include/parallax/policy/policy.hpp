@@ -75,7 +75,6 @@
 #include <parallax/options.hpp>
 #include <parallax/optim/optimizer.hpp>
 #include <parallax/partition.hpp>
-#include <parallax/policy/async_ps.hpp>
 #include <parallax/space.hpp>
 #include <parallax/types.hpp>
 #include <parallax/variable.hpp>
@@ -223,18 +222,10 @@ class Synchronizer {
   /// work it posted has run). Default: nothing kept.
   virtual void cancel_lookup() {}
 
-  // Asynchronous policies (AsyncPS). A trainer whose synchronizers are all
-  // asynchronous makes no collective call in a step: it skips the step's
-  // agreement, and a problem with a rank's data throws on that rank only.
-  /// Whether this policy's steps wait for no other rank.
-  virtual bool asynchronous() const { return false; }
-  /// Returns once every rank got here and every push made before is
-  /// applied (before a save, a restore or a fetch). Collective.
-  virtual void quiesce() {}
   /// After a restore: the ranks go on from `step`. Collective.
   virtual void restored(std::uint64_t step) { (void)step; }
-  /// What the staleness bound did on this rank; null for a synchronous policy.
-  virtual const AsyncStats* async_stats() { return nullptr; }
+  // A policy whose steps wait for no other rank (AsyncPS) also derives from
+  // policy::Asynchronous (asynchronous.hpp), which the trainer detects.
 };
 
 /// The synchronizer of Policy for this engine and optimizer.

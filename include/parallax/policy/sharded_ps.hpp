@@ -2,8 +2,10 @@
 /// @file
 /// The ShardedPS policy tag. Its machinery is in policy/sharded_ps/: the
 /// route of rows between ranks (row_exchange.hpp), groups of sharded tables
-/// (table_group.hpp), sharded dense variables (dense_shards.hpp), and the synchronizer a
-/// trainer runs (synchronizer.hpp).
+/// (table_group.hpp; their storage, table_layout.hpp; the kernels of their
+/// routes, group_routes.hpp), sharded dense variables (dense_shards.hpp),
+/// bags pooled at the owners (bag_pool.hpp), and the synchronizer a trainer
+/// runs (synchronizer.hpp, which includes its parts).
 
 namespace parallax {
 

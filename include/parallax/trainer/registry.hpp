@@ -12,6 +12,7 @@
 #include <parallax/engine/engine.hpp>
 #include <parallax/error.hpp>
 #include <parallax/options.hpp>
+#include <parallax/policy/asynchronous.hpp>
 #include <parallax/policy/policy.hpp>
 #include <parallax/variable.hpp>
 
@@ -150,17 +151,23 @@ class Registry {
       f(*synchronizers_[i].second);
     }
   }
-  /// Whether every synchronizer is asynchronous.
+  /// Whether every synchronizer is asynchronous (policy::Asynchronous).
   bool asynchronous() const {
     for (const auto& s : synchronizers_)
-      if (!s.second->asynchronous()) return false;
+      if (!dynamic_cast<const policy::Asynchronous*>(s.second.get())) return false;
     return true;
   }
   /// The first asynchronous synchronizer's staleness statistics, if any.
   const AsyncStats* async_stats() {
     for (auto& s : synchronizers_)
-      if (const AsyncStats* a = s.second->async_stats()) return a;
+      if (auto* a = dynamic_cast<policy::Asynchronous*>(s.second.get())) return &a->async_stats();
     return nullptr;
+  }
+  /// Asynchronous synchronizers: returns once every rank called it and
+  /// every push made before is applied. Collective.
+  void quiesce() {
+    for (auto& s : synchronizers_)
+      if (auto* a = dynamic_cast<policy::Asynchronous*>(s.second.get())) a->quiesce();
   }
   /// Whether work ready() posted this step updated some variable (update_when_ready).
   bool updated_early() const {

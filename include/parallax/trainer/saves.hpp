@@ -31,7 +31,7 @@ class Saves {
 
   /// Asynchronous policies: returns once every rank called it and every
   /// push made before is applied. Collective.
-  void quiesce() { registry_->for_each([](auto& s) { s.quiesce(); }); }
+  void quiesce() { registry_->quiesce(); }
 
   /// Checkpoint `dir/step-<steps>`; returns its path. Collective.
   std::string save(const std::string& dir) {

@@ -32,6 +32,7 @@
 #include <parallax/policy/async_ps.hpp>
 #include <parallax/policy/async_ps/clock.hpp>
 #include <parallax/policy/async_ps/rma.hpp>
+#include <parallax/policy/asynchronous.hpp>
 #include <parallax/policy/policy.hpp>
 #include <parallax/space.hpp>
 #include <parallax/types.hpp>
@@ -54,7 +55,7 @@
 namespace parallax::policy {
 
 template <class Engine, class Optimizer>
-class AsyncSynchronizer final : public Synchronizer<Engine> {
+class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous {
  public:
   using space = engine::space_of_t<Engine>;
   static_assert(std::is_same_v<space, HostSpace>, "AsyncPS keeps its shards in host shared memory: use engine::Mpi");
@@ -93,8 +94,7 @@ class AsyncSynchronizer final : public Synchronizer<Engine> {
     engine_->barrier();
   }
 
-  bool asynchronous() const override { return true; }
-  const AsyncStats* async_stats() override { return &clock_->stats(); }
+  const AsyncStats& async_stats() override { return clock_->stats(); }
   /// Every rank reaches this point: every push made before is applied.
   void quiesce() override {
     auto scope = engine_->stats().scope("", "control");

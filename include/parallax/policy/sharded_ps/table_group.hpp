@@ -10,20 +10,18 @@
 /// PartitionMap names, so bytes and placement are what the table would have
 /// alone.
 ///
-/// Layout: owner o's group shard is its shard of table 0, then of table 1,
-/// and so on; table t starts at row base(t, o) there. A row's key is
-/// o * span + base(t, o) + its row in o's shard of t, where span (the
-/// group's total rows) bounds every shard: keys sort by owner, are distinct
-/// across tables, and an owner finds the row from the key alone.
+/// Layout: see table_layout.hpp (TableLayout, the group's storage, which
+/// TableGroup extends with the exchange).
 
 #include <parallax/comm_stats.hpp>
 #include <parallax/detail/agreement.hpp>
 #include <parallax/detail/algorithms.hpp>
-#include <parallax/detail/shared_window.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/error.hpp>
 #include <parallax/partition.hpp>
+#include <parallax/policy/sharded_ps/group_routes.hpp>
 #include <parallax/policy/sharded_ps/row_exchange.hpp>
+#include <parallax/policy/sharded_ps/table_layout.hpp>
 #include <parallax/space.hpp>
 #include <parallax/types.hpp>
 
@@ -33,200 +31,12 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace parallax {
-
-namespace detail {
-
-/// out[j] = the group key of row ids[j] of a table (see the file comment).
-struct GroupKeyOf {
-  PartitionMap map;
-  const index_t* base;  // per owner: where the table starts in the owner's group shard
-  std::size_t span;
-  const index_t* ids;
-  index_t* out;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
-    const int o = map.owner(ids[j]);
-    out[j] = static_cast<index_t>(static_cast<std::size_t>(o) * span + static_cast<std::size_t>(base[o]) +
-                                  map.local_row(ids[j]));
-  }
-};
-
-struct OwnerOfKey {
-  std::size_t span;
-  const index_t* keys;
-  std::int32_t* out;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
-    out[j] = static_cast<std::int32_t>(static_cast<std::size_t>(keys[j]) / span);
-  }
-};
-
-/// A pushed row of a table: its group key, its first hop (its owner, or
-/// this host's aggregator for that owner when `route` is given) and where
-/// its values lie.
-template <class T>
-struct PushRowOf {
-  PartitionMap map;
-  const index_t* base;
-  std::size_t span;
-  const std::int32_t* route;
-  const index_t* ids;
-  const T* values;
-  std::size_t cols;
-  index_t* key;
-  std::int32_t* dest;
-  const T** at;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
-    const int o = map.owner(ids[j]);
-    key[j] = static_cast<index_t>(static_cast<std::size_t>(o) * span + static_cast<std::size_t>(base[o]) +
-                                  map.local_row(ids[j]));
-    dest[j] = route ? route[o] : o;
-    at[j] = values + j * cols;
-  }
-};
-
-/// out[j] = the shard row of key keys[j] (all owned here: key - base).
-template <class T>
-struct GatherKeyedRows {
-  const T* shard;
-  const index_t* keys;
-  index_t base;  // this rank * span
-  T* out;
-  std::size_t cols;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
-    out[j * cols + c] = shard[static_cast<std::size_t>(keys[j] - base) * cols + c];
-  }
-  void prefetch(std::size_t j) const {
-    prefetch_bytes(shard + static_cast<std::size_t>(keys[j] - base) * cols, cols * sizeof(T));
-  }
-};
-
-/// out[j] = row j, read where it lies (a row of an owner's shard in shared memory).
-template <class T>
-struct GatherAt {
-  const T* const* rows;
-  T* out;
-  std::size_t cols;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const { out[j * cols + c] = rows[j][c]; }
-  void prefetch(std::size_t j) const { prefetch_bytes(rows[j], cols * sizeof(T)); }
-};
-
-/// out[j] = where row ids[j] of a table lies in this rank's group shard (one
-/// rank: every row is here).
-template <class T>
-struct LocalRowAt {
-  PartitionMap map;
-  const index_t* base;
-  const T* shard;
-  std::size_t cols;
-  const index_t* ids;
-  const T** out;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
-    out[j] = shard + (static_cast<std::size_t>(base[0]) + map.local_row(ids[j])) * cols;
-  }
-};
-
-/// out[i] = the reply row of a request's id i: its unique key is
-/// first + inverse[i] (first + i when the request's keys were unique and
-/// in order), which was sent where[u]-th (u itself when sent in order).
-template <class T>
-struct GatherReply {
-  const T* reply;
-  const index_t* where;
-  const index_t* inverse;
-  index_t first;
-  T* out;
-  std::size_t cols;
-  PARALLAX_HOST_DEVICE std::size_t row(std::size_t i) const {
-    const index_t u = first + (inverse ? inverse[i] : static_cast<index_t>(i));
-    return static_cast<std::size_t>(where ? where[u] : u);
-  }
-  PARALLAX_HOST_DEVICE void operator()(std::size_t i, std::size_t c) const { out[i * cols + c] = reply[row(i) * cols + c]; }
-  void prefetch(std::size_t i) const { prefetch_bytes(reply + row(i) * cols, cols * sizeof(T)); }
-};
-
-/// out[j] = where row j of `rows` lies.
-template <class T>
-struct RowAddresses {
-  RowsAt<T> rows;
-  std::size_t cols;
-  const T** out;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const { out[j] = rows.row(j, cols); }
-};
-
-/// where[order[j]] = j: the inverse of a permutation.
-struct InvertOrder {
-  const index_t* order;
-  index_t* where;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t j) const { where[order[j]] = static_cast<index_t>(j); }
-};
-
-/// An engine whose ranks can share host memory (an MPI communicator over
-/// host buffers): a group may keep its shard where peers read it.
-template <class Engine, class = void>
-struct shares_host_memory : std::false_type {};
-template <class Engine>
-struct shares_host_memory<Engine, std::void_t<decltype(std::declval<Engine&>().comm())>>
-    : std::bool_constant<std::is_same_v<engine::space_of_t<Engine>, HostSpace> &&
-                         std::is_same_v<decltype(std::declval<Engine&>().comm()), MPI_Comm>> {};
-
-/// The shapes of ShardedPS's routes (see CallShape): a batched lookup's word
-/// covers its requests' (group identity, table) in order, a push's every
-/// group's identity, so ranks that look up other variables, or hold their
-/// tables grouped or partitioned otherwise, are named at the route.
-inline CallShape lookup_shape(std::uint64_t word) {
-  return {word, "batched lookups",
-          "Every rank must look up the same sparse variables, in the same order, in each batched lookup (the ids "
-          "may differ, and may be none)."};
-}
-/// A lookup ahead's routes (Trainer::prefetch, then its rows() when they
-/// are read in place): their words are apart from a plain lookup's, so a
-/// rank that prefetches while another looks up is named at the route; the
-/// rule is the same, so every rank throws the same sentence.
-inline CallShape prefetch_shape(std::uint64_t word) { return lookup_shape(word); }
-inline CallShape push_shape(std::uint64_t word) {
-  return {word, "pushes of sparse gradients",
-          "Every rank must hold the same sharded variables, grouped and partitioned alike (give every rank the same "
-          "TrainerOptions)."};
-}
-
-/// The lane of a lookup that reads its rows from the owners' shards in
-/// shared memory: its route carries only the headers (how many rows this
-/// rank will read of each owner, and its status), which are the
-/// synchronisation the reads need. The reads are booked as the messages
-/// they replace: the row bytes from the owner to the reader.
-class SharedReads final : public RouteLane {
- public:
-  SharedReads(CommStats& stats, const Topology& topology, std::size_t row_bytes)
-      : stats_(&stats), topology_(&topology), row_bytes_(row_bytes) {}
-  /// Rows this rank reads from each rank's shard.
-  std::vector<std::size_t>& counts() noexcept { return counts_; }
-
-  std::size_t rows_to(int p) const override { return p == topology_->rank() ? 0 : counts_[static_cast<std::size_t>(p)]; }
-  std::size_t bytes_of(std::size_t) const override { return 0; }
-  void pack(std::byte*, const std::vector<std::size_t>&) override {}
-  void unpack(const std::byte*, const std::vector<std::size_t>&, const std::vector<std::size_t>& rows) override {
-    for (int p = 0; p < topology_->size(); ++p) {
-      if (p == topology_->rank()) continue;
-      const auto up = static_cast<std::size_t>(p);
-      stats_->add_sent(rows[up] * row_bytes_, topology_->same_host(p));
-      stats_->add_received(counts_[up] * row_bytes_, topology_->same_host(p));
-    }
-  }
-
- private:
-  CommStats* stats_;
-  const Topology* topology_;
-  std::size_t row_bytes_;
-  std::vector<std::size_t> counts_;
-};
-
-}  // namespace detail
 
 /// Sparse tables of element type T and one width, sharded over the ranks of
 /// an engine and exchanged together (see the file comment).
@@ -249,7 +59,7 @@ class SharedReads final : public RouteLane {
 /// Errors in ids (outside a table's [0, rows)) are reported on every rank at
 /// once, naming the table.
 template <class T, class Engine>
-class TableGroup {
+class TableGroup : public TableLayout<T, Engine> {
  public:
   using space = engine::space_of_t<Engine>;
 
@@ -274,50 +84,17 @@ class TableGroup {
   /// @param shared    keep the shard in shared memory where every rank can
   ///                  read it (ShardedOptions::shared_memory)
   TableGroup(Engine& engine, std::size_t cols, bool aggregate = true, bool shared = true)
-      : engine_(&engine), cols_(cols), want_aggregate_(aggregate), want_shared_(shared),
-        plain_(engine, cols * sizeof(T)), ahead_(engine, cols * sizeof(T)), exchange_(engine),
-        aggregate_exchange_(engine) {}
+      : TableLayout<T, Engine>(engine, cols, shared), want_aggregate_(aggregate), plain_(engine, cols * sizeof(T)),
+        ahead_(engine, cols * sizeof(T)), exchange_(engine), aggregate_exchange_(engine) {}
   TableGroup(const TableGroup&) = delete;
   TableGroup& operator=(const TableGroup&) = delete;
-
-  /// Adds a table (before build()); returns its index in the group.
-  std::size_t add(std::string name, PartitionMap map) {
-    PARALLAX_EXPECTS(!built_, "TableGroup: table '", name, "' added after build()");
-    PARALLAX_EXPECTS(map.ranks == engine_->size(), "sharded variable '", name, "': partition map is for ", map.ranks,
-                     " ranks but the engine has ", engine_->size());
-    tables_.push_back(Table{std::move(name), map});
-    return tables_.size() - 1;
-  }
 
   /// Lays the tables out and allocates this rank's group shard (in a shared
   /// window when every rank is on one machine). Collective.
   void build() {
-    PARALLAX_EXPECTS(!built_, "TableGroup: build() called twice");
-    built_ = true;
-    const int n = engine_->size(), me = engine_->rank();
+    this->lay_out();
+    const int n = engine_->size();
     const auto un = static_cast<std::size_t>(n);
-    span_ = 0;
-    for (const Table& t : tables_) span_ += t.map.rows;
-    host_base_.assign(tables_.size() * un, 0);
-    shard_rows_.assign(un, 0);
-    for (std::size_t t = 0; t < tables_.size(); ++t)
-      for (int o = 0; o < n; ++o) {
-        const auto uo = static_cast<std::size_t>(o);
-        host_base_[t * un + uo] = static_cast<index_t>(shard_rows_[uo]);
-        shard_rows_[uo] += tables_[t].map.shard_rows(o);
-      }
-    base_ = Buffer<index_t, space>::from_host(host_base_);
-    const std::size_t elements = shard_rows_[static_cast<std::size_t>(me)] * cols_;
-    if constexpr (detail::shares_host_memory<Engine>::value) {
-      const bool shared = want_shared_;  // PARALLAX_SHARED_SHARDS=0 turned it off in TrainerOptions::resolve()
-      // Every rank on one host: the hosts of the topology (real or emulated
-      // for tests) and the machine's own say so (SharedWindow checks).
-      if (shared && n > 1 && engine_->topology().num_hosts() == 1) {
-        window_ = detail::SharedWindow<T>::create(engine_->comm(), elements);
-        if (window_) shard_ = Buffer<T, space>::borrow(window_.local(), elements);
-      }
-    }
-    if (!window_) shard_.resize_discard(elements);
     const Topology& topo = engine_->topology();
     // Aggregation pays off only with several hosts of which some have several ranks.
     aggregate_ = want_aggregate_ && topo.num_hosts() > 1 && topo.num_hosts() < topo.size();
@@ -329,80 +106,18 @@ class TableGroup {
       first_hop_ = Buffer<std::int32_t, space>::from_host(route);
     }
     detail::Fingerprint id;
-    id.add(static_cast<std::uint64_t>(data_type_of_v<T>)).add(cols_).add(reads_directly() ? 1 : 0).add(aggregate_ ? 1 : 0);
+    id.add(static_cast<std::uint64_t>(data_type_of_v<T>)).add(cols_).add(this->reads_directly() ? 1 : 0);
+    id.add(aggregate_ ? 1 : 0);
     for (const Table& t : tables_) id.add(t.name).add(t.map.rows).add(static_cast<std::uint64_t>(t.map.parts));
     identity_ = id.value();
   }
 
-  std::size_t tables() const noexcept { return tables_.size(); }
-  std::size_t cols() const noexcept { return cols_; }
-  const std::string& name(std::size_t t) const noexcept { return tables_[t].name; }
-  const PartitionMap& map(std::size_t t) const noexcept { return tables_[t].map; }
-  /// The group's total rows: a key's owner is key / span().
-  std::size_t span() const noexcept { return span_; }
-  /// The group key of row `id` of table t (host; see the file comment).
-  index_t key_of(std::size_t t, index_t id) const noexcept {
-    const PartitionMap& map = tables_[t].map;
-    const int o = map.owner(id);
-    return static_cast<index_t>(static_cast<std::size_t>(o) * span_ +
-                                static_cast<std::size_t>(host_base_[t * static_cast<std::size_t>(engine_->size()) +
-                                                                    static_cast<std::size_t>(o)]) +
-                                map.local_row(id));
-  }
-  /// Where table t starts in this rank's group shard (rows).
-  std::size_t base(std::size_t t) const noexcept {
-    return static_cast<std::size_t>(host_base_[t * static_cast<std::size_t>(engine_->size()) +
-                                               static_cast<std::size_t>(engine_->rank())]);
-  }
-  /// Rows of table t on this rank.
-  std::size_t shard_rows(std::size_t t) const noexcept { return tables_[t].map.shard_rows(engine_->rank()); }
-  /// This rank's group shard: every table's rows here, table by table.
-  Buffer<T, space>& shard() noexcept { return shard_; }
-  const Buffer<T, space>& shard() const noexcept { return shard_; }
-  /// Table t's rows on this rank (shard_rows(t) x cols).
-  T* shard_of(std::size_t t) noexcept { return shard_.data() + base(t) * cols_; }
   bool aggregates() const noexcept { return aggregate_; }
-  /// Whether the shard lives in shared memory, so lookups read the owners'
-  /// shards directly (ShardedOptions::shared_memory).
-  bool shared() const noexcept { return static_cast<bool>(window_); }
-  /// Whether lookups read every row where it lies: shared shards, or one
-  /// rank (which owns every row). Their route carries headers alone.
-  bool reads_directly() const noexcept { return shared() || engine_->size() == 1; }
-
   /// What every rank's group must share for the routes it takes part in to
   /// match (the word their shapes are made of): the element type, the
   /// width, how lookups read, and each table's name, rows and partitions.
   /// Set by build().
   std::uint64_t identity() const noexcept { return identity_; }
-  /// Table t, for a message: 'name', or with `detailed` its rows and
-  /// partitions too.
-  std::string label(std::size_t t, bool detailed) const {
-    const Table& tb = tables_[t];
-    return detailed ? detail::concat("'", tb.name, "' (", tb.map.rows, " rows, ", tb.map.parts, " partitions)")
-                    : detail::concat("'", tb.name, "'");
-  }
-  /// The group's tables, for a message: ['a', 'b'], or with `detailed`
-  /// each table's rows and partitions, the element type and width, and how
-  /// lookups read.
-  std::string describe(bool detailed) const {
-    std::string out = "[";
-    for (std::size_t t = 0; t < tables_.size(); ++t) out += (t ? ", " : "") + label(t, detailed);
-    out += "]";
-    if (detailed)
-      out += detail::concat(" of ", cols_, " x ", to_string(data_type_of_v<T>),
-                            reads_directly() ? ", rows read in place" : ", rows asked of their owners");
-    return out;
-  }
-
-  /// Fills table t's rows on this rank: fill(global rows (in space), k, out).
-  template <class Fill>
-  void initialize(std::size_t t, Fill&& fill) {
-    const std::size_t k = shard_rows(t);
-    std::vector<index_t> rows(k);
-    for (std::size_t i = 0; i < k; ++i) rows[i] = tables_[t].map.global_row(engine_->rank(), i);
-    auto dev = Buffer<index_t, space>::from_host(rows);
-    fill(dev.data(), k, shard_of(t));
-  }
 
   // ---------------------------------------------------------------- lookup
   //
@@ -474,7 +189,7 @@ class TableGroup {
         p.problem_table_ = q.table;
         break;
       }
-    if (reads_directly()) return plan_direct_reads(p);
+    if (this->reads_directly()) return plan_direct_reads(p);
 
     // Each request's keys are made unique on their own (keys of different
     // tables never meet): keys already strictly ascending are their own
@@ -539,13 +254,6 @@ class TableGroup {
   /// when plan_lookup() was given none: before start_reply().
   void place(Pull& p, std::size_t r, T* out) noexcept { p.requests_[r].out = out; }
 
-  /// Makes this rank's writes to its shard visible to the peers that read
-  /// it (shared memory), before a collective that tells them they may.
-  void sync_shard() {
-    if constexpr (detail::shares_host_memory<Engine>::value)
-      if (window_) window_.sync();
-  }
-
   /// Serves the keys the route brought this rank and starts the reply (or,
   /// when reading directly, reads every row from its owner's shard): the
   /// rows as the shards hold them now. When reading directly from peers'
@@ -554,10 +262,10 @@ class TableGroup {
   void start_reply() { start_reply(plain_); }
   void start_reply(Pull& p) {
     auto& ex = engine_->exec();
-    if (reads_directly()) {
+    if (this->reads_directly()) {
       // The last collective came from every rank after its last update of
       // its shard: the rows are final. Read them where they lie.
-      sync_shard();
+      this->sync_shard();
       if (p.problem_ == detail::no_problem)
         for (std::size_t r = 0; r < p.requests_.size(); ++r)
           if (p.requests_[r].n)
@@ -580,7 +288,7 @@ class TableGroup {
   /// wait_started(), where it has one).
   void finish_lookup() { finish_lookup(plain_); }
   void finish_lookup(Pull& p) {
-    if (reads_directly() || p.single_in_order_) return;
+    if (this->reads_directly() || p.single_in_order_) return;
     auto& ex = engine_->exec();
     const std::size_t count = p.requests_.size(), u = p.unique_first_[count];
     // One request: its unique keys were sorted, so they went out in their
@@ -641,7 +349,7 @@ class TableGroup {
     // for it, which sums what its host sends; then on to the owners.
     aggregate_exchange_.route(push_keys_.data(), rows, dest_.data(), k, cols_,
                               detail::push_shape(detail::Fingerprint().add("aggregate").add(identity_).value()),
-                              [&](bool detailed) { return "groups " + describe(detailed); });
+                              [&](bool detailed) { return "groups " + this->describe(detailed); });
     const std::size_t hop_k =
         detail::coalesce_rows(ex, aggregate_exchange_.received_ids(), aggregate_exchange_.received_values(),
                               aggregate_exchange_.received(), cols_, hop_keys_, hop_values_, scratch_);
@@ -702,15 +410,15 @@ class TableGroup {
   }
 
  private:
-  struct Table {
-    std::string name;
-    PartitionMap map;
-  };
-
-  /// Where table t starts in each owner's group shard (in space, for kernels).
-  const index_t* base_of(std::size_t t) const noexcept {
-    return base_.data() + t * static_cast<std::size_t>(engine_->size());
-  }
+  using Table = typename TableLayout<T, Engine>::Table;
+  using TableLayout<T, Engine>::engine_;
+  using TableLayout<T, Engine>::cols_;
+  using TableLayout<T, Engine>::tables_;
+  using TableLayout<T, Engine>::span_;
+  using TableLayout<T, Engine>::host_base_;
+  using TableLayout<T, Engine>::window_;
+  using TableLayout<T, Engine>::shard_;
+  using TableLayout<T, Engine>::base_of;
 
   /// plan_lookup() when every row can be read where it lies: where each one
   /// lies, and how many rows of each owner this rank will read (the route's
@@ -782,19 +490,11 @@ class TableGroup {
     }
   }
 
-  Engine* engine_;
-  std::size_t cols_;
-  bool want_aggregate_, want_shared_;
-  bool built_ = false, aggregate_ = false;
-  std::vector<Table> tables_;
+  bool want_aggregate_;
+  bool aggregate_ = false;
   std::uint64_t identity_ = 0;          // see identity()
-  std::size_t span_ = 0;                // rows of every table: bounds any group shard
-  std::vector<index_t> host_base_;      // [table][owner]: where the table starts in the owner's group shard
-  std::vector<std::size_t> shard_rows_;  // [owner]: rows of its group shard
-  Buffer<index_t, space> base_;         // host_base_, in space
-  detail::SharedWindow<T> window_;      // the shard's memory, when shared
-  Buffer<T, space> shard_;
   Buffer<std::int32_t, space> first_hop_, dest_;
+
 
   Pull plain_, ahead_;  // plain lookups', and lookups ahead (see Pull)
 

@@ -1,0 +1,287 @@
+#pragma once
+/// @file
+/// ShardedSynchronizer's lookups of bags (declared in steps.hpp;
+/// docs/design.md, "Bags"): the choice, per request, of pooling here or at
+/// the owners (choose_pooling), lookup_bags() and the gradient of its
+/// pooled rows (bag_gradients).
+
+#include <parallax/bags.hpp>
+#include <parallax/detail/agreement.hpp>
+#include <parallax/detail/timeline.hpp>
+#include <parallax/error.hpp>
+#include <parallax/policy/policy.hpp>
+#include <parallax/policy/sharded_ps.hpp>
+#include <parallax/policy/sharded_ps/bag_pool.hpp>
+#include <parallax/policy/sharded_ps/group_routes.hpp>
+#include <parallax/policy/sharded_ps/lookups.hpp>
+#include <parallax/policy/sharded_ps/members.hpp>
+#include <parallax/policy/sharded_ps/steps.hpp>
+#include <parallax/space.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace parallax::policy {
+
+/// A lookup_bags() batch, kept until clear() for its gradient.
+template <class Engine, class Optimizer>
+class ShardedSynchronizer<Engine, Optimizer>::BagBatchBase {
+ public:
+  virtual ~BagBatchBase() = default;
+  bool given = false;  // its gradient was given
+};
+template <class Engine, class Optimizer>
+template <class T>
+class ShardedSynchronizer<Engine, Optimizer>::BagBatch final : public BagBatchBase {
+ public:
+  std::vector<Group<T>*> groups;  // in the order the batch first names them
+  std::vector<BagPool<T, Engine>*> pools;  // per group
+  std::vector<bool> local;        // per request: pooled here (LocalBags), not at the owners
+  std::size_t local_first = 0;    // the LocalBags index of the first request pooled here
+  std::vector<const void*> vars;  // per request: its variable's state
+  std::vector<const std::string*> names;
+  // Per request: its group, its place there (pooled here: among those pooled here), its bags.
+  std::vector<std::size_t> request_group, request_at, bags;
+  std::vector<Rows<T, space>> rows;  // per request: the pooled rows
+  std::uint64_t word = 0;  // the route's shape: each request's (group, table), in order
+  std::string describe(bool detailed, const char* what) const {
+    std::string out = what;
+    bool first = true;
+    for (std::size_t i = 0; i < request_group.size(); ++i) {
+      if (local[i]) continue;
+      const auto& q = pools[request_group[i]]->request(request_at[i]);
+      out += (first ? "" : ", ") + groups[request_group[i]]->tables.label(q.table, detailed) + " (" +
+             to_string(q.combiner) + ")";
+      first = false;
+    }
+    return out;
+  }
+};
+
+/// Per request of a bag batch: whether it is pooled locally. Requests of
+/// Pooling::automatic weigh the bytes both ways would move (this rank's
+/// sends: ids and pairs, or unique ids, each way), added over the ranks,
+/// so every rank picks alike; the ranks check first that they look up
+/// the same tables with the same pooling (else they throw, on every rank).
+template <class Engine, class Optimizer>
+template <class V>
+std::vector<bool> ShardedSynchronizer<Engine, Optimizer>::choose_pooling(
+    const Bags<V>* batch, std::size_t count, const std::vector<std::vector<index_t>>& offsets) {
+  using T = typename V::value_type;
+  std::vector<bool> local(count, false);
+  std::vector<std::int64_t> cost;
+  std::vector<std::size_t> automatic;
+  detail::Fingerprint word;
+  word.add("pooling").add(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const Bags<V>& q = batch[i];
+    TableOf<V>& t = table_of(*q.var);
+    word.add(t.name()).add(static_cast<std::uint64_t>(q.pooling)).add(static_cast<std::uint64_t>(q.combiner));
+    if (q.pooling != Pooling::automatic) {
+      local[i] = q.pooling == Pooling::local;
+      continue;
+    }
+    automatic.push_back(i);
+    const auto& tables = static_cast<Group<T>&>(t.group()).tables;
+    const PartitionMap& map = tables.map(t.index());
+    std::vector<index_t> ids(q.n);
+    if (q.n) space_traits<space>::copy_to_host(ids.data(), q.ids, q.n * sizeof(index_t));
+    const int me = engine_->rank();
+    const std::int64_t row = static_cast<std::int64_t>(tables.cols() * sizeof(T));
+    const std::int64_t per_id = q.combiner == Combiner::weighted_sum ? 12 : 8;
+    std::int64_t remote = 0, pairs = 0;
+    std::vector<std::size_t> seen(static_cast<std::size_t>(engine_->size()), 0);  // the bag + 1 an owner was last seen in
+    std::vector<index_t> remote_ids;
+    for (std::size_t bag = 0; bag + 1 < offsets[i].size(); ++bag)
+      for (auto j = static_cast<std::size_t>(offsets[i][bag]); j < static_cast<std::size_t>(offsets[i][bag + 1]); ++j) {
+        const int o = map.owner(ids[j]);
+        if (o == me) continue;
+        ++remote;
+        remote_ids.push_back(ids[j]);
+        if (seen[static_cast<std::size_t>(o)] != bag + 1) {
+          seen[static_cast<std::size_t>(o)] = bag + 1;
+          ++pairs;
+        }
+      }
+    std::sort(remote_ids.begin(), remote_ids.end());
+    const auto unique = static_cast<std::int64_t>(std::unique(remote_ids.begin(), remote_ids.end()) - remote_ids.begin());
+    // At the owners: the ids, a count and a row back per pair; a row and its
+    // count per pair pushed. Here: a key and a row back per unique id (rows
+    // read in place: a row per id, repeats too), and each pushed.
+    cost.push_back(per_id * remote + pairs * (16 + 2 * row));
+    cost.push_back((tables.reads_directly() ? remote * row : unique * (8 + row)) + unique * (8 + row));
+  }
+  if (automatic.empty()) return local;
+  std::int64_t agree[2] = {static_cast<std::int64_t>(word.value()), -static_cast<std::int64_t>(word.value())};
+  {
+    auto scope = engine_->stats().scope("", "control");
+    engine_->allreduce(agree, agree, 2, DataType::i64, ReduceOp::min);
+  }
+  if (agree[0] != -agree[1])
+    throw error("parallax: ranks make different batched lookups of bags: every rank must look up the same sparse variables, "
+                "with the same combiners and pooling, in the same order, in each batch (the ids may differ, and may "
+                "be none)");
+  {
+    auto scope = engine_->stats().scope("", "control");
+    engine_->allreduce(cost.data(), cost.data(), cost.size(), DataType::i64, ReduceOp::sum);
+  }
+  for (std::size_t k = 0; k < automatic.size(); ++k) local[automatic[k]] = cost[2 * k + 1] < cost[2 * k];
+  return local;
+}
+
+template <class Engine, class Optimizer>
+template <class V>
+auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, std::size_t count)
+    -> std::vector<Rows<typename V::value_type, space>> {
+  using T = typename V::value_type;
+  auto offsets = check_bags(*engine_, batch, count);
+  auto record = std::make_unique<BagBatch<T>>();
+  BagBatch<T>& b = *record;
+  b.local = choose_pooling(batch, count, offsets);
+  b.rows.resize(count);
+  b.request_group.assign(count, 0);
+  b.request_at.assign(count, 0);
+  for (std::size_t i = 0; i < count; ++i) {
+    TableOf<V>& t = table_of(*batch[i].var);
+    b.vars.push_back(&batch[i].var->state());
+    b.names.push_back(&t.name());
+    b.bags.push_back(offsets[i].size() - 1);
+  }
+  // Pooled here: one plain lookup of their ids.
+  std::vector<Bags<V>> here;
+  std::vector<Lookup<V>> plain;
+  for (std::size_t i = 0; i < count; ++i)
+    if (b.local[i]) {
+      b.request_at[i] = here.size();
+      here.push_back(batch[i]);
+      plain.emplace_back(*batch[i].var, batch[i].ids, batch[i].n);
+    }
+  if (!here.empty()) {
+    LocalBags<T, space>& local = local_bags_.template of<T>();
+    b.local_first = local.pooled();
+    const auto looked_up = lookup(plain.data(), plain.size());
+    const detail::Span span("bags: pooled locally");
+    const auto pooled = local.pool(engine_->exec(), here.data(), here.size(), looked_up);
+    for (std::size_t i = 0; i < count; ++i)
+      if (b.local[i]) b.rows[i] = pooled[b.request_at[i]];
+  }
+  // Pooled at the owners.
+  std::vector<std::vector<typename BagPool<T, Engine>::Request>> requests;
+  std::vector<std::pair<const std::string*, std::uint64_t>> parts;
+  detail::Fingerprint word;
+  word.add("bags");
+  for (std::size_t i = 0; i < count; ++i) {
+    if (b.local[i]) continue;
+    TableOf<V>& t = table_of(*batch[i].var);
+    Group<T>& g = static_cast<Group<T>&>(t.group());
+    auto at = std::find(b.groups.begin(), b.groups.end(), &g);
+    if (at == b.groups.end()) {
+      b.groups.push_back(&g);
+      requests.emplace_back();
+      at = b.groups.end() - 1;
+    }
+    const auto gi = static_cast<std::size_t>(at - b.groups.begin());
+    const Bags<V>& q = batch[i];
+    T* out = g.outputs.next(b.bags[i] * g.tables.cols()).data();
+    b.request_group[i] = gi;
+    b.request_at[i] = requests[gi].size();
+    b.rows[i] = Rows<T, space>{out, b.bags[i], g.tables.cols()};
+    requests[gi].push_back({t.index(), std::move(offsets[i]), q.ids, q.n, q.weights, q.combiner, out});
+    parts.emplace_back(&t.name(), g.weight(q.n));
+    word.add(g.tables.identity()).add(t.index()).add(static_cast<std::uint64_t>(q.combiner));
+  }
+  b.word = word.value();
+  if (!b.groups.empty()) {
+    std::vector<detail::RouteLane*> lanes;
+    {
+      const detail::Span span("bags: plan");
+      for (std::size_t gi = 0; gi < b.groups.size(); ++gi) {
+        BagPool<T, Engine>& pool = b.groups[gi]->next_bag_pool();
+        pool.plan(b.groups[gi]->tables, std::move(requests[gi]));
+        b.pools.push_back(&pool);
+        lanes.push_back(&pool.entry_lane());
+        lanes.push_back(&pool.segment_lane());
+      }
+    }
+    auto shared = engine_->stats().shared(ShardedPS::name);
+    for (const auto& [name, weight] : parts) shared.part(*name, weight);
+    {
+      const detail::Span span("bags: route");
+      detail::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_, detail::lookup_shape(b.word),
+                          [&](bool detailed) { return b.describe(detailed, "bags of "); });
+    }
+    {
+      const detail::Span span("bags: owners pool and reply");
+      for (std::size_t gi = 0; gi < b.groups.size(); ++gi) b.pools[gi]->serve(b.groups[gi]->tables);
+      if constexpr (engine::supports_v<Engine, engine::op_start_alltoallv>) engine_->wait_started();
+    }
+    const detail::Span span("bags: partial sums added");
+    for (auto* pool : b.pools) pool->finish();
+  }
+  std::vector<Rows<T, space>> rows = b.rows;
+  bag_batches_.push_back(std::move(record));
+  return rows;
+}
+
+template <class Engine, class Optimizer>
+template <class V>
+void ShardedSynchronizer<Engine, Optimizer>::bag_gradients(const BagGradient<V>* grads, std::size_t count) {
+  using T = typename V::value_type;
+  BagBatch<T>* b = nullptr;
+  for (std::size_t i = bag_batches_.size(); i-- > 0 && !b;)
+    if (!bag_batches_[i]->given) b = dynamic_cast<BagBatch<T>*>(bag_batches_[i].get());
+  std::optional<std::string> problem;
+  if (!b) {
+    problem = detail::no_bag_lookup(count ? grads[0].var->name() : std::string());
+  } else if (count != b->vars.size()) {
+    problem = detail::concat("a gradient of bags was given for ", count,
+                             " requests; the batch of bags it belongs to had ", b->vars.size());
+  } else {
+    for (std::size_t i = 0; i < count && !problem; ++i) {
+      if (&grads[i].var->state() != b->vars[i])
+        problem = detail::concat("a gradient of bags for variable '", grads[i].var->name(),
+                                 "' was given where its batch looked up another variable");
+      else
+        problem = detail::bag_gradient_problem(grads[i].var->name(), b->bags[i], b->rows[i].cols, grads[i].rows,
+                                               grads[i].cols);
+    }
+  }
+  detail::agree(*engine_, problem);
+  b->given = true;
+  bag_gradients_given_ = true;
+  for (std::size_t i = 0; i < count; ++i)
+    if (b->local[i]) local_bags_.template of<T>().expand(engine_->exec(), b->local_first + b->request_at[i], grads[i]);
+  if (b->groups.empty()) return;
+  std::vector<std::vector<const T*>> per_group(b->groups.size());
+  for (std::size_t gi = 0; gi < b->groups.size(); ++gi) per_group[gi].resize(b->pools[gi]->requests());
+  std::vector<detail::RouteLane*> lanes;
+  auto shared = engine_->stats().shared(ShardedPS::name);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (b->local[i]) continue;
+    per_group[b->request_group[i]][b->request_at[i]] = grads[i].values;
+    shared.part(*b->names[i], b->bags[i] + 1);
+  }
+  {
+    const detail::Span span("bag gradients: plan");
+    for (std::size_t gi = 0; gi < b->groups.size(); ++gi) {
+      b->pools[gi]->plan_gradients(per_group[gi]);
+      lanes.push_back(&b->pools[gi]->gradient_lane());
+    }
+  }
+  {
+    const detail::Span span("bag gradients: route");
+    detail::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_,
+                        detail::push_shape(detail::Fingerprint().add("bag gradients").add(b->word).value()),
+                        [&](bool detailed) { return b->describe(detailed, "gradients of bags of "); });
+  }
+  const detail::Span span("bag gradients: owners expand");
+  for (std::size_t gi = 0; gi < b->groups.size(); ++gi) b->pools[gi]->expand(b->groups[gi]->tables);
+}
+
+}  // namespace parallax::policy

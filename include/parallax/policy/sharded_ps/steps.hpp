@@ -1,0 +1,287 @@
+#pragma once
+/// @file
+/// ShardedPS's synchronizer (see synchronizer.hpp, which includes all of
+/// it): its registration of variables and the phases of a step. Its parts
+/// are declared here and defined beside: the per-variable members and their
+/// table groups (members.hpp), batched lookups (lookups.hpp) and lookups of
+/// bags (bag_lookups.hpp).
+
+#include <parallax/bags.hpp>
+#include <parallax/comm_stats.hpp>
+#include <parallax/detail/agreement.hpp>
+#include <parallax/detail/timeline.hpp>
+#include <parallax/error.hpp>
+#include <parallax/init.hpp>
+#include <parallax/options.hpp>
+#include <parallax/optim/optimizer.hpp>
+#include <parallax/partition.hpp>
+#include <parallax/policy/policy.hpp>
+#include <parallax/policy/replicas.hpp>
+#include <parallax/policy/sharded_ps.hpp>
+#include <parallax/policy/sharded_ps/bag_pool.hpp>
+#include <parallax/policy/sharded_ps/group_routes.hpp>
+#include <parallax/policy/sharded_ps/row_exchange.hpp>
+#include <parallax/space.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+namespace parallax::policy {
+
+/// The partition count of a sharded variable: its own (TrainerOptions::
+/// partitions), the configured default, or one per rank (but no more than
+/// the variable has rows).
+inline int partitions_for(const TrainerOptions& o, const std::string& name, std::size_t rows, int ranks) {
+  if (auto it = o.partitions.find(name); it != o.partitions.end()) return it->second;
+  if (o.sharded.partitions > 0) return o.sharded.partitions;
+  return static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(ranks), std::max<std::size_t>(rows, 1)));
+}
+
+template <class Engine, class Optimizer>
+class ShardedSynchronizer final : public Synchronizer<Engine> {
+ public:
+  using space = engine::space_of_t<Engine>;
+
+  ShardedSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions& options)
+      : engine_(&engine), opt_(&opt), options_(options) {}
+  ShardedSynchronizer(const ShardedSynchronizer&) = delete;
+  ShardedSynchronizer& operator=(const ShardedSynchronizer&) = delete;
+
+  template <class Var>
+  Member& add(Var var) {
+    const PartitionMap map(var.rows(), partitions_for(options_, var.name(), var.rows(), engine_->size()),
+                           engine_->size());
+    if constexpr (Var::is_sparse()) {
+      using T = typename Var::value_type;
+      Group<T>& g = group_for<T>(var.cols(), bind_variable(*opt_, var));
+      const std::size_t index = g.tables.add(var.name(), map);
+      auto m = std::make_unique<TableOf<Var>>(std::move(var), *engine_, g, index);
+      g.members.push_back(m.get());
+      tables_.push_back(m.get());
+      members_of_tables_.push_back(m.get());
+      table_group_.push_back(g);
+      table_index_.push_back(index);
+      members_.push_back(std::move(m));
+    } else {
+      auto m = std::make_unique<DenseOf<Var>>(std::move(var), *engine_, *opt_, map);
+      dense_.push_back(m.get());
+      members_.push_back(std::move(m));
+    }
+    return *members_.back();
+  }
+
+  /// Lays every group out (shared windows: collective) and places its
+  /// tables' initial values and optimizer state.
+  void prepare() override {
+    for (auto& g : groups_) g->build();
+  }
+
+  /// A group's push starts, on the communication thread, once all its
+  /// tables are ready: its own route, so its rows travel while the user
+  /// computes the other gradients. A table whose gradient has a problem
+  /// sends no rows; the step's agreement reports the problem.
+  void ready(const Member& variable, const StepInfo&, Background& background) override {
+    for (std::size_t i = 0; i < tables_.size(); ++i) {
+      if (members_of_tables_[i]->identity() != variable.identity()) continue;
+      GroupBase& g = table_group_[i];
+      if (g.pushed || !g.mark_ready(table_index_[i])) return;
+      g.pushed = true;
+      background.post([this, &g] {
+        auto shared = engine_->stats().shared(ShardedPS::name);
+        detail::RouteLane* lane = &g.plan_push(shared, true);
+        const detail::Span span("push: route (early)");
+        detail::route_lanes(*engine_, &lane, 1, g.early_route,
+                            detail::push_shape(detail::Fingerprint().add("push").add(g.identity()).value()),
+                            [&](bool detailed) { return "group " + g.describe(detailed) + " (ready)"; });
+      });
+      return;
+    }
+  }
+
+  std::optional<std::string> problem() override {
+    for (Table* t : tables_)
+      if (auto p = t->problem()) return p;
+    return std::nullopt;
+  }
+  bool has_gradient() const override {
+    if (bag_gradients_given_) return true;
+    for (const Table* t : tables_)
+      if (t->has_gradient()) return true;
+    for (const Dense* d : dense_)
+      if (d->has_gradient()) return true;
+    return false;
+  }
+  /// Every group's gradient rows in one route (one engine call on MPI, two
+  /// elsewhere), booked to the tables in proportion to the rows each sends;
+  /// the dense variables' gradients to their owners.
+  void start_exchange(const StepInfo&) override {
+    lanes_.clear();
+    auto shared = engine_->stats().shared(ShardedPS::name);
+    detail::Fingerprint word;
+    word.add("push");
+    {
+      const detail::Span span("push: plan");
+      for (auto& g : groups_)
+        if (!g->pushed) {
+          lanes_.push_back(&g->plan_push(shared, false));
+          word.add(g->identity());
+        }
+    }
+    if (lanes_.empty()) return;
+    const detail::Span span("push: route");
+    detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_, detail::push_shape(word.value()),
+                        [&](bool detailed) {
+                          std::string out = "groups ";
+                          bool first = true;
+                          for (auto& g : groups_)
+                            if (!g->pushed) {
+                              out += (first ? "" : ", ") + g->describe(detailed);
+                              first = false;
+                            }
+                          return out;
+                        });
+  }
+  void finish_exchange(const StepInfo&) override {
+    {
+      const detail::Span span("push: owners sum");
+      for (auto& g : groups_) g->finish_push();
+    }
+    const detail::Span span("dense shards: reduce");
+    for (Dense* d : dense_) d->reduce();
+  }
+  /// Each owner counts the sums of the rows it owns.
+  std::optional<double> gradient_square_sum() override {
+    double sum = 0;
+    for (auto& g : groups_) sum += g->square_sum();
+    for (Dense* d : dense_) sum += d->square_sum();
+    return sum;
+  }
+  void update(const StepInfo& info) override {
+    for (auto& g : groups_) g->update(info);
+    for (Dense* d : dense_) d->update(info);
+  }
+  void clear() override {
+    for (auto& g : groups_) g->clear();
+    for (Dense* d : dense_) d->clear();
+    bag_batches_.clear();
+    local_bags_.clear();
+    bag_gradients_given_ = false;
+  }
+
+  /// A batch of bag lookups (docs/design.md, "Bags"). Requests pooled at
+  /// the owners: every group's ids and segments in one route, each owner
+  /// sums its rows of each (bag, owner) pair, and each group replies once,
+  /// a row per pair. Requests pooled locally: one plain lookup of their ids,
+  /// pooled here. Pooling::automatic picks, per request, whichever moves
+  /// fewer bytes over every rank (two small all-reduces). Returns one row per
+  /// bag per request (bags x cols), valid until the step's clear(). A bad
+  /// request (offsets, ids, weights) throws on every rank, naming its
+  /// variable, before any row moves. Collective.
+  template <class V>
+  std::vector<Rows<typename V::value_type, space>> lookup_bags(const Bags<V>* batch, std::size_t count);
+
+  /// The gradient of the pooled rows of the step's last lookup_bags() batch
+  /// whose gradient was not given yet: one BagGradient per request of that
+  /// batch, in its order, each bags x cols. A request pooled at the owners
+  /// sends each (bag, owner) pair's row to its owner, which gives it to the
+  /// bag's ids it holds (times their weights; divided by the bag's ids for
+  /// mean), summed there with the step's pushed rows; one pooled locally
+  /// adds those rows to its variable's gradient here, pushed at the step. A
+  /// gradient that does not match its batch throws on every rank.
+  /// Collective.
+  template <class V>
+  void bag_gradients(const BagGradient<V>* grads, std::size_t count);
+
+  /// The rows of a batch of sparse variables: every group's keys in one
+  /// route, then one reply per group (in flight together where the engine
+  /// can), rows put in each caller's order. A bad id throws on every rank,
+  /// naming its variable, before any row moves. Collective.
+  template <class V>
+  std::vector<Rows<typename V::value_type, space>> lookup(const Lookup<V>* batch, std::size_t count);
+
+  /// Trainer::prefetch: a batched lookup whose route (validation, keys,
+  /// sort, unique, and the ids to their owners: nothing that reads a row)
+  /// runs now, on `background`, and whose rows are served by
+  /// finish_lookup(). The ids are copied: the caller may reuse them at once.
+  /// Its state (its groups' ahead_pull(), its own route buffers) is apart
+  /// from plain lookups' and pushes', which may come between. One at a
+  /// time. Collective.
+  template <class V>
+  void start_lookup(const Lookup<V>* batch, std::size_t count, Background& background);
+  /// The rows of the batch start_lookup() began, as lookup() would return
+  /// them now. Throws what its route threw (a bad id, ranks that prefetch
+  /// different variables), on every rank. Collective.
+  template <class V>
+  std::vector<Rows<typename V::value_type, space>> finish_lookup();
+  /// Forgets the batch start_lookup() began (its route has run).
+  void cancel_lookup() override { ahead_.reset(); }
+
+ private:
+  // Sparse tables and dense variables (members.hpp).
+  class GroupBase;  // what a group does in a step, whatever its element type
+  class Table;      // what the synchronizer asks of a sharded table, whatever its type
+  template <class T>
+  class TableMember;
+  template <class T>
+  class Group;  // the tables of one element type and width, updated alike
+  template <class Var>
+  class TableOf;  // a sparse variable, a table of its group
+  class Dense;
+  template <class Var>
+  class DenseOf;  // a dense variable, sharded over its owners
+  template <class T>
+  Group<T>& group_for(std::size_t cols, const optim::Bound<Optimizer>& bound);
+  template <class V>
+  TableOf<V>& table_of(V& var);
+
+  // Batched lookups (lookups.hpp).
+  class BatchBase;
+  template <class T>
+  class Batch;  // a batched lookup of tables of element type T, from gather() to serve()
+  template <class V, class T = typename V::value_type>
+  void gather(Batch<T>& b, const Lookup<V>* batch, std::size_t count, bool ahead);
+  template <class T>
+  void route(Batch<T>& b);
+  template <class T>
+  std::vector<Rows<T, space>> serve(Batch<T>& b);
+
+  // Lookups of bags (bag_lookups.hpp).
+  class BagBatchBase;
+  template <class T>
+  class BagBatch;  // a lookup_bags() batch, kept until clear() for its gradient
+  template <class V>
+  std::vector<bool> choose_pooling(const Bags<V>* batch, std::size_t count,
+                                   const std::vector<std::vector<index_t>>& offsets);
+  Engine* engine_;
+  const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
+  TrainerOptions options_;
+  std::vector<std::unique_ptr<GroupBase>> groups_;
+  std::vector<const std::type_info*> group_types_;
+  std::vector<std::size_t> group_cols_;
+  std::vector<std::unique_ptr<Member>> members_;  // registration order
+  std::vector<Table*> tables_;
+  std::vector<const Member*> members_of_tables_;                  // per table: its member
+  std::vector<std::reference_wrapper<GroupBase>> table_group_;  // per table: its group
+  std::vector<std::size_t> table_index_;                        // per table: its index in the group
+  std::vector<Dense*> dense_;
+  std::vector<detail::RouteLane*> lanes_;
+  detail::RouteBuffers<space> route_;  // the push's route, and batched lookups'
+  detail::RouteBuffers<space> ahead_route_;  // a lookup ahead's route (start_lookup)
+  std::unique_ptr<BatchBase> ahead_;         // the lookup ahead, from start_lookup() to finish_lookup()
+  detail::RouteBuffers<space> bag_route_;    // bag lookups' and their gradients' routes
+  std::vector<std::unique_ptr<BagBatchBase>> bag_batches_;  // this step's lookup_bags(), in order
+  LocalBagsOfEachType<space> local_bags_;                    // its requests pooled here
+  bool bag_gradients_given_ = false;
+};
+
+}  // namespace parallax::policy
