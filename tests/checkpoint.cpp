@@ -34,29 +34,6 @@ struct SubJob {
   bool member() const { return comm != MPI_COMM_NULL; }
 };
 
-/// A directory every rank sees, removed at the end.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char buf[256] = {};
-    int me = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    if (me == 0) {
-      std::string tmpl = (fs::temp_directory_path() / "parallax-ckpt-XXXXXX").string();
-      std::snprintf(buf, sizeof(buf), "%s", mkdtemp(tmpl.data()));
-    }
-    MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, MPI_COMM_WORLD);
-    path = buf;
-  }
-  ~TempDir() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    int me = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    std::error_code ec;
-    if (me == 0) fs::remove_all(path, ec);
-  }
-};
-
 /// A model with a sparse and two dense variables, trained on data that
 /// depends only on the global step and example, not on the rank count.
 template <class Arch, class Opt = px::optim::Adam>
@@ -111,7 +88,7 @@ double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) 
 TEMPLATE_TEST_CASE("a resumed run continues bit-for-bit", "[checkpoint]", px::arch::Hybrid, px::arch::AllReduce,
                    px::arch::PS) {
   auto& ctx = test::world();
-  TempDir dir;
+  test::TempDir dir("parallax-ckpt");
   Job<TestType> straight(ctx);
   straight.train(ctx, 3);
   const std::string path = straight.trainer.save(dir.path);
@@ -136,7 +113,7 @@ TEST_CASE("a checkpoint restores onto fewer and more ranks", "[checkpoint][np2+]
   using Opt = px::optim::Adam;
   const Opt opt{0.05f};
   for (auto [from, to] : {std::pair{n, n - 1}, std::pair{2, n}}) {
-    TempDir dir;
+    test::TempDir dir("parallax-ckpt");
     std::vector<double> saved;
     {
       SubJob job(from);
@@ -221,7 +198,7 @@ TEST_CASE("a checkpoint restores whatever the grouping of tables and the rank co
   };
   const Opt opt{0.1f};
   for (const bool group_first : {true, false}) {
-    TempDir dir;
+    test::TempDir dir("parallax-ckpt");
     std::vector<double> saved;
     {
       auto m = make(world, group_first, opt, px::arch::PS{});
@@ -247,7 +224,7 @@ TEST_CASE("a checkpoint restores whatever the grouping of tables and the rank co
 TEST_CASE("corrupt checkpoints are refused on every rank before anything loads", "[checkpoint][errors]") {
   auto& ctx = test::world();
   const int n = ctx.size();
-  TempDir dir;
+  test::TempDir dir("parallax-ckpt");
   Job<px::arch::Hybrid> job(ctx);
   job.train(ctx, 2);
   const std::string path = job.trainer.save(dir.path);
@@ -322,7 +299,7 @@ TEST_CASE("corrupt checkpoints are refused on every rank before anything loads",
 
 TEST_CASE("automatic saves keep the newest checkpoints and skip unfinished ones", "[checkpoint]") {
   auto& ctx = test::world();
-  TempDir dir;
+  test::TempDir dir("parallax-ckpt");
   px::TrainerOptions o;
   o.checkpoint.dir = dir.path;
   o.checkpoint.every_steps = 2;
@@ -357,7 +334,7 @@ TEST_CASE("automatic saves keep the newest checkpoints and skip unfinished ones"
 TEST_CASE("what interrupted saves and removals leave is not listed, and the next save removes it", "[checkpoint]") {
   auto& ctx = test::world();
   const int n = ctx.size();
-  TempDir dir;
+  test::TempDir dir("parallax-ckpt");
   px::TrainerOptions o;
   o.checkpoint.dir = dir.path;
   o.checkpoint.keep_last = 10;
@@ -421,7 +398,7 @@ TEST_CASE("what interrupted saves and removals leave is not listed, and the next
 
 TEST_CASE("a checkpoint leaves the listed names before its files go", "[checkpoint]") {
   auto& ctx = test::world();
-  TempDir dir;
+  test::TempDir dir("parallax-ckpt");
   Job<px::arch::PS> job(ctx);
   job.train(ctx, 1);
   const std::string one = job.trainer.save(dir.path);
@@ -454,7 +431,7 @@ TEST_CASE("a checkpoint leaves the listed names before its files go", "[checkpoi
 
 TEST_CASE("restore_latest finds nothing in an empty directory and changes nothing", "[checkpoint]") {
   auto& ctx = test::world();
-  TempDir dir;
+  test::TempDir dir("parallax-ckpt");
   Job<px::arch::PS> job(ctx);
   const auto before = job.snapshot();
   CHECK_FALSE(job.trainer.restore_latest(dir.path));
@@ -464,7 +441,7 @@ TEST_CASE("restore_latest finds nothing in an empty directory and changes nothin
 
 TEST_CASE("a checkpoint keeps the base learning rate and the schedule's position", "[checkpoint][optim]") {
   auto& ctx = test::world();
-  TempDir dir;
+  test::TempDir dir("parallax-ckpt");
   px::TrainerOptions o;
   o.schedule = px::schedule::StepDecay{2, 0.5};
   auto make = [&](px::Variable<px::Dense, float>& w) {
@@ -497,7 +474,7 @@ TEST_CASE("a checkpoint keeps the base learning rate and the schedule's position
 TEST_CASE("a step that fails after updates made when ready leaves the trainer refusing work until a restore",
           "[checkpoint][overlap][update-when-ready]") {
   auto& ctx = test::world();
-  TempDir dir;
+  test::TempDir dir("parallax-ckpt");
   const int last = ctx.size() - 1;
   px::Variable<px::Sparse, float> emb(ctx, "emb", {10, 2});
   px::Variable<px::Dense, float> w(ctx, "w", {2}, px::init::Constant{1.0});
@@ -641,7 +618,7 @@ TEST_CASE("a checkpoint restores into another precision, rounding to nearest eve
           "[checkpoint][half]") {
   auto& ctx = test::world();
   px::engine::Mpi engine(ctx);
-  TempDir dir;
+  test::TempDir dir("parallax-ckpt");
 
   HeldModel<float> f32(ctx);
   f32.w.fill(original);

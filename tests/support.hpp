@@ -14,8 +14,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -29,6 +33,34 @@ inline px::Context& world() {
   static px::Context ctx(MPI_COMM_WORLD);
   return ctx;
 }
+
+/// A fresh directory every rank of the world sees (made by rank 0 with
+/// mkdtemp under the system's temporary directory, named `<prefix>-XXXXXX`),
+/// removed at the end: tests that run at once never share one.
+struct TempDir {
+  std::string path;
+  explicit TempDir(const char* prefix) {
+    char buf[256] = {};
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    if (me == 0) {
+      std::string tmpl = (std::filesystem::temp_directory_path() / (std::string(prefix) + "-XXXXXX")).string();
+      if (const char* made = mkdtemp(tmpl.data())) std::snprintf(buf, sizeof(buf), "%s", made);
+    }
+    MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, MPI_COMM_WORLD);
+    path = buf;
+    if (path.empty()) throw std::runtime_error(std::string("test::TempDir: mkdtemp failed for ") + prefix);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    std::error_code ec;
+    if (me == 0) std::filesystem::remove_all(path, ec);
+  }
+};
 
 /// A Context over the world whose hosts are groups of `per_host` ranks
 /// (emulated hosts; per_host < 8), made once per binary and kept.

@@ -140,25 +140,6 @@ double max_abs_diff(const std::vector<float>& got, const std::vector<float>& wan
   return worst;
 }
 
-/// A directory every rank sees, removed at the end.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char buf[256] = {};
-    if (test::world().rank() == 0) {
-      std::string tmpl = (fs::temp_directory_path() / "parallax-groups-XXXXXX").string();
-      std::snprintf(buf, sizeof(buf), "%s", mkdtemp(tmpl.data()));
-    }
-    MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, MPI_COMM_WORLD);
-    path = buf;
-  }
-  ~TempDir() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    std::error_code ec;
-    if (test::world().rank() == 0) fs::remove_all(path, ec);
-  }
-};
-
 /// A job on the first `ranks` ranks of the world (MPI_COMM_NULL elsewhere).
 struct SubJob {
   MPI_Comm comm = MPI_COMM_NULL;
@@ -268,7 +249,7 @@ TEST_CASE("a checkpoint of groups restores onto other rank counts and refuses ot
   const auto groups = recipe();
   using Opt = std::decay_t<decltype(groups)>;
   const int from = std::min(2, n);
-  TempDir dir;
+  test::TempDir dir("parallax-groups");
   std::vector<float> saved;
   {
     SubJob job(from);

@@ -368,33 +368,10 @@ TEST_CASE("prefetch's lifecycle: one at a time, rows taken once, misuse named", 
   }
 }
 
-namespace {
-
-/// A directory every rank sees, removed at the end.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char buf[256] = {};
-    if (test::world().rank() == 0) {
-      std::string tmpl = (std::filesystem::temp_directory_path() / "parallax-prefetch-XXXXXX").string();
-      std::snprintf(buf, sizeof(buf), "%s", mkdtemp(tmpl.data()));
-    }
-    MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, MPI_COMM_WORLD);
-    path = buf;
-  }
-  ~TempDir() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    std::error_code ec;
-    if (test::world().rank() == 0) std::filesystem::remove_all(path, ec);
-  }
-};
-
-}  // namespace
-
 TEMPLATE_TEST_CASE("a prefetch survives save(); restore() cancels it", "[prefetch][checkpoint]", px::arch::Hybrid,
                    px::arch::AllReduce) {
   auto& ctx = test::world();
-  TempDir dir;
+  test::TempDir dir("parallax-prefetch");
   Table e(ctx, "e", {10, 2}, px::init::Uniform{-1.f, 1.f, 9});
   px::Trainer<TestType, px::optim::Sgd> t(ctx, px::optim::Sgd{0.5f}, e);
   const std::vector<px::index_t> ids{3, 1, 3, static_cast<px::index_t>(ctx.rank())};
