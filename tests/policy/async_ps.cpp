@@ -198,16 +198,21 @@ TEST_CASE("AsyncPS: no rank runs, or reads, beyond the staleness bound", "[async
 #ifdef PARALLAX_TEST_ASYNC_RMA
     // Through MPI one-sided calls a lookup of the straggler's rows waits
     // until it enters MPI (docs/async.md, "Two routes"), which holds the
-    // others within a step or two of it before any bound does.
-    const bool bound_reached = s < 1;
+    // others within a step or two of it before any bound does; and a rank
+    // whose lock or clock is late for the same reason (4 ranks on 2 cores)
+    // may be the one waited for, not the straggler.
+    const bool bound_reached = s < 1, straggler_named = false;
 #else
-    const bool bound_reached = true;
+    const bool bound_reached = true, straggler_named = true;
 #endif
     if (n > 1 && ctx.rank() != 0 && bound_reached) {
       // The fast ranks were held back, by the straggler.
       CHECK(st.waits > 0);
       CHECK(st.max_lead_seen > s);
-      CHECK(st.wait_caused[0] > 0);
+      if (straggler_named) CHECK(st.wait_caused[0] > 0);
+      double caused = 0;
+      for (const auto c : st.wait_caused) caused += static_cast<double>(c);
+      CHECK(caused > 0);
     }
     CHECK(trainer.fetch(count) == std::vector<float>(static_cast<std::size_t>(n), static_cast<float>(steps)));
   }
