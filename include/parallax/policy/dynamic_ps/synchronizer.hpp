@@ -94,8 +94,9 @@ struct Route {
         std::byte* out = packed_.data() + sdispls[p];
         std::memcpy(out, send_keys.data() + send_displs[p], send_counts[p] * sizeof(std::uint64_t));
         out += send_counts[p] * sizeof(std::uint64_t);
-        for (std::size_t j = send_displs[p]; j < send_displs[p] + send_counts[p]; ++j, out += cols * sizeof(T))
-          std::memcpy(out, rows + order[j] * cols, cols * sizeof(T));
+        if (rows != nullptr)  // a lookup sends keys alone (memcpy from null is undefined even for 0 bytes)
+          for (std::size_t j = send_displs[p]; j < send_displs[p] + send_counts[p]; ++j, out += cols * sizeof(T))
+            std::memcpy(out, rows + order[j] * cols, cols * sizeof(T));
       }
       engine.alltoallv_unsized(packed_.data(), sbytes.data(), sdispls.data(), rbytes.data(), rdispls.data(),
                                [&](std::size_t total) {
