@@ -83,6 +83,11 @@ struct Route {
       send_keys[j] = keys[i];
     }
     if (!rows) cols = 0;
+    // memcpy with a null pointer is undefined even for 0 bytes, and an empty
+    // vector's data() may be null.
+    const auto copy = [](void* to, const void* from, std::size_t bytes) {
+      if (bytes != 0) std::memcpy(to, from, bytes);
+    };
     if constexpr (engine::supports_v<Engine, engine::op_alltoallv_unsized>) {
       // Per destination: its keys, then their rows.
       const std::size_t width = sizeof(std::uint64_t) + cols * sizeof(T);
@@ -92,11 +97,11 @@ struct Route {
         sbytes[p] = send_counts[p] * width;
         sdispls[p] = send_displs[p] * width;
         std::byte* out = packed_.data() + sdispls[p];
-        std::memcpy(out, send_keys.data() + send_displs[p], send_counts[p] * sizeof(std::uint64_t));
+        copy(out, send_keys.data() + send_displs[p], send_counts[p] * sizeof(std::uint64_t));
         out += send_counts[p] * sizeof(std::uint64_t);
-        if (rows != nullptr)  // a lookup sends keys alone (memcpy from null is undefined even for 0 bytes)
+        if (rows != nullptr)  // a lookup sends keys alone
           for (std::size_t j = send_displs[p]; j < send_displs[p] + send_counts[p]; ++j, out += cols * sizeof(T))
-            std::memcpy(out, rows + order[j] * cols, cols * sizeof(T));
+            copy(out, rows + order[j] * cols, cols * sizeof(T));
       }
       engine.alltoallv_unsized(packed_.data(), sbytes.data(), sdispls.data(), rbytes.data(), rdispls.data(),
                                [&](std::size_t total) {
@@ -110,10 +115,10 @@ struct Route {
       if (recv_rows) recv_rows->resize(recv_keys.size() * cols);
       for (std::size_t p = 0; p < un; ++p) {
         const std::byte* in = received_.data() + rdispls[p];
-        std::memcpy(recv_keys.data() + recv_displs[p], in, recv_counts[p] * sizeof(std::uint64_t));
+        copy(recv_keys.data() + recv_displs[p], in, recv_counts[p] * sizeof(std::uint64_t));
         if (recv_rows)
-          std::memcpy(recv_rows->data() + recv_displs[p] * cols, in + recv_counts[p] * sizeof(std::uint64_t),
-                      recv_counts[p] * cols * sizeof(T));
+          copy(recv_rows->data() + recv_displs[p] * cols, in + recv_counts[p] * sizeof(std::uint64_t),
+               recv_counts[p] * cols * sizeof(T));
       }
     } else {
       std::vector<std::uint64_t> sc(send_counts.begin(), send_counts.end()), rc(un);
