@@ -123,14 +123,16 @@ class Stream {
   Stream(const Args& a, std::uint64_t seed) : a_(a), seed_(seed) {}
 
   /// Examples [first, first + count) of global batch `step` (held_out: of
-  /// the held-out set, drawn at `step` but never trained on).
-  void batch(std::uint64_t step, std::size_t global, std::size_t first, std::size_t count, Batch& b,
+  /// the held-out set, drawn at `step` but never trained on). Returns how
+  /// many of its ids are seen once (the tail's).
+  std::size_t batch(std::uint64_t step, std::size_t global, std::size_t first, std::size_t count, Batch& b,
              bool held_out = false) const {
     b.rows = count;
     b.dense.resize(count * dense_features);
     b.keys.assign(a_.features, std::vector<std::uint64_t>(count));
     b.labels.resize(count);
     const std::uint64_t pool = a_.head + a_.growth * step;
+    std::size_t once = 0;
     for (std::size_t e = 0; e < count; ++e) {
       const std::uint64_t g = (held_out ? std::uint64_t{1} << 50 : 0) + step * global + first + e;
       double logit = -0.3;
@@ -146,11 +148,15 @@ class Stream {
           logit += 1.5 * (2 * uniform(hash(seed_, 0xd6, key)) - 1);
         } else {
           b.keys[f][e] = hash(seed_, 0xd5, g, f);  // this example's alone: no signal to learn
+          ++once;
         }
       }
       b.labels[e] = uniform(hash(seed_, 0xd7, g)) < 1 / (1 + std::exp(-logit)) ? 1 : 0;
     }
+    return once;
   }
+  /// The popular pool's size at `step`, per feature.
+  std::uint64_t pool(std::uint64_t step) const { return a_.head + a_.growth * step; }
 
  private:
   /// Rank in [0, n) of a Zipf(s) draw by the inverse of the continuous CDF.
@@ -326,14 +332,21 @@ int train(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Arg
   const Stream stream(a, o.seed);
   Progress progress(trainer, global, o.log_every, "samples", o.warmup);
   Batch batch;
+  double once = 0;  // ids seen once, on this rank
   for (std::uint64_t step = 0; step < o.steps; ++step) {
-    timed(trainer.engine().exec(), Part::input, [&] { stream.batch(step, global, first, o.batch, batch); });
+    timed(trainer.engine().exec(), Part::input,
+          [&] { once += static_cast<double>(stream.batch(step, global, first, o.batch, batch)); });
     progress.record(model.train_step(trainer, batch));
     const std::uint64_t done = step + 1;
     if (done == 1 || done % std::max<std::size_t>(o.log_every, 1) == 0 || done == o.steps)
       print_tables(trainer, model, done, before);
   }
   const Summary s = progress.finish();
+  once = ctx.sum(once);
+  if (ctx.is_root())
+    std::printf("  stream: %.0f ids seen once and popular pools of %llu ids per feature: %.0f to %.0f distinct keys\n",
+                once, static_cast<unsigned long long>(stream.pool(o.steps - 1)), once,
+                once + static_cast<double>(stream.pool(o.steps - 1) * a.features));
 
   const px::BatchShare share = px::share_of(eval_examples, ctx);
   stream.batch(o.steps, eval_examples, share.first, share.count, batch, true);
