@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -478,6 +479,28 @@ TEST_CASE("Trainer::save holds dynamic tables: saved at 2 ranks, restored at 1-N
   const auto saved = px::latest_checkpoint(dir.path);
   REQUIRE(saved);
   CHECK(saved->step == 3);
+  {
+    // The manifest lists the table and its files after the rank files; one
+    // file fewer is refused.
+    std::ifstream in(saved->path + "/manifest", std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto m = px::detail::Manifest::parse(text, "manifest");
+    REQUIRE(m.tables.size() == 1);
+    CHECK(m.tables[0].name == "emb");
+    CHECK(m.tables[0].cols == C);
+    REQUIRE(m.files.size() == static_cast<std::size_t>(2 * saving + 1));
+    CHECK(m.files[static_cast<std::size_t>(saving)].name == "emb.dynamic.rank0");
+    CHECK(m.files.back().name == "emb.dynamic");
+    auto fewer = m;
+    fewer.files.pop_back();
+    std::string what;
+    try {
+      (void)px::detail::Manifest::parse(fewer.serialize(), "manifest");
+    } catch (const px::error& e) {
+      what = e.what();
+    }
+    CHECK(what.find("data files for " + std::to_string(saving) + " ranks and 1 dynamic tables") != std::string::npos);
+  }
   for (int m = 1; m <= n; ++m)
     on_first(m, [&](px::Context& ctx) {
       INFO("saved at " << saving << " ranks, restored at " << m);
