@@ -35,7 +35,7 @@ common=(--dynamic --threads 1 --lr 0.5 --batch "$batch" --steps "$steps" --log-e
         --eval-examples 16384 --pass-ratio 1 ${EXTRA:-})
 
 run() {  # run <name> <capacity>
-  local log="$out/dynamic_bar_${1}_np${ranks}_k${keys}.log"
+  local log="$out/dynamic_bar_${1}_np${ranks}_k${keys}_c${2}_b${batch}.log"
   echo "== $1: $ranks ranks, capacity $2 rows per rank, $steps steps of $global examples -> $log" >&2
   echo "   mpiexec -n $ranks $bin ${common[*]} --dynamic-capacity $2" >&2
   mpiexec -n "$ranks" "$bin" "${common[@]}" --dynamic-capacity "$2" > "$log" || true  # --pass-ratio 1: reports only

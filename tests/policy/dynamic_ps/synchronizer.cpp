@@ -297,6 +297,31 @@ TEST_CASE("a lookup beyond an owner's capacity throws on every rank", "[dynamic_
 
 namespace {
 
+// Steps [from, to] of the global batch on `trainer` (this rank's block of
+// it), `more(s)` giving the step's other gradients; returns the rows this
+// rank read.
+template <class Trainer, class More>
+std::vector<float> run_steps(Trainer& trainer, Var& emb, std::uint64_t from, std::uint64_t to, More&& more) {
+  const auto& ctx = trainer.context();
+  const auto [first, last] = block(ctx.rank(), ctx.size());
+  std::vector<float> read;
+  for (std::uint64_t s = from; s <= to; ++s) {
+    std::vector<std::uint64_t> keys;
+    for (std::size_t j = first; j < last; ++j) keys.push_back(key_at(s, j));
+    const auto rows = trainer.lookup(emb, keys);
+    std::vector<float> grads(keys.size() * C);
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      for (std::size_t c = 0; c < C; ++c) {
+        read.push_back(rows.row(i)[c]);
+        grads[i * C + c] = grad_of(s, first + i, c, rows.row(i)[c]);
+      }
+    emb.grad().add(keys, grads);
+    more(s);
+    trainer.step();
+  }
+  return read;
+}
+
 // A dynamic variable alone in a trainer over ctx, trained step by step on
 // the global batch (this rank's block of it).
 template <class Opt>
@@ -313,23 +338,7 @@ struct Model {
   px::policy::DynamicSynchronizer<px::engine::Mpi, Opt>& sync() { return trainer.template synchronizer<px::DynamicPS>(); }
   // Steps [from, to] of the global batch; returns the rows this rank read.
   std::vector<float> run(std::uint64_t from, std::uint64_t to) {
-    const auto& ctx = trainer.context();
-    const auto [first, last] = block(ctx.rank(), ctx.size());
-    std::vector<float> read;
-    for (std::uint64_t s = from; s <= to; ++s) {
-      std::vector<std::uint64_t> keys;
-      for (std::size_t j = first; j < last; ++j) keys.push_back(key_at(s, j));
-      const auto rows = trainer.lookup(emb, keys);
-      std::vector<float> grads(keys.size() * C);
-      for (std::size_t i = 0; i < keys.size(); ++i)
-        for (std::size_t c = 0; c < C; ++c) {
-          read.push_back(rows.row(i)[c]);
-          grads[i * C + c] = grad_of(s, first + i, c, rows.row(i)[c]);
-        }
-      emb.grad().add(keys, grads);
-      trainer.step();
-    }
-    return read;
+    return run_steps(trainer, emb, from, to, [](std::uint64_t) {});
   }
 };
 
@@ -415,27 +424,13 @@ struct Mixed {
   px::Variable<px::Dense, float> w;
   px::Trainer<px::arch::Hybrid, px::optim::Adagrad> trainer;
   Mixed(const px::Context& ctx, const px::optim::Adagrad& opt)
-      : emb(ctx, "emb", options(1000, false)), w(ctx, "w", {2, 2}), trainer(ctx, Model<px::optim::Adagrad>::sum_options(), opt, emb, w) {}
+      : emb(ctx, "emb", options(1000, false)), w(ctx, "w", {2, 2}),
+        trainer(ctx, Model<px::optim::Adagrad>::sum_options(), opt, emb, w) {}
   std::vector<float> run(std::uint64_t from, std::uint64_t to) {
-    const auto& ctx = trainer.context();
-    const auto [first, last] = block(ctx.rank(), ctx.size());
-    std::vector<float> read;
-    for (std::uint64_t s = from; s <= to; ++s) {
-      std::vector<std::uint64_t> keys;
-      for (std::size_t j = first; j < last; ++j) keys.push_back(key_at(s, j));
-      const auto rows = trainer.lookup(emb, keys);
-      std::vector<float> grads(keys.size() * C);
-      for (std::size_t i = 0; i < keys.size(); ++i)
-        for (std::size_t c = 0; c < C; ++c) {
-          read.push_back(rows.row(i)[c]);
-          grads[i * C + c] = grad_of(s, first + i, c, rows.row(i)[c]);
-        }
-      emb.grad().add(keys, grads);
-      for (std::size_t i = 0; i < 4; ++i)
-        w.grad().data()[i] = ctx.rank() == 0 ? 0.01f * static_cast<float>(s + i) : 0.0f;
-      trainer.step();
-    }
-    return read;
+    const bool root = trainer.context().rank() == 0;
+    return run_steps(trainer, emb, from, to, [&](std::uint64_t s) {
+      for (std::size_t i = 0; i < 4; ++i) w.grad().data()[i] = root ? 0.01f * static_cast<float>(s + i) : 0.0f;
+    });
   }
   px::dynamic::Snapshot<float> table() { return trainer.template synchronizer<px::DynamicPS>().table(emb).export_rows(); }
 };
