@@ -297,6 +297,17 @@ TEST_CASE("a lookup beyond an owner's capacity throws on every rank", "[dynamic_
 
 namespace {
 
+// Rank `me` of `ranks`' share of the rows one process read over the
+// global batch of some steps: its block of each step.
+std::vector<float> rows_of_block(const std::vector<float>& global, int me, int ranks) {
+  const auto [first, last] = block(me, ranks);
+  std::vector<float> out;
+  for (std::size_t s = 0; s < global.size() / (G * C); ++s)
+    out.insert(out.end(), global.begin() + static_cast<std::ptrdiff_t>((s * G + first) * C),
+               global.begin() + static_cast<std::ptrdiff_t>((s * G + last) * C));
+  return out;
+}
+
 // Steps [from, to] of the global batch on `trainer` (this rank's block of
 // it), `more(s)` giving the step's other gradients; returns the rows this
 // rank read.
@@ -382,12 +393,7 @@ TEST_CASE("a dynamic table saved at N ranks restores at 1-N ranks bit for bit, a
       b.sync().restore(b.emb, dir);
       check_same(b.sync().table(b.emb).export_rows(), owned_by(at3, me, m));
       const auto read = b.run(4, 5);
-      const auto [first, last] = block(me, m);
-      std::vector<float> want;
-      for (std::size_t s = 0; s < 2; ++s)
-        want.insert(want.end(), read_after.begin() + static_cast<std::ptrdiff_t>((s * G + first) * C),
-                    read_after.begin() + static_cast<std::ptrdiff_t>((s * G + last) * C));
-      CHECK(same_bits(read, want));
+      CHECK(same_bits(read, rows_of_block(read_after, me, m)));
       check_same(b.sync().table(b.emb).export_rows(), owned_by(at5, me, m));
     }
     MPI_Comm_free(&sub);
@@ -504,12 +510,7 @@ TEST_CASE("Trainer::save holds dynamic tables: saved at 2 ranks, restored at 1-N
       b.trainer.restore(saved->path);
       check_same(b.table(), owned_by(at3, me, m));
       const auto read = b.run(4, 5);
-      const auto [first, last] = block(me, m);
-      std::vector<float> want;
-      for (std::size_t s = 0; s < 2; ++s)
-        want.insert(want.end(), read_after.begin() + static_cast<std::ptrdiff_t>((s * G + first) * C),
-                    read_after.begin() + static_cast<std::ptrdiff_t>((s * G + last) * C));
-      CHECK(same_bits(read, want));
+      CHECK(same_bits(read, rows_of_block(read_after, me, m)));
       check_same(b.table(), owned_by(at5, me, m));
       CHECK(same_bits(b.trainer.fetch(b.w), w5));
     });
