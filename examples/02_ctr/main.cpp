@@ -24,6 +24,7 @@
 #include "common/progress.hpp"
 #include "common/readers.hpp"
 #include "common/synthetic.hpp"
+#include "02_ctr/dynamic.hpp"
 #include "02_ctr/model.hpp"
 
 #include <parallax/parallax.hpp>
@@ -58,6 +59,7 @@ struct Args {
   std::size_t sample_records = 20000;
   std::size_t multi_hot = 4;  // synthetic data: multi-hot features
   std::string pooling = "auto";
+  ctr::dynamic::Args dynamic;  // --dynamic: 02_ctr/dynamic.hpp
 };
 
 const char* const about =
@@ -288,6 +290,8 @@ int main(int argc, char** argv) {
      "multi-hot features: owner (the trainer pools at the rows' owners), local (a row per id, pooled by the model) "
      "or auto (the trainer pools wherever fewer bytes move)");
 
+  ctr::dynamic::add_options(desc, a.dynamic);
+
   const auto cl = examples::parse_command_line(argc, argv, desc);
   px::Context ctx(argc, argv, cl.ok() ? a.common.context() : px::ContextOptions{});
   a.model.seed = a.common.seed;
@@ -320,7 +324,11 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (cl.ok() && problem.empty()) problem = ctr::dynamic::check(a.dynamic);
+  if (cl.ok() && problem.empty() && a.dynamic.on && !a.data.empty())
+    problem = "--dynamic trains on its own stream of ids; leave out --data";
   if (const int code = examples::report_command_line(cl, problem, ctx, about, desc); code >= 0) return code;
+  if (a.dynamic.on) return ctr::dynamic::run(ctx, a.common, a.model, a.dynamic, a.eval_examples, a.pass_ratio);
   // Criteo's records hold one value per feature: multi-hot is synthetic only.
   a.model.multi_hot = ctr::largest_features(a.model.table_rows, a.data.empty() ? a.multi_hot : 0);
   if (!a.write_sample.empty()) {

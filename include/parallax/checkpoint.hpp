@@ -145,7 +145,9 @@ inline std::vector<std::string> remove_checkpoint_leftovers(const std::string& d
 
 /// A trainer's checkpoints: every variable (its members, in registration
 /// order) and its optimizer state, saved by every rank in its own layout and
-/// restored onto any rank count. Every call is collective.
+/// restored onto any rank count; dynamic tables (Member::saves_files) in
+/// files of their own in the same directory, listed and checked by the same
+/// manifest. Every call is collective.
 template <class Engine>
 class Checkpoints {
  public:
@@ -153,8 +155,9 @@ class Checkpoints {
   ///                  recorded in the manifest and checked on restore
   Checkpoints(Engine& engine, CheckpointOptions options, std::string optimizer, int slots,
               std::vector<policy::Member*> members)
-      : engine_(&engine), options_(std::move(options)), optimizer_(std::move(optimizer)), slots_(slots),
-        members_(std::move(members)) {}
+      : engine_(&engine), options_(std::move(options)), optimizer_(std::move(optimizer)), slots_(slots) {
+    for (policy::Member* m : members) (m->saves_files() ? tables_ : members_).push_back(m);
+  }
 
   const CheckpointOptions& options() const noexcept { return options_; }
 
@@ -217,6 +220,11 @@ class Checkpoints {
     detail::agree(*engine_, problem);
     std::vector<std::uint64_t> metas(2 * static_cast<std::size_t>(n));
     engine_->allgather(meta, metas.data(), 2, DataType::i64);
+    std::vector<detail::ManifestFile> table_files;  // dynamic tables: their own files, listed after the rank files
+    for (policy::Member* t : tables_) {
+      auto files = t->save_files(partial);  // collective; throws on every rank
+      table_files.insert(table_files.end(), files.begin(), files.end());
+    }
 
     if (me == 0) {
       try {
@@ -226,6 +234,7 @@ class Checkpoints {
         m.ranks = n;
         for (int r = 0; r < n; ++r)
           m.files.push_back({detail::rank_file_name(r), metas[2 * r], static_cast<std::uint32_t>(metas[2 * r + 1])});
+        m.files.insert(m.files.end(), table_files.begin(), table_files.end());
         const std::string text = m.serialize();
         detail::AtomicFile mf(partial + "/manifest");
         mf.write(text.data(), text.size());
@@ -306,6 +315,7 @@ class Checkpoints {
     }
     try {
       detail::agree(*engine_, problem);
+      for (policy::Member* t : tables_) t->load_files(path);  // collective; throws on every rank
     } catch (...) {
       damaged_ = true;
       throw;
@@ -348,6 +358,10 @@ class Checkpoints {
       const detail::VarRecord r = s->record();
       m.variables.push_back({r.name, r.sparse != 0, to_string(static_cast<DataType>(r.type)), r.rows, r.cols,
                              s->saved_partitions()});
+    }
+    for (const policy::Member* t : tables_) {
+      const detail::VarRecord r = t->record();
+      m.tables.push_back({r.name, to_string(static_cast<DataType>(r.type)), r.cols});
     }
     return m;
   }
@@ -393,6 +407,18 @@ class Checkpoints {
         throw error(detail::concat("checkpoint manifest ", mpath, " is of a different model: variable #", v, " is ",
                                    describe(a), " there but ", describe(b), " here"));
     }
+    auto tables = [](const std::vector<detail::ManifestTable>& ts) {
+      std::string out;
+      for (const auto& t : ts) out += detail::concat(out.empty() ? "" : ", ", "'", t.name, "' (", t.cols, " columns, ", t.type, ")");
+      return out.empty() ? std::string("none") : out;
+    };
+    bool same = m.tables.size() == here.tables.size();
+    for (std::size_t t = 0; same && t < m.tables.size(); ++t)
+      same = m.tables[t].name == here.tables[t].name && m.tables[t].type == here.tables[t].type &&
+             m.tables[t].cols == here.tables[t].cols;
+    if (!same)
+      throw error(detail::concat("checkpoint manifest ", mpath, " is of a different model: its dynamic tables are ",
+                                 tables(m.tables), "; this model's are ", tables(here.tables)));
   }
   /// The variables whose saved type differs from this model's (check_model
   /// accepted m).
@@ -443,7 +469,8 @@ class Checkpoints {
   CheckpointOptions options_;
   std::string optimizer_;
   int slots_;
-  std::vector<policy::Member*> members_;
+  std::vector<policy::Member*> members_;  // fixed row layouts: rows in the rank files
+  std::vector<policy::Member*> tables_;   // dynamic tables: files of their own
   std::chrono::steady_clock::time_point last_save_ = std::chrono::steady_clock::now();
   bool damaged_ = false;
   std::optional<double> restored_learning_rate_;

@@ -255,6 +255,14 @@ struct ManifestVariable {
   int partitions = 0;  // 0: replicated on rank 0; else sharded with this P
 };
 
+/// A variable without a fixed row layout (a dynamic table), saved in files
+/// of its own: each saving rank's, then one that describes them.
+struct ManifestTable {
+  std::string name;
+  std::string type;  // as ManifestVariable's
+  std::uint64_t cols = 0;
+};
+
 struct ManifestFile {
   std::string name;
   std::uint64_t size = 0;
@@ -271,6 +279,9 @@ struct Manifest {
   std::optional<double> learning_rate;
   int slots = 0;
   std::vector<ManifestVariable> variables;
+  std::vector<ManifestTable> tables;
+  /// The rank files (rank_file_name(r) for r in [0, ranks)), then each
+  /// table's files: one per saving rank and its description.
   std::vector<ManifestFile> files;
 
   std::string serialize() const {
@@ -287,6 +298,7 @@ struct Manifest {
     for (const auto& v : variables)
       os << "variable " << v.name << " " << (v.sparse ? "sparse" : "dense") << " " << v.type << " " << v.rows << " "
          << v.cols << " " << v.partitions << "\n";
+    for (const auto& t : tables) os << "table " << t.name << " " << t.type << " " << t.cols << "\n";
     for (const auto& f : files) os << "file " << f.name << " " << f.size << " " << f.crc << "\n";
     std::string body = os.str();
     return body + "checksum " + std::to_string(crc32c(body.data(), body.size())) + "\n";
@@ -345,6 +357,10 @@ struct Manifest {
              v.cols > 0 && v.partitions >= 0 && static_cast<std::uint64_t>(v.partitions) <= v.rows);
         v.sparse = kind == "sparse";
         m.variables.push_back(v);
+      } else if (key == "table") {
+        ManifestTable t;
+        need(static_cast<bool>(ls >> t.name >> t.type >> t.cols) && saved_type_named(t.type) && t.cols > 0);
+        m.tables.push_back(t);
       } else if (key == "file") {
         ManifestFile f;
         need(static_cast<bool>(ls >> f.name >> f.size >> f.crc) && f.name.find('/') == std::string::npos);
@@ -355,8 +371,10 @@ struct Manifest {
     }
     if (!header) throw bad("is not a parallax checkpoint manifest");
     if (m.ranks <= 0) throw bad("has no rank count");
-    if (static_cast<int>(m.files.size()) != m.ranks)
-      throw bad(concat("lists ", m.files.size(), " data files for ", m.ranks, " ranks"));
+    const std::size_t ranks = static_cast<std::size_t>(m.ranks);
+    if (m.files.size() != ranks + m.tables.size() * (ranks + 1))
+      throw bad(concat("lists ", m.files.size(), " data files for ", m.ranks, " ranks and ", m.tables.size(),
+                       " dynamic tables"));
     return m;
   }
 };

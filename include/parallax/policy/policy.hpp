@@ -148,6 +148,25 @@ class Member {
   virtual void save(detail::AtomicFile& out) = 0;
   /// Reads this rank's rows (value and optimizer slots) of variable `index`.
   virtual void load(detail::CheckpointReader& in, std::size_t index) = 0;
+
+  // A member without a fixed row layout (a dynamic table) writes files of
+  // its own into the checkpoint's directory instead, which the checkpoint's
+  // manifest lists and checks like the rank files; Checkpoints then calls
+  // these two and never the three above.
+  /// Whether this member saves files of its own.
+  virtual bool saves_files() const { return false; }
+  /// Writes this member's files into the directory `dir` and returns, on
+  /// rank 0, every file every rank wrote (name in `dir`, size, CRC-32C).
+  /// Collective; a failure throws on every rank.
+  virtual std::vector<detail::ManifestFile> save_files(const std::string& dir) {
+    throw error(detail::concat("variable '", name(), "' saves no files of its own (dir ", dir, ")"));
+  }
+  /// Replaces this member's contents with what save_files() wrote into
+  /// `dir`, at any rank count. Collective; what fails the checks throws on
+  /// every rank before anything changes.
+  virtual void load_files(const std::string& dir) {
+    throw error(detail::concat("variable '", name(), "' loads no files of its own (dir ", dir, ")"));
+  }
 };
 
 /// Where a synchronizer's ready() posts the work it starts early: it runs

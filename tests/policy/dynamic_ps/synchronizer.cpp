@@ -7,7 +7,10 @@
 // over the ranks; a wrong-width gradient and a lookup beyond an owner's
 // capacity throw on every rank; a table saved at N ranks restores at 1-N
 // ranks bit for bit and goes on training as one process that never
-// stopped, and a corrupt save is refused on every rank; clipping by the
+// stopped, and a corrupt save is refused on every rank; Trainer::save holds
+// a dynamic table with the fixed variables (saved at 2 ranks, restored at
+// 1-N, training goes on as one process's; another model and a torn file
+// are refused by name); clipping by the
 // global norm and a NaN gradient act alike at every rank count.
 #include "support.hpp"
 
@@ -17,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -293,6 +297,42 @@ TEST_CASE("a lookup beyond an owner's capacity throws on every rank", "[dynamic_
 
 namespace {
 
+// Rank `me` of `ranks`' share of the rows one process read over the
+// global batch of some steps: its block of each step.
+std::vector<float> rows_of_block(const std::vector<float>& global, int me, int ranks) {
+  const auto [first, last] = block(me, ranks);
+  std::vector<float> out;
+  for (std::size_t s = 0; s < global.size() / (G * C); ++s)
+    out.insert(out.end(), global.begin() + static_cast<std::ptrdiff_t>((s * G + first) * C),
+               global.begin() + static_cast<std::ptrdiff_t>((s * G + last) * C));
+  return out;
+}
+
+// Steps [from, to] of the global batch on `trainer` (this rank's block of
+// it), `more(s)` giving the step's other gradients; returns the rows this
+// rank read.
+template <class Trainer, class More>
+std::vector<float> run_steps(Trainer& trainer, Var& emb, std::uint64_t from, std::uint64_t to, More&& more) {
+  const auto& ctx = trainer.context();
+  const auto [first, last] = block(ctx.rank(), ctx.size());
+  std::vector<float> read;
+  for (std::uint64_t s = from; s <= to; ++s) {
+    std::vector<std::uint64_t> keys;
+    for (std::size_t j = first; j < last; ++j) keys.push_back(key_at(s, j));
+    const auto rows = trainer.lookup(emb, keys);
+    std::vector<float> grads(keys.size() * C);
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      for (std::size_t c = 0; c < C; ++c) {
+        read.push_back(rows.row(i)[c]);
+        grads[i * C + c] = grad_of(s, first + i, c, rows.row(i)[c]);
+      }
+    emb.grad().add(keys, grads);
+    more(s);
+    trainer.step();
+  }
+  return read;
+}
+
 // A dynamic variable alone in a trainer over ctx, trained step by step on
 // the global batch (this rank's block of it).
 template <class Opt>
@@ -309,23 +349,7 @@ struct Model {
   px::policy::DynamicSynchronizer<px::engine::Mpi, Opt>& sync() { return trainer.template synchronizer<px::DynamicPS>(); }
   // Steps [from, to] of the global batch; returns the rows this rank read.
   std::vector<float> run(std::uint64_t from, std::uint64_t to) {
-    const auto& ctx = trainer.context();
-    const auto [first, last] = block(ctx.rank(), ctx.size());
-    std::vector<float> read;
-    for (std::uint64_t s = from; s <= to; ++s) {
-      std::vector<std::uint64_t> keys;
-      for (std::size_t j = first; j < last; ++j) keys.push_back(key_at(s, j));
-      const auto rows = trainer.lookup(emb, keys);
-      std::vector<float> grads(keys.size() * C);
-      for (std::size_t i = 0; i < keys.size(); ++i)
-        for (std::size_t c = 0; c < C; ++c) {
-          read.push_back(rows.row(i)[c]);
-          grads[i * C + c] = grad_of(s, first + i, c, rows.row(i)[c]);
-        }
-      emb.grad().add(keys, grads);
-      trainer.step();
-    }
-    return read;
+    return run_steps(trainer, emb, from, to, [](std::uint64_t) {});
   }
 };
 
@@ -369,12 +393,7 @@ TEST_CASE("a dynamic table saved at N ranks restores at 1-N ranks bit for bit, a
       b.sync().restore(b.emb, dir);
       check_same(b.sync().table(b.emb).export_rows(), owned_by(at3, me, m));
       const auto read = b.run(4, 5);
-      const auto [first, last] = block(me, m);
-      std::vector<float> want;
-      for (std::size_t s = 0; s < 2; ++s)
-        want.insert(want.end(), read_after.begin() + static_cast<std::ptrdiff_t>((s * G + first) * C),
-                    read_after.begin() + static_cast<std::ptrdiff_t>((s * G + last) * C));
-      CHECK(same_bits(read, want));
+      CHECK(same_bits(read, rows_of_block(read_after, me, m)));
       check_same(b.sync().table(b.emb).export_rows(), owned_by(at5, me, m));
     }
     MPI_Comm_free(&sub);
@@ -397,18 +416,139 @@ TEST_CASE("a dynamic table saved at N ranks restores at 1-N ranks bit for bit, a
   INFO(what);
   CHECK(what.find("size or checksum differs from its manifest") != std::string::npos);
   CHECK(test::same_on_every_rank(what));
-  // Trainer::save does not hold dynamic tables, and says where they go.
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (me == 0) std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// A dynamic variable with a dense one in a trainer over ctx: the model of
+// a checkpoint that holds both. Rank 0 alone gives the dense gradient, so
+// its sum is one process's at every rank count.
+struct Mixed {
+  Var emb;
+  px::Variable<px::Dense, float> w;
+  px::Trainer<px::arch::Hybrid, px::optim::Adagrad> trainer;
+  Mixed(const px::Context& ctx, const px::optim::Adagrad& opt)
+      : emb(ctx, "emb", options(1000, false)), w(ctx, "w", {2, 2}),
+        trainer(ctx, Model<px::optim::Adagrad>::sum_options(), opt, emb, w) {}
+  std::vector<float> run(std::uint64_t from, std::uint64_t to) {
+    const bool root = trainer.context().rank() == 0;
+    return run_steps(trainer, emb, from, to, [&](std::uint64_t s) {
+      for (std::size_t i = 0; i < 4; ++i) w.grad().data()[i] = root ? 0.01f * static_cast<float>(s + i) : 0.0f;
+    });
+  }
+  px::dynamic::Snapshot<float> table() { return trainer.template synchronizer<px::DynamicPS>().table(emb).export_rows(); }
+};
+
+// Runs f on a communicator of the first m world ranks (the others skip it).
+template <class F>
+void on_first(int m, F&& f) {
+  const int me = test::world().rank();
+  MPI_Comm sub;
+  MPI_Comm_split(MPI_COMM_WORLD, me < m ? 0 : MPI_UNDEFINED, me, &sub);
+  if (me >= m) return;
+  {
+    px::Context ctx(sub);
+    f(ctx);
+  }
+  MPI_Comm_free(&sub);
+}
+
+}  // namespace
+
+TEST_CASE("Trainer::save holds dynamic tables: saved at 2 ranks, restored at 1-N, training goes on alike",
+          "[dynamic_ps][checkpoint]") {
+  const int n = test::world().size(), me = test::world().rank();
+  const px::optim::Adagrad opt{0.3f};
+  const test::TempDir dir("parallax_dynamic_ckpt");
+  px::Context single(MPI_COMM_SELF);
+  Mixed ref(single, opt);
+  ref.run(1, 3);
+  const auto at3 = ref.table();
+  const auto read_after = ref.run(4, 5);
+  const auto at5 = ref.table();
+  const auto w5 = ref.trainer.fetch(ref.w);
+
+  const int saving = std::min(n, 2);
+  on_first(saving, [&](px::Context& ctx) {
+    Mixed a(ctx, opt);
+    a.run(1, 3);
+    a.trainer.save(dir.path);
+  });
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto saved = px::latest_checkpoint(dir.path);
+  REQUIRE(saved);
+  CHECK(saved->step == 3);
+  {
+    // The manifest lists the table and its files after the rank files; one
+    // file fewer is refused.
+    std::ifstream in(saved->path + "/manifest", std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto m = px::detail::Manifest::parse(text, "manifest");
+    REQUIRE(m.tables.size() == 1);
+    CHECK(m.tables[0].name == "emb");
+    CHECK(m.tables[0].cols == C);
+    REQUIRE(m.files.size() == static_cast<std::size_t>(2 * saving + 1));
+    CHECK(m.files[static_cast<std::size_t>(saving)].name == "emb.dynamic.rank0");
+    CHECK(m.files.back().name == "emb.dynamic");
+    auto fewer = m;
+    fewer.files.pop_back();
+    std::string what;
+    try {
+      (void)px::detail::Manifest::parse(fewer.serialize(), "manifest");
+    } catch (const px::error& e) {
+      what = e.what();
+    }
+    CHECK(what.find("data files for " + std::to_string(saving) + " ranks and 1 dynamic tables") != std::string::npos);
+  }
+  for (int m = 1; m <= n; ++m)
+    on_first(m, [&](px::Context& ctx) {
+      INFO("saved at " << saving << " ranks, restored at " << m);
+      Mixed b(ctx, opt);
+      b.run(1, 1);  // rows that the restore replaces
+      b.trainer.restore(saved->path);
+      check_same(b.table(), owned_by(at3, me, m));
+      const auto read = b.run(4, 5);
+      CHECK(same_bits(read, rows_of_block(read_after, me, m)));
+      check_same(b.table(), owned_by(at5, me, m));
+      CHECK(same_bits(b.trainer.fetch(b.w), w5));
+    });
+
+  // A model without the dynamic table is refused, naming the difference.
+  std::string what;
+  {
+    px::Variable<px::Dense, float> w(test::world(), "w", {2, 2});
+    px::Trainer<px::arch::Hybrid, px::optim::Adagrad> other(test::world(), Model<px::optim::Adagrad>::sum_options(),
+                                                           opt, w);
+    try {
+      other.restore(saved->path);
+    } catch (const px::error& e) {
+      what = e.what();
+    }
+  }
+  INFO(what);
+  CHECK(what.find("its dynamic tables are 'emb' (3 columns, f32); this model's are none") != std::string::npos);
+  CHECK(test::same_on_every_rank(what));
+
+  // A save that died part way through a dynamic table's file: the
+  // checkpoint is no longer listed, and restoring it names the file.
+  const std::string torn = saved->path + "/emb.dynamic.rank0";
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (me == 0) std::filesystem::resize_file(torn, std::filesystem::file_size(torn) / 2);
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK_FALSE(px::latest_checkpoint(dir.path));
+  Mixed c(test::world(), opt);
   what.clear();
   try {
-    c.trainer.save(dir + "/trainer");
+    c.trainer.restore(saved->path);
   } catch (const px::error& e) {
     what = e.what();
   }
   INFO(what);
-  CHECK(what.find("synchronizer<DynamicPS>().save(var, dir)") != std::string::npos);
+  CHECK(what.find(torn) != std::string::npos);
+  CHECK(what.find("the manifest says") != std::string::npos);
   CHECK(test::same_on_every_rank(what));
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (me == 0) std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("the tutorial's dynamic variable: declare, look up, push, read the statistics", "[dynamic_ps]") {

@@ -1,6 +1,7 @@
 #pragma once
 /// @file
-/// The files of a saved dynamic table (DynamicSynchronizer::save / restore;
+/// The files of a saved dynamic table (in a checkpoint's directory by
+/// Trainer::save and Checkpoints, or alone by DynamicSynchronizer::save;
 /// docs/design.md, "Dynamic tables"): one file per rank with its shard's
 /// live keys in key order, their counts, last steps, rows and optimizer
 /// state, written under a temporary name, fsynced and renamed; then rank 0's

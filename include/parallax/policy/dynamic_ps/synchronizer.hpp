@@ -185,7 +185,10 @@ class ShardOf final : public Shard<Engine, Optimizer> {
  public:
   using T = typename Var::value_type;
 
-  ShardOf(Var var, const Optimizer& opt) : var_(std::move(var)), table_(table_options(var_, opt)) {
+  /// `step`: the synchronizer's lookup step, which a save records and a
+  /// restore carries on.
+  ShardOf(Var var, const Optimizer& opt, Engine& engine, std::uint64_t& step)
+      : var_(std::move(var)), table_(table_options(var_, opt)), engine_(&engine), step_(&step) {
     var_.state().table = &table_;
   }
   ~ShardOf() override { var_.state().table = nullptr; }
@@ -213,11 +216,113 @@ class ShardOf final : public Shard<Engine, Optimizer> {
                               " added this step), column ", i % cols);
     return std::nullopt;
   }
-  // Trainer::save and Checkpoints hold fixed row layouts: a dynamic table is
-  // saved by DynamicSynchronizer::save instead.
-  int saved_partitions() const override { throw unsaved(); }
-  void save(detail::AtomicFile&) override { throw unsaved(); }
-  void load(detail::CheckpointReader&, std::size_t) override { throw unsaved(); }
+  // Checkpoints: no fixed row layout, so files of its own
+  // (policy/dynamic_ps/saves.hpp), which Trainer::save, Checkpoints and
+  // DynamicSynchronizer::save all write.
+  int saved_partitions() const override { throw fixed_layout(); }
+  void save(detail::AtomicFile&) override { throw fixed_layout(); }
+  void load(detail::CheckpointReader&, std::size_t) override { throw fixed_layout(); }
+  bool saves_files() const override { return true; }
+
+  /// Writes this rank's shard (live keys in key order, counts, last steps,
+  /// rows and optimizer state) into `dir`, then rank 0 the description
+  /// naming each file's size and CRC-32C; returns them all on rank 0.
+  /// Collective; a failure on any rank throws on every rank.
+  std::vector<detail::ManifestFile> save_files(const std::string& dir) override {
+    Engine& engine = *engine_;
+    const int me = engine.rank(), n = engine.size();
+    std::optional<std::string> problem;
+    std::uint64_t mine[2] = {0, 0};
+    try {
+      const auto f = dynamic_ps::write_shard(dynamic_ps::shard_path(dir, var_.name(), me), table_.export_rows());
+      mine[0] = f.first;
+      mine[1] = f.second;
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    detail::agree(engine, problem);
+    std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(n));
+    engine.allgather(mine, all.data(), 2, DataType::i64);
+    std::vector<detail::ManifestFile> files;
+    if (me == 0) {
+      try {
+        dynamic_ps::SavedTable m;
+        m.name = var_.name();
+        m.ranks = n;
+        m.step = *step_;
+        m.cols = var_.cols();
+        m.slots = Optimizer::slots;
+        m.value_bytes = sizeof(T);
+        for (int r = 0; r < n; ++r) {
+          const std::size_t at = 2 * static_cast<std::size_t>(r);
+          m.files.emplace_back(all[at], static_cast<std::uint32_t>(all[at + 1]));
+          files.push_back({file_name(dynamic_ps::shard_path(dir, var_.name(), r)), all[at],
+                           static_cast<std::uint32_t>(all[at + 1])});
+        }
+        const std::string text = m.serialize();
+        const std::string path = dynamic_ps::manifest_path(dir, var_.name());
+        detail::AtomicFile f(path);
+        f.write(text.data(), text.size());
+        f.commit();
+        detail::fsync_directory(dir);
+        files.push_back({file_name(path), f.size(), f.crc()});
+      } catch (const std::exception& e) {
+        problem = e.what();
+      }
+    }
+    detail::agree(engine, problem);
+    return files;
+  }
+
+  /// Replaces the table on every rank with what save_files() wrote into
+  /// `dir`, whatever rank count wrote it: each rank reads every file and
+  /// keeps the keys dynamic::owner gives it here; lookups then insert at
+  /// the saved step or later. Collective; a missing or corrupt file,
+  /// another variable's save, or more saved keys than a rank's capacity
+  /// throws on every rank, before any rank's table changes.
+  void load_files(const std::string& dir) override {
+    Engine& engine = *engine_;
+    const int me = engine.rank(), n = engine.size();
+    std::optional<std::string> problem;
+    std::uint64_t saved_step = 0;
+    std::vector<dynamic::Snapshot<T>> shards;
+    const auto fail = [&](const std::exception& e) {
+      problem = detail::concat("restoring dynamic variable '", var_.name(), "': ", e.what());
+    };
+    try {
+      const std::string mpath = dynamic_ps::manifest_path(dir, var_.name());
+      std::ifstream in(mpath, std::ios::binary);
+      if (!in) throw error(detail::concat("dynamic table manifest ", mpath, " cannot be opened"));
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const auto m = dynamic_ps::SavedTable::parse(mpath, text);
+      if (m.name != var_.name() || m.cols != var_.cols() || m.slots != Optimizer::slots || m.value_bytes != sizeof(T))
+        throw error(detail::concat("dynamic table manifest ", mpath, " holds '", m.name, "' of ", m.cols, " columns, ",
+                                   m.slots, " optimizer slots and ", m.value_bytes, "-byte values; this variable is '",
+                                   var_.name(), "' of ", var_.cols(), ", ", Optimizer::slots, " and ", sizeof(T)));
+      for (int r = 0; r < m.ranks; ++r)
+        shards.push_back(dynamic_ps::read_shard<T>(dynamic_ps::shard_path(dir, var_.name(), r),
+                                                   m.files[static_cast<std::size_t>(r)]));
+      std::size_t keys = 0;
+      for (const auto& sh : shards)
+        for (std::uint64_t k : sh.keys) keys += dynamic::owner(k, n) == me ? 1 : 0;
+      if (keys > table_.capacity())
+        throw error(detail::concat(keys, " saved keys belong to rank ", me, " of ", n, ", whose capacity is ",
+                                   table_.capacity(), " rows"));
+      saved_step = m.step;
+    } catch (const std::exception& e) {
+      fail(e);
+    }
+    detail::agree(engine, problem);  // every file read and fits: now the tables change
+    try {
+      const auto live = table_.export_rows().keys;
+      table_.erase(live.data(), live.size());
+      for (const auto& sh : shards) table_.import_rows(sh, me, n);
+    } catch (const std::exception& e) {
+      fail(e);
+    }
+    detail::agree(engine, problem);
+    *step_ = std::max(*step_, saved_step);
+  }
 
   // ---- Shard
   std::optional<std::string> problem() const override { return var_.state().grad.problem(); }
@@ -314,14 +419,15 @@ class ShardOf final : public Shard<Engine, Optimizer> {
     o.with_optimizer(opt);
     return o;
   }
-  error unsaved() const {
-    return error(detail::concat("dynamic variable '", var_.name(),
-                                "': Trainer::save and Checkpoints do not hold dynamic tables; save it with "
-                                "trainer.synchronizer<DynamicPS>().save(var, dir)"));
+  error fixed_layout() const {
+    return error(detail::concat("dynamic variable '", var_.name(), "' has no fixed row layout; it saves files of its own"));
   }
+  static std::string file_name(const std::string& path) { return std::filesystem::path(path).filename().string(); }
 
   Var var_;
   dynamic::Table<T> table_;
+  Engine* engine_;
+  std::uint64_t* step_;
   std::deque<std::vector<T>> results_;  // this step's looked-up rows, valid until clear()
   std::deque<Route> lookups_;
   std::deque<std::vector<index_t>> requested_slots_;
@@ -359,7 +465,7 @@ class DynamicSynchronizer final : public Synchronizer<Engine> {
   Member& add(Var var) {
     static_assert(dynamic::is_dynamic_v<Var>,
                   "parallax DynamicPS: synchronises DynamicVariables only; a fixed Variable goes to another policy");
-    shards_.push_back(std::make_unique<dynamic_ps::ShardOf<Engine, Optimizer, Var>>(std::move(var), opt_));
+    shards_.push_back(std::make_unique<dynamic_ps::ShardOf<Engine, Optimizer, Var>>(std::move(var), opt_, engine_, step_));
     return *shards_.back();
   }
 
@@ -414,107 +520,29 @@ class DynamicSynchronizer final : public Synchronizer<Engine> {
   template <class V>
   dynamic::Table<typename V::value_type>& table(const V& var) { return shard_of(var).table(); }
 
-  /// Saves `var`'s live rows, optimizer state, counts and last steps under
-  /// `dir` (created if missing): a file per rank, then rank 0's manifest
-  /// (policy/dynamic_ps/saves.hpp). Collective; a failure on any rank
-  /// throws on every rank.
+  /// Saves `var` alone under `dir` (created if missing): its files as a
+  /// checkpoint holds them (Trainer::save saves it with the rest).
+  /// Collective; a failure on any rank throws on every rank.
   template <class V>
   void save(const V& var, const std::string& dir) {
-    using T = typename V::value_type;
-    const int me = engine_.rank(), n = engine_.size();
     auto& shard = shard_of(var);
     std::optional<std::string> problem;
-    if (me == 0) {
+    if (engine_.rank() == 0) {
       std::error_code ec;
       std::filesystem::create_directories(dir, ec);
       if (ec) problem = detail::concat("cannot create directory ", dir, ": ", ec.message());
     }
     detail::agree(engine_, problem);
-    std::uint64_t mine[2] = {0, 0};
-    try {
-      const auto f = dynamic_ps::write_shard(dynamic_ps::shard_path(dir, var.name(), me), shard.table().export_rows());
-      mine[0] = f.first;
-      mine[1] = f.second;
-    } catch (const std::exception& e) {
-      problem = e.what();
-    }
-    detail::agree(engine_, problem);
-    std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(n));
-    engine_.allgather(mine, all.data(), 2, DataType::i64);
-    if (me == 0) {
-      try {
-        dynamic_ps::SavedTable m;
-        m.name = var.name();
-        m.ranks = n;
-        m.step = step_;
-        m.cols = var.cols();
-        m.slots = Optimizer::slots;
-        m.value_bytes = sizeof(T);
-        for (int r = 0; r < n; ++r)
-          m.files.emplace_back(all[2 * static_cast<std::size_t>(r)],
-                               static_cast<std::uint32_t>(all[2 * static_cast<std::size_t>(r) + 1]));
-        const std::string text = m.serialize();
-        detail::AtomicFile f(dynamic_ps::manifest_path(dir, var.name()));
-        f.write(text.data(), text.size());
-        f.commit();
-        detail::fsync_directory(dir);
-      } catch (const std::exception& e) {
-        problem = e.what();
-      }
-    }
-    detail::agree(engine_, problem);
+    shard.save_files(dir);
   }
 
   /// Replaces `var`'s rows on every rank with those a save() under `dir`
-  /// holds, whatever rank count saved them: each rank reads every saved
-  /// file and keeps the keys dynamic::owner gives it here. Lookups then
-  /// insert at the saved step or later. Collective; a missing or corrupt
-  /// file, another variable's save, or more saved keys than a rank's
-  /// capacity throws on every rank, before any rank's table changes.
+  /// (or a checkpoint's directory) holds, whatever rank count saved them.
+  /// Collective; what fails the checks throws on every rank before any
+  /// rank's table changes.
   template <class V>
   void restore(V& var, const std::string& dir) {
-    using T = typename V::value_type;
-    const int me = engine_.rank(), n = engine_.size();
-    auto& table = shard_of(var).table();
-    std::optional<std::string> problem;
-    std::uint64_t saved_step = 0;
-    std::vector<dynamic::Snapshot<T>> shards;
-    const auto fail = [&](const std::exception& e) {
-      problem = detail::concat("restoring dynamic variable '", var.name(), "': ", e.what());
-    };
-    try {
-      const std::string mpath = dynamic_ps::manifest_path(dir, var.name());
-      std::ifstream in(mpath, std::ios::binary);
-      if (!in) throw error(detail::concat("dynamic table manifest ", mpath, " cannot be opened"));
-      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      const auto m = dynamic_ps::SavedTable::parse(mpath, text);
-      if (m.name != var.name() || m.cols != var.cols() || m.slots != Optimizer::slots || m.value_bytes != sizeof(T))
-        throw error(detail::concat("dynamic table manifest ", mpath, " holds '", m.name, "' of ", m.cols, " columns, ",
-                                   m.slots, " optimizer slots and ", m.value_bytes, "-byte values; this variable is '",
-                                   var.name(), "' of ", var.cols(), ", ", Optimizer::slots, " and ", sizeof(T)));
-      for (int r = 0; r < m.ranks; ++r)
-        shards.push_back(dynamic_ps::read_shard<T>(dynamic_ps::shard_path(dir, var.name(), r),
-                                                   m.files[static_cast<std::size_t>(r)]));
-      std::size_t keys = 0;
-      for (const auto& sh : shards)
-        for (std::uint64_t k : sh.keys) keys += dynamic::owner(k, n) == me ? 1 : 0;
-      if (keys > table.capacity())
-        throw error(detail::concat(keys, " saved keys belong to rank ", me, " of ", n, ", whose capacity is ",
-                                   table.capacity(), " rows"));
-      saved_step = m.step;
-    } catch (const std::exception& e) {
-      fail(e);
-    }
-    detail::agree(engine_, problem);  // every file read and fits: now the tables change
-    try {
-      const auto live = table.export_rows().keys;
-      table.erase(live.data(), live.size());
-      for (const auto& sh : shards) table.import_rows(sh, me, n);
-    } catch (const std::exception& e) {
-      fail(e);
-    }
-    detail::agree(engine_, problem);
-    step_ = std::max(step_, saved_step);
+    shard_of(var).load_files(dir);
   }
 
   /// `var`'s statistics over every rank. Collective.
