@@ -288,6 +288,10 @@ class Trainer {
   /// Rows of `var` stored on this rank (its shard, if sharded).
   template <class V>
   std::size_t stored_rows(const V& var) { return registry_.member_of(var).stored_rows(); }
+  /// Bytes of `var`'s values stored on this rank, in its storage type (a
+  /// bf16 table's are half a float table's); optimizer state not counted.
+  template <class V>
+  std::size_t stored_bytes(const V& var) { return registry_.member_of(var).stored_bytes(); }
   /// Whether `var`'s rows on this rank live in shared memory that the other
   /// ranks' lookups read directly (see ShardedOptions::shared_memory).
   template <class V>
