@@ -19,7 +19,8 @@ struct Model {
   std::vector<float> emb, w;
 };
 
-px::index_t example_id(std::size_t s, std::size_t e) { return static_cast<px::index_t>((e * 7 + s * 3) % 29); }
+// Ids repeat within a batch and across ranks: a row sums several examples.
+px::index_t example_id(std::size_t s, std::size_t e) { return static_cast<px::index_t>((e * 7 + s * 3) % 11); }
 float target(std::size_t s, std::size_t e, std::size_t c) { return std::sin(0.3f * (e + 2 * s + 5 * c)); }
 
 /// The toy model (a table of T rows -> linear layer -> squared error) for
@@ -92,7 +93,9 @@ void check_equivalence(const Opt& opt, px::Rounding rounding) {
 
 template <class T, class Opt>
 void check_every_arch(const Opt& opt, px::Rounding rounding) {
+  check_equivalence<px::arch::Hybrid, T>(opt, rounding);
   check_equivalence<px::arch::AllReduce, T>(opt, rounding);
+  check_equivalence<px::arch::PS, T>(opt, rounding);
 }
 
 }  // namespace
@@ -123,10 +126,22 @@ TEST_CASE("a bf16 table stores half the bytes of a float table on each rank", "[
   px::Variable<px::Sparse, float> f(ctx, "f", {rows, cols});
   px::Variable<px::Sparse, px::bf16> b(ctx, "b", {rows, cols});
   px::Variable<px::Sparse, px::fp16> h(ctx, "h", {rows, cols});
-  px::Trainer<px::arch::AllReduce, px::optim::Sgd> ar(ctx, px::optim::Sgd{}, f, b, h);
-  CHECK(ar.stored_bytes(f) == rows * cols * sizeof(float));
-  CHECK(ar.stored_bytes(b) * 2 == ar.stored_bytes(f));
-  CHECK(ar.stored_bytes(h) * 2 == ar.stored_bytes(f));
+  SECTION("replicated (AllGatherv)") {
+    px::Trainer<px::arch::AllReduce, px::optim::Sgd> ar(ctx, px::optim::Sgd{}, f, b, h);
+    CHECK(ar.stored_bytes(f) == rows * cols * sizeof(float));
+    CHECK(ar.stored_bytes(b) * 2 == ar.stored_bytes(f));
+    CHECK(ar.stored_bytes(h) * 2 == ar.stored_bytes(f));
+  }
+  SECTION("sharded (ShardedPS)") {
+    px::Trainer<px::arch::Hybrid, px::optim::Sgd> hy(ctx, px::optim::Sgd{}, f, b, h);
+    CHECK(hy.stored_bytes(f) == hy.stored_rows(f) * cols * sizeof(float));
+    CHECK(hy.stored_rows(f) <= rows / static_cast<std::size_t>(ctx.size()) + 1);
+    CHECK(hy.stored_bytes(b) * 2 == hy.stored_bytes(f));
+    CHECK(hy.stored_bytes(h) * 2 == hy.stored_bytes(f));
+    std::uint64_t total = hy.stored_bytes(b);
+    MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(total == rows * cols * 2);
+  }
 }
 
 TEST_CASE("16-bit tables: bad input is a clear error on every rank", "[trainer][half][errors]") {

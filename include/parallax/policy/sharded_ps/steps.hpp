@@ -62,8 +62,8 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
     const PartitionMap map(var.rows(), partitions_for(options_, var.name(), var.rows(), engine_->size()),
                            engine_->size());
     if constexpr (Var::is_sparse()) {
-      using T = typename Var::value_type;
-      Group<T>& g = group_for<T>(var.cols(), bind_variable(*opt_, var));
+      using S = storage_type_t<Var>;
+      Group<S>& g = group_for<S>(var.cols(), bind_variable(*opt_, var), var.state().rounding);
       const std::size_t index = g.tables.add(var.name(), map);
       auto m = std::make_unique<TableOf<Var>>(std::move(var), *engine_, g, index);
       g.members.push_back(m.get());
@@ -230,30 +230,30 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   // Sparse tables and dense variables (members.hpp).
   class GroupBase;  // what a group does in a step, whatever its element type
   class Table;      // what the synchronizer asks of a sharded table, whatever its type
-  template <class T>
+  template <class S>
   class TableMember;
-  template <class T>
-  class Group;  // the tables of one element type and width, updated alike
+  template <class S>
+  class Group;  // the tables of one storage type and width, updated alike
   template <class Var>
   class TableOf;  // a sparse variable, a table of its group
   class Dense;
   template <class Var>
   class DenseOf;  // a dense variable, sharded over its owners
-  template <class T>
-  Group<T>& group_for(std::size_t cols, const optim::Bound<Optimizer>& bound);
+  template <class S>
+  Group<S>& group_for(std::size_t cols, const optim::Bound<Optimizer>& bound, Rounding rounding);
   template <class V>
   TableOf<V>& table_of(V& var);
 
   // Batched lookups (lookups.hpp).
   class BatchBase;
-  template <class T>
-  class Batch;  // a batched lookup of tables of element type T, from gather() to serve()
-  template <class V, class T = typename V::value_type>
-  void gather(Batch<T>& b, const Lookup<V>* batch, std::size_t count, bool ahead);
-  template <class T>
-  void route(Batch<T>& b);
-  template <class T>
-  std::vector<Rows<T, space>> serve(Batch<T>& b);
+  template <class S>
+  class Batch;  // a batched lookup of tables of storage type S, from gather() to serve()
+  template <class V, class S = storage_type_t<V>>
+  void gather(Batch<S>& b, const Lookup<V>* batch, std::size_t count, bool ahead);
+  template <class S>
+  void route(Batch<S>& b);
+  template <class S>
+  std::vector<Rows<compute_t<S>, space>> serve(Batch<S>& b);
 
   // Lookups of bags (bag_lookups.hpp).
   class BagBatchBase;

@@ -58,8 +58,12 @@ namespace parallax {
 ///
 /// Errors in ids (outside a table's [0, rows)) are reported on every rank at
 /// once, naming the table.
-template <class T, class Engine>
-class TableGroup : public TableLayout<T, Engine> {
+///
+/// Rows are looked up, pushed and summed as T; the shards may store them as
+/// S (bf16 or fp16 for T = float): an owner widens the rows it serves (or a
+/// reader those it reads in place), and the optimizer rounds its updates.
+template <class T, class Engine, class S = T>
+class TableGroup : public TableLayout<T, Engine, S> {
  public:
   using space = engine::space_of_t<Engine>;
 
@@ -84,8 +88,8 @@ class TableGroup : public TableLayout<T, Engine> {
   /// @param shared    keep the shard in shared memory where every rank can
   ///                  read it (ShardedOptions::shared_memory)
   TableGroup(Engine& engine, std::size_t cols, bool aggregate = true, bool shared = true)
-      : TableLayout<T, Engine>(engine, cols, shared), want_aggregate_(aggregate), plain_(engine, cols * sizeof(T)),
-        ahead_(engine, cols * sizeof(T)), exchange_(engine), aggregate_exchange_(engine) {}
+      : TableLayout<T, Engine, S>(engine, cols, shared), want_aggregate_(aggregate), plain_(engine, cols * sizeof(S)),
+        ahead_(engine, cols * sizeof(S)), exchange_(engine), aggregate_exchange_(engine) {}
   TableGroup(const TableGroup&) = delete;
   TableGroup& operator=(const TableGroup&) = delete;
 
@@ -106,7 +110,7 @@ class TableGroup : public TableLayout<T, Engine> {
       first_hop_ = Buffer<std::int32_t, space>::from_host(route);
     }
     detail::Fingerprint id;
-    id.add(static_cast<std::uint64_t>(data_type_of_v<T>)).add(cols_).add(this->reads_directly() ? 1 : 0);
+    id.add(static_cast<std::uint64_t>(data_type_of_v<T>)).add(static_cast<std::uint64_t>(data_type_of_v<S>)).add(cols_).add(this->reads_directly() ? 1 : 0);
     id.add(aggregate_ ? 1 : 0);
     for (const Table& t : tables_) id.add(t.name).add(t.map.rows).add(static_cast<std::uint64_t>(t.map.parts));
     identity_ = id.value();
@@ -162,7 +166,7 @@ class TableGroup : public TableLayout<T, Engine> {
     Buffer<std::int32_t, space> dest_;
     Buffer<T, space> served_;
     const T* by_unique_ = nullptr;      // where the last start_reply()'s rows land
-    Buffer<const T*, space> reads_at_;  // where each looked-up row lies, when read directly
+    Buffer<const S*, space> reads_at_;  // where each looked-up row lies, when read directly
     detail::SharedReads reads_;         // the lane, when read directly
     detail::RowExchange<T, Engine> exchange_;  // the lane otherwise
   };
@@ -270,7 +274,7 @@ class TableGroup : public TableLayout<T, Engine> {
         for (std::size_t r = 0; r < p.requests_.size(); ++r)
           if (p.requests_[r].n)
             for_each_rows(ex, p.requests_[r].n, cols_,
-                          detail::GatherAt<T>{p.reads_at_.data() + p.first_[r], p.requests_[r].out, cols_});
+                          detail::GatherAt<T, S>{p.reads_at_.data() + p.first_[r], p.requests_[r].out, cols_});
       ex.synchronize();
       return;
     }
@@ -279,7 +283,7 @@ class TableGroup : public TableLayout<T, Engine> {
     const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * span_);
     if (asked)
       for_each_rows(ex, asked, cols_,
-                    detail::GatherKeyedRows<T>{shard_.data(), p.exchange_.received_ids(), base, p.served_.data(), cols_});
+                    detail::GatherKeyedRows<T, S>{shard_.data(), p.exchange_.received_ids(), base, p.served_.data(), cols_});
     ex.synchronize();
     p.by_unique_ = p.exchange_.start_reply(p.served_.data(), cols_, p.single_in_order_ ? p.requests_[0].out : nullptr);
   }
@@ -410,15 +414,16 @@ class TableGroup : public TableLayout<T, Engine> {
   }
 
  private:
-  using Table = typename TableLayout<T, Engine>::Table;
-  using TableLayout<T, Engine>::engine_;
-  using TableLayout<T, Engine>::cols_;
-  using TableLayout<T, Engine>::tables_;
-  using TableLayout<T, Engine>::span_;
-  using TableLayout<T, Engine>::host_base_;
-  using TableLayout<T, Engine>::window_;
-  using TableLayout<T, Engine>::shard_;
-  using TableLayout<T, Engine>::base_of;
+  using Layout = TableLayout<T, Engine, S>;
+  using Table = typename Layout::Table;
+  using Layout::engine_;
+  using Layout::cols_;
+  using Layout::tables_;
+  using Layout::span_;
+  using Layout::host_base_;
+  using Layout::window_;
+  using Layout::shard_;
+  using Layout::base_of;
 
   /// plan_lookup() when every row can be read where it lies: where each one
   /// lies, and how many rows of each owner this rank will read (the route's
@@ -436,7 +441,7 @@ class TableGroup : public TableLayout<T, Engine> {
       for (std::size_t r = 0; r < p.requests_.size() && total; ++r) {
         const Request& q = p.requests_[r];
         if (q.n)
-          for_each(ex, q.n, detail::LocalRowAt<T>{tables_[q.table].map, base_of(q.table), shard_.data(), cols_, q.ids,
+          for_each(ex, q.n, detail::LocalRowAt<S>{tables_[q.table].map, base_of(q.table), shard_.data(), cols_, q.ids,
                                                   p.reads_at_.data() + p.first_[r]});
       }
       ex.synchronize();
@@ -446,13 +451,13 @@ class TableGroup : public TableLayout<T, Engine> {
       // Our last writes to our shard before the headers that tell peers
       // they may read it.
       window_.sync();
-      const T* const* bases = window_.bases();
+      const S* const* bases = window_.bases();
       const auto un = static_cast<std::size_t>(engine_->size());
       for (std::size_t r = 0; r < p.requests_.size() && total; ++r) {
         const Request& q = p.requests_[r];
         const PartitionMap& map = tables_[q.table].map;
         const index_t* base = host_base_.data() + q.table * un;
-        const T** at = p.reads_at_.data() + p.first_[r];
+        const S** at = p.reads_at_.data() + p.first_[r];
         for (std::size_t j = 0; j < q.n; ++j) {
           const int o = map.owner(q.ids[j]);
           const auto uo = static_cast<std::size_t>(o);
