@@ -136,163 +136,152 @@ std::vector<bool> ShardedSynchronizer<Engine, Optimizer>::choose_pooling(
 }
 
 template <class Engine, class Optimizer>
-template <class V>
+template <class V, std::enable_if_t<!stores_half_v<V>, int>>
 auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, std::size_t count)
     -> std::vector<Rows<typename V::value_type, space>> {
-  if constexpr (stores_half_v<V>) {
-    static_assert(!stores_half_v<V>, "bags of a table stored in 16 bits are not pooled under ShardedPS yet: "
-                  "look its ids up (rows come as float) and pool them, or use a float table");
-    return {};
-  } else {
-    using T = typename V::value_type;
-    auto offsets = check_bags(*engine_, batch, count);
-    auto record = std::make_unique<BagBatch<T>>();
-    BagBatch<T>& b = *record;
-    b.local = choose_pooling(batch, count, offsets);
-    b.rows.resize(count);
-    b.request_group.assign(count, 0);
-    b.request_at.assign(count, 0);
-    for (std::size_t i = 0; i < count; ++i) {
-      TableOf<V>& t = table_of(*batch[i].var);
-      b.vars.push_back(&batch[i].var->state());
-      b.names.push_back(&t.name());
-      b.bags.push_back(offsets[i].size() - 1);
-    }
-    // Pooled here: one plain lookup of their ids.
-    std::vector<Bags<V>> here;
-    std::vector<Lookup<V>> plain;
-    for (std::size_t i = 0; i < count; ++i)
-      if (b.local[i]) {
-        b.request_at[i] = here.size();
-        here.push_back(batch[i]);
-        plain.emplace_back(*batch[i].var, batch[i].ids, batch[i].n);
-      }
-    if (!here.empty()) {
-      LocalBags<T, space>& local = local_bags_.template of<T>();
-      b.local_first = local.pooled();
-      const auto looked_up = lookup(plain.data(), plain.size());
-      const detail::Span span("bags: pooled locally");
-      const auto pooled = local.pool(engine_->exec(), here.data(), here.size(), looked_up);
-      for (std::size_t i = 0; i < count; ++i)
-        if (b.local[i]) b.rows[i] = pooled[b.request_at[i]];
-    }
-    // Pooled at the owners.
-    std::vector<std::vector<typename BagPool<T, Engine>::Request>> requests;
-    std::vector<std::pair<const std::string*, std::uint64_t>> parts;
-    detail::Fingerprint word;
-    word.add("bags");
-    for (std::size_t i = 0; i < count; ++i) {
-      if (b.local[i]) continue;
-      TableOf<V>& t = table_of(*batch[i].var);
-      Group<T>& g = static_cast<Group<T>&>(t.group());
-      auto at = std::find(b.groups.begin(), b.groups.end(), &g);
-      if (at == b.groups.end()) {
-        b.groups.push_back(&g);
-        requests.emplace_back();
-        at = b.groups.end() - 1;
-      }
-      const auto gi = static_cast<std::size_t>(at - b.groups.begin());
-      const Bags<V>& q = batch[i];
-      T* out = g.outputs.next(b.bags[i] * g.tables.cols()).data();
-      b.request_group[i] = gi;
-      b.request_at[i] = requests[gi].size();
-      b.rows[i] = Rows<T, space>{out, b.bags[i], g.tables.cols()};
-      requests[gi].push_back({t.index(), std::move(offsets[i]), q.ids, q.n, q.weights, q.combiner, out});
-      parts.emplace_back(&t.name(), g.weight(q.n));
-      word.add(g.tables.identity()).add(t.index()).add(static_cast<std::uint64_t>(q.combiner));
-    }
-    b.word = word.value();
-    if (!b.groups.empty()) {
-      std::vector<detail::RouteLane*> lanes;
-      {
-        const detail::Span span("bags: plan");
-        for (std::size_t gi = 0; gi < b.groups.size(); ++gi) {
-          BagPool<T, Engine>& pool = b.groups[gi]->next_bag_pool();
-          pool.plan(b.groups[gi]->tables, std::move(requests[gi]));
-          b.pools.push_back(&pool);
-          lanes.push_back(&pool.entry_lane());
-          lanes.push_back(&pool.segment_lane());
-        }
-      }
-      auto shared = engine_->stats().shared(ShardedPS::name);
-      for (const auto& [name, weight] : parts) shared.part(*name, weight);
-      {
-        const detail::Span span("bags: route");
-        detail::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_, detail::lookup_shape(b.word),
-                            [&](bool detailed) { return b.describe(detailed, "bags of "); });
-      }
-      {
-        const detail::Span span("bags: owners pool and reply");
-        for (std::size_t gi = 0; gi < b.groups.size(); ++gi) b.pools[gi]->serve(b.groups[gi]->tables);
-        if constexpr (engine::supports_v<Engine, engine::op_start_alltoallv>) engine_->wait_started();
-      }
-      const detail::Span span("bags: partial sums added");
-      for (auto* pool : b.pools) pool->finish();
-    }
-    std::vector<Rows<T, space>> rows = b.rows;
-    bag_batches_.push_back(std::move(record));
-    return rows;
+  using T = typename V::value_type;
+  auto offsets = check_bags(*engine_, batch, count);
+  auto record = std::make_unique<BagBatch<T>>();
+  BagBatch<T>& b = *record;
+  b.local = choose_pooling(batch, count, offsets);
+  b.rows.resize(count);
+  b.request_group.assign(count, 0);
+  b.request_at.assign(count, 0);
+  for (std::size_t i = 0; i < count; ++i) {
+    TableOf<V>& t = table_of(*batch[i].var);
+    b.vars.push_back(&batch[i].var->state());
+    b.names.push_back(&t.name());
+    b.bags.push_back(offsets[i].size() - 1);
   }
+  // Pooled here: one plain lookup of their ids.
+  std::vector<Bags<V>> here;
+  std::vector<Lookup<V>> plain;
+  for (std::size_t i = 0; i < count; ++i)
+    if (b.local[i]) {
+      b.request_at[i] = here.size();
+      here.push_back(batch[i]);
+      plain.emplace_back(*batch[i].var, batch[i].ids, batch[i].n);
+    }
+  if (!here.empty()) {
+    LocalBags<T, space>& local = local_bags_.template of<T>();
+    b.local_first = local.pooled();
+    const auto looked_up = lookup(plain.data(), plain.size());
+    const detail::Span span("bags: pooled locally");
+    const auto pooled = local.pool(engine_->exec(), here.data(), here.size(), looked_up);
+    for (std::size_t i = 0; i < count; ++i)
+      if (b.local[i]) b.rows[i] = pooled[b.request_at[i]];
+  }
+  // Pooled at the owners.
+  std::vector<std::vector<typename BagPool<T, Engine>::Request>> requests;
+  std::vector<std::pair<const std::string*, std::uint64_t>> parts;
+  detail::Fingerprint word;
+  word.add("bags");
+  for (std::size_t i = 0; i < count; ++i) {
+    if (b.local[i]) continue;
+    TableOf<V>& t = table_of(*batch[i].var);
+    Group<T>& g = static_cast<Group<T>&>(t.group());
+    auto at = std::find(b.groups.begin(), b.groups.end(), &g);
+    if (at == b.groups.end()) {
+      b.groups.push_back(&g);
+      requests.emplace_back();
+      at = b.groups.end() - 1;
+    }
+    const auto gi = static_cast<std::size_t>(at - b.groups.begin());
+    const Bags<V>& q = batch[i];
+    T* out = g.outputs.next(b.bags[i] * g.tables.cols()).data();
+    b.request_group[i] = gi;
+    b.request_at[i] = requests[gi].size();
+    b.rows[i] = Rows<T, space>{out, b.bags[i], g.tables.cols()};
+    requests[gi].push_back({t.index(), std::move(offsets[i]), q.ids, q.n, q.weights, q.combiner, out});
+    parts.emplace_back(&t.name(), g.weight(q.n));
+    word.add(g.tables.identity()).add(t.index()).add(static_cast<std::uint64_t>(q.combiner));
+  }
+  b.word = word.value();
+  if (!b.groups.empty()) {
+    std::vector<detail::RouteLane*> lanes;
+    {
+      const detail::Span span("bags: plan");
+      for (std::size_t gi = 0; gi < b.groups.size(); ++gi) {
+        BagPool<T, Engine>& pool = b.groups[gi]->next_bag_pool();
+        pool.plan(b.groups[gi]->tables, std::move(requests[gi]));
+        b.pools.push_back(&pool);
+        lanes.push_back(&pool.entry_lane());
+        lanes.push_back(&pool.segment_lane());
+      }
+    }
+    auto shared = engine_->stats().shared(ShardedPS::name);
+    for (const auto& [name, weight] : parts) shared.part(*name, weight);
+    {
+      const detail::Span span("bags: route");
+      detail::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_, detail::lookup_shape(b.word),
+                          [&](bool detailed) { return b.describe(detailed, "bags of "); });
+    }
+    {
+      const detail::Span span("bags: owners pool and reply");
+      for (std::size_t gi = 0; gi < b.groups.size(); ++gi) b.pools[gi]->serve(b.groups[gi]->tables);
+      if constexpr (engine::supports_v<Engine, engine::op_start_alltoallv>) engine_->wait_started();
+    }
+    const detail::Span span("bags: partial sums added");
+    for (auto* pool : b.pools) pool->finish();
+  }
+  std::vector<Rows<T, space>> rows = b.rows;
+  bag_batches_.push_back(std::move(record));
+  return rows;
 }
 
 template <class Engine, class Optimizer>
-template <class V>
+template <class V, std::enable_if_t<!stores_half_v<V>, int>>
 void ShardedSynchronizer<Engine, Optimizer>::bag_gradients(const BagGradient<V>* grads, std::size_t count) {
-  if constexpr (stores_half_v<V>) {
-    static_assert(!stores_half_v<V>, "bags of a table stored in 16 bits are not pooled under ShardedPS yet: "
-                  "look its ids up (rows come as float) and pool them, or use a float table");
+  using T = typename V::value_type;
+  BagBatch<T>* b = nullptr;
+  for (std::size_t i = bag_batches_.size(); i-- > 0 && !b;)
+    if (!bag_batches_[i]->given) b = dynamic_cast<BagBatch<T>*>(bag_batches_[i].get());
+  std::optional<std::string> problem;
+  if (!b) {
+    problem = detail::no_bag_lookup(count ? grads[0].var->name() : std::string());
+  } else if (count != b->vars.size()) {
+    problem = detail::concat("a gradient of bags was given for ", count,
+                             " requests; the batch of bags it belongs to had ", b->vars.size());
   } else {
-    using T = typename V::value_type;
-    BagBatch<T>* b = nullptr;
-    for (std::size_t i = bag_batches_.size(); i-- > 0 && !b;)
-      if (!bag_batches_[i]->given) b = dynamic_cast<BagBatch<T>*>(bag_batches_[i].get());
-    std::optional<std::string> problem;
-    if (!b) {
-      problem = detail::no_bag_lookup(count ? grads[0].var->name() : std::string());
-    } else if (count != b->vars.size()) {
-      problem = detail::concat("a gradient of bags was given for ", count,
-                               " requests; the batch of bags it belongs to had ", b->vars.size());
-    } else {
-      for (std::size_t i = 0; i < count && !problem; ++i) {
-        if (&grads[i].var->state() != b->vars[i])
-          problem = detail::concat("a gradient of bags for variable '", grads[i].var->name(),
-                                   "' was given where its batch looked up another variable");
-        else
-          problem = detail::bag_gradient_problem(grads[i].var->name(), b->bags[i], b->rows[i].cols, grads[i].rows,
-                                                 grads[i].cols);
-      }
+    for (std::size_t i = 0; i < count && !problem; ++i) {
+      if (&grads[i].var->state() != b->vars[i])
+        problem = detail::concat("a gradient of bags for variable '", grads[i].var->name(),
+                                 "' was given where its batch looked up another variable");
+      else
+        problem = detail::bag_gradient_problem(grads[i].var->name(), b->bags[i], b->rows[i].cols, grads[i].rows,
+                                               grads[i].cols);
     }
-    detail::agree(*engine_, problem);
-    b->given = true;
-    bag_gradients_given_ = true;
-    for (std::size_t i = 0; i < count; ++i)
-      if (b->local[i]) local_bags_.template of<T>().expand(engine_->exec(), b->local_first + b->request_at[i], grads[i]);
-    if (b->groups.empty()) return;
-    std::vector<std::vector<const T*>> per_group(b->groups.size());
-    for (std::size_t gi = 0; gi < b->groups.size(); ++gi) per_group[gi].resize(b->pools[gi]->requests());
-    std::vector<detail::RouteLane*> lanes;
-    auto shared = engine_->stats().shared(ShardedPS::name);
-    for (std::size_t i = 0; i < count; ++i) {
-      if (b->local[i]) continue;
-      per_group[b->request_group[i]][b->request_at[i]] = grads[i].values;
-      shared.part(*b->names[i], b->bags[i] + 1);
-    }
-    {
-      const detail::Span span("bag gradients: plan");
-      for (std::size_t gi = 0; gi < b->groups.size(); ++gi) {
-        b->pools[gi]->plan_gradients(per_group[gi]);
-        lanes.push_back(&b->pools[gi]->gradient_lane());
-      }
-    }
-    {
-      const detail::Span span("bag gradients: route");
-      detail::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_,
-                          detail::push_shape(detail::Fingerprint().add("bag gradients").add(b->word).value()),
-                          [&](bool detailed) { return b->describe(detailed, "gradients of bags of "); });
-    }
-    const detail::Span span("bag gradients: owners expand");
-    for (std::size_t gi = 0; gi < b->groups.size(); ++gi) b->pools[gi]->expand(b->groups[gi]->tables);
   }
+  detail::agree(*engine_, problem);
+  b->given = true;
+  bag_gradients_given_ = true;
+  for (std::size_t i = 0; i < count; ++i)
+    if (b->local[i]) local_bags_.template of<T>().expand(engine_->exec(), b->local_first + b->request_at[i], grads[i]);
+  if (b->groups.empty()) return;
+  std::vector<std::vector<const T*>> per_group(b->groups.size());
+  for (std::size_t gi = 0; gi < b->groups.size(); ++gi) per_group[gi].resize(b->pools[gi]->requests());
+  std::vector<detail::RouteLane*> lanes;
+  auto shared = engine_->stats().shared(ShardedPS::name);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (b->local[i]) continue;
+    per_group[b->request_group[i]][b->request_at[i]] = grads[i].values;
+    shared.part(*b->names[i], b->bags[i] + 1);
+  }
+  {
+    const detail::Span span("bag gradients: plan");
+    for (std::size_t gi = 0; gi < b->groups.size(); ++gi) {
+      b->pools[gi]->plan_gradients(per_group[gi]);
+      lanes.push_back(&b->pools[gi]->gradient_lane());
+    }
+  }
+  {
+    const detail::Span span("bag gradients: route");
+    detail::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_,
+                        detail::push_shape(detail::Fingerprint().add("bag gradients").add(b->word).value()),
+                        [&](bool detailed) { return b->describe(detailed, "gradients of bags of "); });
+  }
+  const detail::Span span("bag gradients: owners expand");
+  for (std::size_t gi = 0; gi < b->groups.size(); ++gi) b->pools[gi]->expand(b->groups[gi]->tables);
 }
 
 }  // namespace parallax::policy
