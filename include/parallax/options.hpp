@@ -224,10 +224,12 @@ struct TrainerOptions {
   /// before the step sees every gradient, so it needs ignore (automatic
   /// resolves to it there).
   NonFinite on_non_finite = NonFinite::automatic;
-  /// Dense float gradients all-reduced by RingAllReduce travel in 16 bits
-  /// (bf16 or fp16) when set: half the bytes, each sum rounded to 16 bits
-  /// (docs/design.md, "Half precision"). PARALLAX_COMPRESS=none|bf16|fp16
-  /// sets it for a job when it is none (resolve()).
+  /// Float gradients travel in 16 bits (bf16 or fp16) when set: dense ones
+  /// all-reduced by RingAllReduce (half the bytes, each sum rounded to 16
+  /// bits) and sparse rows pushed to their ShardedPS owners (rounded where
+  /// they leave, summed in float at the owner). docs/design.md, "Half
+  /// precision". PARALLAX_COMPRESS=none|bf16|fp16 sets it for a job when it
+  /// is none (resolve()).
   Compression compress = Compression::none;
 
   /// These options as a Trainer over `Space` on `ctx` runs them: the one

@@ -26,6 +26,7 @@ Run train(px::Compression compress, std::size_t steps = kSteps) {
   px::TrainerOptions o;
   o.compress = compress;
   px::Trainer<px::arch::AllReduce, px::optim::Sgd> trainer(ctx, o, px::optim::Sgd{0.1f}, w);
+  const std::uint64_t before = trainer.stats().variable("w").sent();
   const auto r = static_cast<float>(ctx.rank());
   for (std::size_t s = 0; s < steps; ++s) {
     const auto W = w.value().to_host();
@@ -34,7 +35,7 @@ Run train(px::Compression compress, std::size_t steps = kSteps) {
       g[i] = W[i] - std::sin(0.1f * static_cast<float>(i) + r + 0.5f * static_cast<float>(s));
     trainer.step();
   }
-  return Run{trainer.fetch(w), trainer.stats().variable("w").sent()};
+  return Run{trainer.fetch(w), trainer.stats().variable("w").sent() - before};
 }
 
 }  // namespace
@@ -75,4 +76,63 @@ TEST_CASE("PARALLAX_COMPRESS sets compression for a job and names a bad value", 
   CHECK(test::error_of([&] { (void)px::TrainerOptions{}.resolve(ctx); }) ==
         "PARALLAX_COMPRESS must be none, bf16 or fp16, not 'int8'");
   unsetenv("PARALLAX_COMPRESS");
+}
+
+namespace {
+
+constexpr std::size_t kRows = 50, kCols = 4;  // a row on the wire: 8 + 16 bytes, or 8 + 8 (no padding)
+
+/// Rank r's gradient rows at step s: ids (r + 3 j + s) % kRows, unique.
+std::vector<px::index_t> push_ids(std::size_t r, std::size_t s) {
+  std::vector<px::index_t> ids;
+  for (std::size_t j = 0; j < 7 + r; ++j) ids.push_back(static_cast<px::index_t>((r + 3 * j + s) % kRows));
+  return ids;
+}
+
+/// Sparse rows pushed to their ShardedPS owners, no lookups.
+Run push(px::Compression compress) {
+  auto& ctx = test::world();
+  px::Variable<px::Sparse, float> emb(ctx, "emb", {kRows, kCols}, px::init::Uniform{-0.5f, 0.5f, 5});
+  px::TrainerOptions o;
+  o.compress = compress;
+  px::Trainer<px::arch::Hybrid, px::optim::Sgd> trainer(ctx, o, px::optim::Sgd{0.1f}, emb);
+  const auto r = static_cast<std::size_t>(ctx.rank());
+  const std::uint64_t before = trainer.stats().variable("emb").sent();
+  for (std::size_t s = 0; s < kSteps; ++s) {
+    const auto ids = push_ids(r, s);
+    std::vector<float> g;
+    for (std::size_t j = 0; j < ids.size(); ++j)
+      for (std::size_t c = 0; c < kCols; ++c) g.push_back(std::cos(0.7f * static_cast<float>(j + c + s)) + 0.01f * r);
+    emb.grad().add(ids, g);
+    trainer.step();
+  }
+  return Run{trainer.fetch(emb), trainer.stats().variable("emb").sent() - before};
+}
+
+}  // namespace
+
+TEST_CASE("compressed pushes send rows in 16 bits to their owners and sum them in float", "[trainer][compress][sparse]") {
+  auto& ctx = test::world();
+  const Run plain = push(px::Compression::none);
+  // The rows this rank sends to other owners (one partition per rank).
+  const px::PartitionMap map(kRows, ctx.size(), ctx.size());
+  std::uint64_t rows_out = 0;
+  for (std::size_t s = 0; s < kSteps; ++s)
+    for (px::index_t id : push_ids(static_cast<std::size_t>(ctx.rank()), s)) rows_out += map.owner(id) != ctx.rank();
+  for (auto c : {px::Compression::bf16, px::Compression::fp16}) {
+    const bool is_bf16 = c == px::Compression::bf16;
+    INFO((is_bf16 ? "bf16" : "fp16"));
+    const Run packed = push(c);
+    // The same headers and rows; each row's values in 2 bytes instead of 4.
+    CHECK(plain.bytes - packed.bytes == rows_out * kCols * 2);
+    if (ctx.size() > 1) CHECK(plain.bytes > rows_out * (8 + kCols * 4));
+    // Each pushed value (|g| <= 1.05) is rounded once where it leaves: SGD
+    // at 0.1 moves a row by at most 0.1 x ranks x that rounding a step.
+    const double unit = is_bf16 ? std::ldexp(1.0, -9) : std::ldexp(1.0, -12);
+    double worst = 0;
+    for (std::size_t i = 0; i < plain.w.size(); ++i)
+      worst = std::max(worst, std::abs(double(packed.w[i]) - plain.w[i]));
+    CHECK(worst <= 0.1 * kSteps * 1.05 * unit * ctx.size());
+    CHECK(worst > 0);
+  }
 }

@@ -84,6 +84,18 @@ struct GatherKeyedRows {
   }
 };
 
+/// out[j, c] = rows.row(j)[c] as To: rows narrowed to a 16-bit wire, or
+/// widened back from it.
+template <class To, class From>
+struct ConvertRows {
+  RowsAt<From> rows;
+  To* out;
+  std::size_t cols;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
+    out[j * cols + c] = static_cast<To>(rows.row(j, cols)[c]);
+  }
+};
+
 /// out[j] = row j, read where it lies (a row of an owner's shard in shared
 /// memory), as T.
 template <class T, class S = T>

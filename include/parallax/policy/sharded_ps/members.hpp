@@ -101,8 +101,8 @@ class ShardedSynchronizer<Engine, Optimizer>::Group final : public GroupBase {
  public:
   using T = compute_t<S>;
   Group(Engine& engine, const optim::Bound<Optimizer>& bound, std::size_t cols, const ShardedOptions& o,
-        Rounding rounding)
-      : tables(engine, cols, o.local_aggregation, o.shared_memory), engine_(&engine), opt_(bound),
+        Rounding rounding, Compression compress)
+      : tables(engine, cols, o.local_aggregation, o.shared_memory, compress), engine_(&engine), opt_(bound),
         rounding_(rounding) {}
   const optim::Bound<Optimizer>& bound() const noexcept { return opt_; }
   /// How updates round a 16-bit group's rows (every table's own: tables
@@ -296,7 +296,7 @@ auto ShardedSynchronizer<Engine, Optimizer>::group_for(std::size_t cols, const o
       if (group_types_[i] == &typeid(S) && group_cols_[i] == cols &&
           static_cast<Group<S>&>(*groups_[i]).bound() == bound && same(static_cast<Group<S>&>(*groups_[i]).rounding()))
         return static_cast<Group<S>&>(*groups_[i]);
-  groups_.push_back(std::make_unique<Group<S>>(*engine_, bound, cols, options_.sharded, rounding));
+  groups_.push_back(std::make_unique<Group<S>>(*engine_, bound, cols, options_.sharded, rounding, options_.compress));
   group_types_.push_back(&typeid(S));
   group_cols_.push_back(cols);
   return static_cast<Group<S>&>(*groups_.back());

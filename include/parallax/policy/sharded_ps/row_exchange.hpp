@@ -297,6 +297,7 @@ template <class T, class Engine>
 class RowExchange final : public RouteLane {
  public:
   using space = engine::space_of_t<Engine>;
+  using value_type = T;
 
   explicit RowExchange(Engine& engine) : engine_(&engine) {}
 

@@ -18,6 +18,8 @@
 #include <parallax/detail/algorithms.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/error.hpp>
+#include <parallax/half.hpp>
+#include <parallax/options.hpp>
 #include <parallax/partition.hpp>
 #include <parallax/policy/sharded_ps/group_routes.hpp>
 #include <parallax/policy/sharded_ps/row_exchange.hpp>
@@ -87,9 +89,15 @@ class TableGroup : public TableLayout<T, Engine, S> {
   /// @param aggregate sum per host before crossing hosts, where hosts exist
   /// @param shared    keep the shard in shared memory where every rank can
   ///                  read it (ShardedOptions::shared_memory)
-  TableGroup(Engine& engine, std::size_t cols, bool aggregate = true, bool shared = true)
+  /// @param compress  pushed float rows travel in 16 bits (bf16, fp16):
+  ///                  rounded where they leave, summed in float at the owner
+  ///                  (not with local aggregation, whose hops stay in T)
+  TableGroup(Engine& engine, std::size_t cols, bool aggregate = true, bool shared = true,
+             Compression compress = Compression::none)
       : TableLayout<T, Engine, S>(engine, cols, shared), want_aggregate_(aggregate), plain_(engine, cols * sizeof(S)),
-        ahead_(engine, cols * sizeof(S)), exchange_(engine), aggregate_exchange_(engine) {}
+        ahead_(engine, cols * sizeof(S)), exchange_(engine), aggregate_exchange_(engine),
+        compress_(std::is_same_v<T, float> ? compress : Compression::none), bf16_exchange_(engine),
+        fp16_exchange_(engine) {}
   TableGroup(const TableGroup&) = delete;
   TableGroup& operator=(const TableGroup&) = delete;
 
@@ -111,7 +119,7 @@ class TableGroup : public TableLayout<T, Engine, S> {
     }
     detail::Fingerprint id;
     id.add(static_cast<std::uint64_t>(data_type_of_v<T>)).add(static_cast<std::uint64_t>(data_type_of_v<S>)).add(cols_).add(this->reads_directly() ? 1 : 0);
-    id.add(aggregate_ ? 1 : 0);
+    id.add(aggregate_ ? 1 : 0).add(static_cast<std::uint64_t>(compress_));
     for (const Table& t : tables_) id.add(t.name).add(t.map.rows).add(static_cast<std::uint64_t>(t.map.parts));
     identity_ = id.value();
   }
@@ -345,6 +353,11 @@ class TableGroup : public TableLayout<T, Engine, S> {
     }
     ex.synchronize();
     const detail::RowsAt<T> rows(at_.data());
+    narrowed_ = !aggregate_ && compress_ != Compression::none;
+    if (narrowed_) {
+      if (compress_ == Compression::bf16) return plan_narrow_push(rows, k, bf16_exchange_);
+      return plan_narrow_push(rows, k, fp16_exchange_);
+    }
     if (!aggregate_) {
       exchange_.plan(push_keys_.data(), rows, dest_.data(), k, cols_);
       return exchange_;
@@ -386,9 +399,25 @@ class TableGroup : public TableLayout<T, Engine, S> {
   /// contributions (ascending) and their sums.
   std::size_t finish_push(Buffer<index_t, space>& local_rows, Buffer<T, space>& sums) {
     auto& ex = engine_->exec();
-    const std::size_t received = exchange_.received(), extra = extra_keys_.size();
+    std::size_t received = exchange_.received();
+    const std::size_t extra = extra_keys_.size();
     const index_t* ids = exchange_.received_ids();
     detail::RowsAt<T> values = exchange_.received_values();
+    if (narrowed_) {
+      auto widen = [&](auto& wire) {
+        received = wire.received();
+        ids = wire.received_ids();
+        widened_.resize_discard(received * cols_);
+        if (received)
+          for_each_rows(ex, received, cols_,
+                        detail::ConvertRows<T, typename std::decay_t<decltype(wire)>::value_type>{
+                            wire.received_values(), widened_.data(), cols_});
+        ex.synchronize();
+        values = detail::RowsAt<T>(widened_.data());
+      };
+      if (compress_ == Compression::bf16) widen(bf16_exchange_);
+      else widen(fp16_exchange_);
+    }
     if (extra) {
       // Both as rows where they lie: the received rows first, then the others.
       merged_keys_.resize_discard(received + extra);
@@ -414,6 +443,18 @@ class TableGroup : public TableLayout<T, Engine, S> {
   }
 
  private:
+  /// plan_push()'s rows narrowed to W for `wire` (a compressed push).
+  template <class W>
+  detail::RouteLane& plan_narrow_push(const detail::RowsAt<T>& rows, std::size_t k, detail::RowExchange<W, Engine>& wire) {
+    auto& ex = engine_->exec();
+    narrow_.resize_discard(k * cols_ * sizeof(W));
+    W* out = reinterpret_cast<W*>(narrow_.data());
+    if (k) for_each_rows(ex, k, cols_, detail::ConvertRows<W, T>{rows, out, cols_});
+    ex.synchronize();
+    wire.plan(push_keys_.data(), detail::RowsAt<W>(out), dest_.data(), k, cols_);
+    return wire;
+  }
+
   using Layout = TableLayout<T, Engine, S>;
   using Table = typename Layout::Table;
   using Layout::engine_;
@@ -512,6 +553,15 @@ class TableGroup : public TableLayout<T, Engine, S> {
   Buffer<T, space> hop_values_;
   detail::RowExchange<T, Engine> exchange_, aggregate_exchange_;  // the push's
   detail::CoalesceScratch<space> scratch_;
+  // A compressed push (TrainerOptions::compress): the rows as they leave
+  // (narrow_), the exchange of their wire type, and the rows received,
+  // widened for the sum.
+  Compression compress_;
+  bool narrowed_ = false;  // the last plan_push() went out compressed
+  detail::RowExchange<bf16, Engine> bf16_exchange_;
+  detail::RowExchange<fp16, Engine> fp16_exchange_;
+  Buffer<std::byte, space> narrow_;
+  Buffer<T, space> widened_;
 };
 
 }  // namespace parallax
