@@ -136,3 +136,46 @@ TEST_CASE("compressed pushes send rows in 16 bits to their owners and sum them i
     CHECK(worst > 0);
   }
 }
+
+TEST_CASE("compressed lookups reply with rows in 16 bits", "[trainer][compress][sparse]") {
+  auto& ctx = test::world();
+  const auto r = static_cast<std::size_t>(ctx.rank());
+  // Ids with a repeat; rows asked of other owners are replied over the
+  // wire (shards kept private, so nothing is read in place).
+  std::vector<px::index_t> ids = push_ids(r, 1);
+  ids.push_back(ids.front());
+  auto lookup = [&](px::Compression compress) {
+    px::Variable<px::Sparse, float> emb(ctx, "emb", {kRows, kCols}, px::init::Uniform{-0.5f, 0.5f, 5});
+    px::TrainerOptions o;
+    o.compress = compress;
+    o.sharded.shared_memory = false;
+    px::Trainer<px::arch::Hybrid, px::optim::Sgd> trainer(ctx, o, px::optim::Sgd{0.1f}, emb);
+    const std::uint64_t before = trainer.stats().variable("emb").sent();
+    std::vector<float> rows = test::to_host(trainer.lookup(emb, ids));
+    return Run{rows, trainer.stats().variable("emb").sent() - before};
+  };
+  const Run plain = lookup(px::Compression::none);
+  // The rows this rank serves to other ranks: each asks each of its unique
+  // ids of the owner once.
+  const px::PartitionMap map(kRows, ctx.size(), ctx.size());
+  std::uint64_t served = 0;
+  for (int q = 0; q < ctx.size(); ++q)
+    if (q != ctx.rank())
+      for (px::index_t id : push_ids(static_cast<std::size_t>(q), 1)) served += map.owner(id) == ctx.rank();
+  for (auto c : {px::Compression::bf16, px::Compression::fp16}) {
+    const bool is_bf16 = c == px::Compression::bf16;
+    INFO((is_bf16 ? "bf16" : "fp16"));
+    const Run packed = lookup(c);
+    CHECK(plain.bytes - packed.bytes == served * kCols * 2);
+    REQUIRE(packed.w.size() == plain.w.size());
+    // Every row is its float row rounded to nearest even (a rank's own rows
+    // too: they take the same reply, to itself); one rank reads its shard
+    // in place, with no reply.
+    bool rounded = true;
+    for (std::size_t i = 0; i < plain.w.size(); ++i) {
+      const float wire = is_bf16 ? static_cast<float>(px::bf16(plain.w[i])) : static_cast<float>(px::fp16(plain.w[i]));
+      rounded = rounded && packed.w[i] == (ctx.size() == 1 ? plain.w[i] : wire);
+    }
+    CHECK(rounded);
+  }
+}

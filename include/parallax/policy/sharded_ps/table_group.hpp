@@ -174,6 +174,11 @@ class TableGroup : public TableLayout<T, Engine, S> {
     Buffer<std::int32_t, space> dest_;
     Buffer<T, space> served_;
     const T* by_unique_ = nullptr;      // where the last start_reply()'s rows land
+    // A compressed reply (TrainerOptions::compress): the rows served in 16
+    // bits, where they land, and the landing widened.
+    bool narrowed_ = false;
+    Buffer<std::byte, space> narrow_served_, narrow_landing_;
+    Buffer<T, space> widened_;
     Buffer<const S*, space> reads_at_;  // where each looked-up row lies, when read directly
     detail::SharedReads reads_;         // the lane, when read directly
     detail::RowExchange<T, Engine> exchange_;  // the lane otherwise
@@ -293,6 +298,12 @@ class TableGroup : public TableLayout<T, Engine, S> {
       for_each_rows(ex, asked, cols_,
                     detail::GatherKeyedRows<T, S>{shard_.data(), p.exchange_.received_ids(), base, p.served_.data(), cols_});
     ex.synchronize();
+    p.narrowed_ = compress_ != Compression::none;
+    if (p.narrowed_) {
+      if (compress_ == Compression::bf16) start_narrow_reply<bf16>(p, asked);
+      else start_narrow_reply<fp16>(p, asked);
+      return;
+    }
     p.by_unique_ = p.exchange_.start_reply(p.served_.data(), cols_, p.single_in_order_ ? p.requests_[0].out : nullptr);
   }
 
@@ -300,7 +311,12 @@ class TableGroup : public TableLayout<T, Engine, S> {
   /// wait_started(), where it has one).
   void finish_lookup() { finish_lookup(plain_); }
   void finish_lookup(Pull& p) {
-    if (this->reads_directly() || p.single_in_order_) return;
+    if (this->reads_directly()) return;
+    if (p.narrowed_) {
+      if (compress_ == Compression::bf16) widen_reply<bf16>(p);
+      else widen_reply<fp16>(p);
+    }
+    if (p.single_in_order_) return;
     auto& ex = engine_->exec();
     const std::size_t count = p.requests_.size(), u = p.unique_first_[count];
     // One request: its unique keys were sorted, so they went out in their
@@ -443,6 +459,31 @@ class TableGroup : public TableLayout<T, Engine, S> {
   }
 
  private:
+  /// start_reply() of rows served as W (a compressed reply).
+  template <class W>
+  void start_narrow_reply(Pull& p, std::size_t asked) {
+    auto& ex = engine_->exec();
+    p.narrow_served_.resize_discard(asked * cols_ * sizeof(W));
+    W* served = reinterpret_cast<W*>(p.narrow_served_.data());
+    const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * span_);
+    if (asked)
+      for_each_rows(ex, asked, cols_,
+                    detail::GatherKeyedRows<W, S>{shard_.data(), p.exchange_.received_ids(), base, served, cols_});
+    ex.synchronize();
+    p.exchange_.start_reply_in(served, cols_, p.narrow_landing_);
+  }
+  /// A compressed reply's rows widened to T: into the request's output for
+  /// one request in order, else where finish_lookup() reads them.
+  template <class W>
+  void widen_reply(Pull& p) {
+    auto& ex = engine_->exec();
+    const std::size_t n = p.unique_first_[p.requests_.size()] * cols_;
+    T* out = p.single_in_order_ ? p.requests_[0].out : (p.widened_.resize_discard(n), p.widened_.data());
+    if (n) for_each(ex, n, detail::Convert<T, W>{reinterpret_cast<const W*>(p.narrow_landing_.data()), out});
+    ex.synchronize();
+    p.by_unique_ = out;
+  }
+
   /// plan_push()'s rows narrowed to W for `wire` (a compressed push).
   template <class W>
   detail::RouteLane& plan_narrow_push(const detail::RowsAt<T>& rows, std::size_t k, detail::RowExchange<W, Engine>& wire) {
