@@ -40,12 +40,11 @@ template <class Engine, class Optimizer>
 template <class S>
 class ShardedSynchronizer<Engine, Optimizer>::Batch final : public BatchBase {
  public:
-  using T = S;  // Group<T>: the batch's groups are named by their storage type
   using Request = typename TableGroup<compute_t<S>, Engine, S>::Request;
   using Pull = typename TableGroup<compute_t<S>, Engine, S>::Pull;
 
   bool ahead = false;  // a lookup ahead (start_lookup): its groups' ahead_pull(), the ahead route
-  std::vector<Group<T>*> groups;  // in the order the batch first names them
+  std::vector<Group<S>*> groups;  // in the order the batch first names them
   std::vector<std::vector<Request>> requests;  // per group
   std::vector<std::size_t> request_group, request_at;  // per request of the batch: its group, its place there
   std::vector<std::pair<const std::string*, std::uint64_t>> parts;  // per request: its table's name, share of the bytes
@@ -55,7 +54,7 @@ class ShardedSynchronizer<Engine, Optimizer>::Batch final : public BatchBase {
   std::exception_ptr failure;  // what a lookup ahead's route threw
   bool routed = false;         // a lookup ahead's route ran
 
-  Pull& pull(Group<T>& g) noexcept { return ahead ? g.tables.ahead_pull() : g.tables.plain_pull(); }
+  Pull& pull(Group<S>& g) noexcept { return ahead ? g.tables.ahead_pull() : g.tables.plain_pull(); }
   /// What the batch carries, for a message about ranks that differ.
   std::string describe(bool detailed) const {
     std::string out = ahead ? "prefetch of " : "";
