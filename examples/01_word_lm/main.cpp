@@ -15,6 +15,7 @@
 #include "common/backend.hpp"
 #include "common/gemm.hpp"
 #include "common/options.hpp"
+#include "common/precision.hpp"
 #include "common/progress.hpp"
 #include "common/readers.hpp"
 #include "common/synthetic.hpp"
@@ -46,6 +47,7 @@ struct Args {
   std::size_t eval_examples = 128;
   int partitions = 0;  // per sparse table; 0: planned from the ids of the first steps
   double pass_ratio = 0.8;
+  examples::Precision precision;  // --table-type, --compress
 };
 
 const char* const about =
@@ -65,8 +67,8 @@ int plan(const px::Context& ctx, std::size_t rows, const std::vector<px::index_t
   return px::plan_partitions(planner, rows, sample, candidates, 0.05).partitions;
 }
 
-template <class Arch>
-int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& tokens) {
+template <class Arch, class Stored>
+int train_stored(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& tokens) {
   using Space = examples::DefaultSpace;
   const auto& o = a.common;
   const lm::Config& cfg = a.model;
@@ -88,8 +90,9 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
   }
 
   // example-begin word_lm_trainer
-  lm::Model<Space> model(ctx, cfg);
+  lm::Model<Space, Stored> model(ctx, cfg);
   px::TrainerOptions options = o.trainer_options();  // --overlap
+  options.compress = a.precision.compression();      // --compress
   options.partitions["emb"] = plan(ctx, cfg.vocab, emb_sample, a.partitions);
   options.partitions["softmax"] = plan(ctx, cfg.vocab, softmax_sample, a.partitions);
   px::Trainer<Arch, px::optim::Adagrad, examples::DefaultEngine> trainer(
@@ -130,6 +133,7 @@ int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& toke
   // example-end
   examples::plan_check(ctx, s);
   const double others = straggler.report(ctx, trainer, "words");
+  examples::print_table_bytes(ctx, trainer, a.precision, model.emb, model.softmax);
 
   // Perplexity with the full softmax on held-out words, split over the ranks.
   double perplexity = 0;
@@ -187,6 +191,13 @@ std::string choose_arch(const px::Context& ctx, const Args& a, const std::vector
 
 }  // namespace
 
+/// train_stored() with the tables stored as --table-type says.
+template <class Arch>
+int train(px::Context& ctx, const Args& a, const std::vector<std::int32_t>& tokens) {
+  return examples::with_table_type<Arch>(
+      a.precision, [&](auto stored) { return train_stored<Arch, decltype(stored)>(ctx, a, tokens); });
+}
+
 int main(int argc, char** argv) {
   Args a;
   a.common.steps = 200;
@@ -211,6 +222,7 @@ int main(int argc, char** argv) {
      "partitions of each sparse table (0: planned from the first steps' ids)")
     ("pass-ratio", examples::po::value(&a.pass_ratio)->default_value(a.pass_ratio),
      "pass when the final loss is below this times the step-1 loss");
+  examples::add_precision_options(desc, a.precision);
 
   // example-begin word_lm_context
   // Parse first (the rank layout is an option), then start MPI through parallax.
@@ -243,6 +255,7 @@ int main(int argc, char** argv) {
                 std::to_string(a.model.vocab) + ")";
     if (problem.empty() && (a.model.dim == 0 || a.model.context == 0 || a.model.sampled == 0))
       problem = "--dim, --context and --sampled must be at least 1";
+    if (problem.empty()) problem = examples::check_precision(a.precision);
   }
   if (const int code = examples::report_command_line(cl, problem, ctx, about, desc); code >= 0) return code;
 

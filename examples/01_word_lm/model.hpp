@@ -268,7 +268,10 @@ class SampledSoftmax {
 
 /// The variables and the per-step computation. Give the trainer
 /// `emb, hidden.w, hidden.b, softmax`.
-template <class Space>
+/// Stored: the tables' storage (float, or px::bf16 / px::fp16: rows looked
+/// up and trained in float, stored in 16 bits, updates rounded
+/// stochastically).
+template <class Space, class Stored = float>
 class Model {
  public:
   using T = float;
@@ -365,12 +368,12 @@ class Model {
     return sum_to_host(loss_, rows) / static_cast<double>(rows);
   }
 
-  px::Variable<px::Sparse, T, Space> emb;      ///< vocab x dim
-  DenseLayer<Space, T> hidden;                 ///< (context * dim) -> dim, tanh
-  px::Variable<px::Sparse, T, Space> softmax;  ///< vocab x (dim + 1), last column the bias
+  px::Variable<px::Sparse, Stored, Space> emb;      ///< vocab x dim
+  DenseLayer<Space, T> hidden;                      ///< (context * dim) -> dim, tanh
+  px::Variable<px::Sparse, Stored, Space> softmax;  ///< vocab x (dim + 1), last column the bias
 
  private:
-  using Table = px::Variable<px::Sparse, T, Space>;
+  using Table = px::Variable<px::Sparse, Stored, Space>;
   /// The next batch's lookups in flight: its ids (kept until its step
   /// swaps them in) and a host copy to check that step is given that batch.
   struct Ahead {
@@ -403,6 +406,16 @@ class Model {
   }
 
   Config cfg_;
+  // After the tables and cfg_: 16-bit tables round their updates
+  // stochastically, seeded (runs stay bit-identical).
+  bool rounding_set_ = round_stochastically();
+  bool round_stochastically() {
+    if constexpr (px::is_half_v<Stored>) {
+      emb.set_rounding({px::Rounding::stochastic, cfg_.seed});
+      softmax.set_rounding({px::Rounding::stochastic, cfg_.seed + 1});
+    }
+    return px::is_half_v<Stored>;
+  }
   Ahead ahead_;
   SampledSoftmax<Space, T> sampled_softmax_;
   px::Buffer<px::index_t, Space> context_ids_, candidate_ids_, sampled_row_, label_row_;

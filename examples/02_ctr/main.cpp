@@ -21,6 +21,7 @@
 #include "common/backend.hpp"
 #include "common/gemm.hpp"
 #include "common/options.hpp"
+#include "common/precision.hpp"
 #include "common/progress.hpp"
 #include "common/readers.hpp"
 #include "common/synthetic.hpp"
@@ -60,6 +61,7 @@ struct Args {
   std::size_t multi_hot = 4;  // synthetic data: multi-hot features
   std::string pooling = "auto";
   ctr::dynamic::Args dynamic;  // --dynamic: 02_ctr/dynamic.hpp
+  examples::Precision precision;  // --table-type, --compress
 };
 
 const char* const about =
@@ -172,16 +174,18 @@ std::string choose_arch(const px::Context& ctx, const Args& a, const Clicks& cli
   return examples::choose_arch(ctx, vars);
 }
 
-template <class Arch>
+template <class Arch, class Stored = float>
 int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
   using Space = examples::DefaultSpace;
   const auto& o = a.common;
   const examples::Shard shard(o, ctx);  // --batch examples per rank
 
   // example-begin ctr_trainer
-  ctr::Model<Space> model(ctx, a.model);
+  ctr::Model<Space, Stored> model(ctx, a.model);
+  px::TrainerOptions options = o.trainer_options();
+  options.compress = a.precision.compression();
   // 34 variables in two collections: the 26 tables, then the MLPs' 8.
-  px::Trainer<Arch, px::optim::Adagrad, examples::DefaultEngine> trainer(ctx, o.trainer_options(),
+  px::Trainer<Arch, px::optim::Adagrad, examples::DefaultEngine> trainer(ctx, options,
                                                                          px::optim::Adagrad{o.lr}, model.tables,
                                                                          model.mlp);
   // example-end
@@ -225,6 +229,7 @@ int train(px::Context& ctx, const Args& a, const Clicks& clicks) {
     straggler.end();
   }
   const examples::Summary s = progress.finish();
+  examples::print_table_bytes(ctx, trainer, a.precision, model.tables);
   examples::plan_check(ctx, s);
   const double others = straggler.report(ctx, trainer, "samples");
 
@@ -289,6 +294,7 @@ int main(int argc, char** argv) {
     ("pooling", examples::po::value(&a.pooling)->default_value(a.pooling),
      "multi-hot features: owner (the trainer pools at the rows' owners), local (a row per id, pooled by the model) "
      "or auto (the trainer pools wherever fewer bytes move)");
+  examples::add_precision_options(desc, a.precision);
 
   ctr::dynamic::add_options(desc, a.dynamic);
 
@@ -307,6 +313,7 @@ int main(int argc, char** argv) {
     else if (a.pooling != "owner" && a.pooling != "local" && a.pooling != "auto")
       problem = "--pooling must be owner, local or auto, not '" + a.pooling + "'";
     else if (a.eval_examples == 0) problem = "--eval-examples must be at least 1";
+    else if (!examples::check_precision(a.precision).empty()) problem = examples::check_precision(a.precision);
     else if (!a.data.empty()) {
       std::ifstream in(a.data, std::ios::binary);
       if (!in) {
@@ -357,5 +364,8 @@ int main(int argc, char** argv) {
   const Clicks clicks(a, std::move(records));
   examples::CommonOptions common = a.common;
   if (common.arch == "auto") common.arch = choose_arch(ctx, a, clicks);
-  return examples::with_arch(common, [&](auto arch) { return train<decltype(arch)>(ctx, a, clicks); });
+  return examples::with_arch(common, [&](auto arch) {
+    return examples::with_table_type<decltype(arch)>(
+        a.precision, [&](auto stored) { return train<decltype(arch), decltype(stored)>(ctx, a, clicks); });
+  });
 }

@@ -202,12 +202,14 @@ struct MeanScatter {
 // ---------------------------------------------------------------- the model
 
 /// The variables and the per-step computation. The trainer takes the two
-/// collections: `tables`, then `mlp`.
-template <class Space>
+/// collections: `tables`, then `mlp`. The tables store Stored (float, or
+/// px::bf16 / px::fp16: rows looked up and trained in float, stored in 16
+/// bits, updates rounded stochastically).
+template <class Space, class Stored = float>
 class Model {
  public:
   using T = float;
-  using Table = px::Variable<px::Sparse, T, Space>;
+  using Table = px::Variable<px::Sparse, Stored, Space>;
   using Dense = typename DenseLayer<Space, T>::Var;
 
   Model(const px::Context& ctx, const Config& cfg)
@@ -376,6 +378,8 @@ class Model {
     for (std::size_t f = 0; f < features; ++f)
       out.emplace_back(ctx, std::string("emb") + (f < 10 ? "0" : "") + std::to_string(f),
                        px::Shape{cfg.table_rows.at(f), cfg.dim}, px::init::Uniform{-0.05f, 0.05f, cfg.seed});
+    if constexpr (px::is_half_v<Stored>)
+      for (auto& t : out) t.set_rounding({px::Rounding::stochastic, cfg.seed});
     return out;
   }
 

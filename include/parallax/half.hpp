@@ -220,4 +220,17 @@ inline constexpr bool is_half_v = std::is_same_v<T, bf16> || std::is_same_v<T, f
 template <class T>
 using compute_t = std::conditional_t<is_half_v<T>, float, T>;
 
+/// How a value computed in float is stored in 16 bits (a bf16 or fp16
+/// table's update; optim::Rounding names it too).
+struct Rounding {
+  enum Mode : std::uint8_t {
+    nearest,     ///< to nearest, ties to even: small updates (below half a unit in the last place) are lost
+    stochastic,  ///< to a neighbour, the farther with probability its nearness: unbiased on average
+  };
+  Mode mode = nearest;
+  /// Seeds stochastic rounding's draws: a run with the same seed rounds the
+  /// same way on any rank count and thread count.
+  std::uint64_t seed = 0;
+};
+
 }  // namespace parallax

@@ -146,6 +146,12 @@ struct CheckpointOptions {
   int keep_last = 3;
 };
 
+/// What a trainer's exchanges put on the wire for float gradients
+/// (TrainerOptions::compress): their own 32 bits, or 16 (bf16: float's
+/// range, 8 significant bits; fp16: 11 significant bits, largest 65504).
+/// Sums are taken in float and rounded to 16 bits at each combination.
+enum class Compression : std::uint8_t { none, bf16, fp16 };
+
 /// Settings of a Trainer. Every synchronizer it creates reads its own part
 /// (`ring`, `sharded`, `partitions`).
 struct TrainerOptions {
@@ -218,6 +224,13 @@ struct TrainerOptions {
   /// before the step sees every gradient, so it needs ignore (automatic
   /// resolves to it there).
   NonFinite on_non_finite = NonFinite::automatic;
+  /// Float gradients travel in 16 bits (bf16 or fp16) when set: dense ones
+  /// all-reduced by RingAllReduce (half the bytes, each sum rounded to 16
+  /// bits) and sparse rows pushed to their ShardedPS owners (rounded where
+  /// they leave, summed in float at the owner). docs/design.md, "Half
+  /// precision". PARALLAX_COMPRESS=none|bf16|fp16 sets it for a job when it
+  /// is none (resolve()).
+  Compression compress = Compression::none;
 
   /// These options as a Trainer over `Space` on `ctx` runs them: the one
   /// place that reads the environment for a trainer (docs/tutorial.md,
@@ -257,6 +270,12 @@ struct TrainerOptions {
                 (!overlap_needs_spare_core || !std::is_same_v<Space, HostSpace> || spare_core);
     if (o.overlap && !spare_core && o.engine.yield == engine::Options::Yield::automatic)
       o.engine.yield = engine::Options::Yield::always;
+    if (const char* env = std::getenv("PARALLAX_COMPRESS"); env != nullptr && o.compress == Compression::none) {
+      const std::string c = env;
+      PARALLAX_EXPECTS(c == "none" || c == "bf16" || c == "fp16", "PARALLAX_COMPRESS must be none, bf16 or fp16, not '",
+                       c, "'");
+      o.compress = c == "bf16" ? Compression::bf16 : c == "fp16" ? Compression::fp16 : Compression::none;
+    }
     if (o.on_non_finite == NonFinite::automatic)
       o.on_non_finite = update_when_ready ? NonFinite::ignore : NonFinite::skip;
     return o;

@@ -138,7 +138,8 @@ class Trainer {
   std::vector<RowsOf<V>> lookup(const Bags<V>* batch, std::size_t count) {
     static_assert(policy::looks_up_bags_v<policy_for_t<Arch, V>, V, Engine, Optimizer>,
                   "lookup() of bags: this variable's policy does not pool (ShardedPS and AllGatherv do; under "
-                  "AsyncPS look the ids up and pool them with pool_bags())");
+                  "AsyncPS, and under ShardedPS for a table stored in 16 bits, look the ids up and pool them with "
+                  "pool_bags())");
     return serve<V>("lookup", batch, count, [&](auto& s) { return s.lookup_bags(batch, count); });
   }
   template <class V>
@@ -288,6 +289,10 @@ class Trainer {
   /// Rows of `var` stored on this rank (its shard, if sharded).
   template <class V>
   std::size_t stored_rows(const V& var) { return registry_.member_of(var).stored_rows(); }
+  /// Bytes of `var`'s values stored on this rank, in its storage type (a
+  /// bf16 table's are half a float table's); optimizer state not counted.
+  template <class V>
+  std::size_t stored_bytes(const V& var) { return registry_.member_of(var).stored_bytes(); }
   /// Whether `var`'s rows on this rank live in shared memory that the other
   /// ranks' lookups read directly (see ShardedOptions::shared_memory).
   template <class V>

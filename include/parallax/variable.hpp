@@ -5,6 +5,7 @@
 
 #include <parallax/context.hpp>
 #include <parallax/error.hpp>
+#include <parallax/half.hpp>
 #include <parallax/init.hpp>
 #include <parallax/space.hpp>
 #include <parallax/sparse_grad.hpp>
@@ -37,6 +38,7 @@ struct VariableState {
   SparseGrad<T, Space> sparse_grad;  // sparse: the rows the user touched
   bool grad_touched = false;
   const void* trainer = nullptr;  // the trainer it is registered with
+  Rounding rounding;               // how updates store rows of a 16-bit table
 };
 
 }  // namespace detail
@@ -50,22 +52,37 @@ struct VariableState {
 /// rows with `grad().add(ids, rows)`.
 ///
 /// @tparam Sparsity px::Dense or px::Sparse
-/// @tparam T        element type (float or double)
+/// A sparse variable may store its rows in 16 bits (T = px::bf16 or
+/// px::fp16): its value_type, the type of the rows its lookups return and
+/// of the gradients the user gives, is then float; storage_type is T. The
+/// policy holding it stores T and computes in float (docs/design.md,
+/// "Half precision"); set_rounding() says how updates round.
+///
+/// @tparam T        element type (float or double), or, sparse only, bf16 / fp16 storage
 /// @tparam Space    memory space (px::HostSpace, px::CudaSpace)
 /// @tparam Policy   use_arch, or a communicator policy that overrides the
 ///                  architecture for this variable (px::AllGatherv, ...)
 template <class Sparsity, class T = float, class Space = HostSpace, class Policy = use_arch>
 class Variable {
   static_assert(is_sparsity_v<Sparsity>, "parallax::Variable: the first argument must be px::Dense or px::Sparse");
-  static_assert(std::is_floating_point_v<T>, "parallax::Variable: T must be float or double");
+  static_assert(std::is_floating_point_v<T> || is_half_v<T>,
+                "parallax::Variable: T must be float or double (or, for a sparse variable, px::bf16 or px::fp16)");
+  static_assert(!is_half_v<T> || std::is_same_v<Sparsity, Sparse>,
+                "parallax::Variable: a dense variable is float or double; only sparse variables (tables) store "
+                "their rows in 16 bits (px::bf16, px::fp16). Compress a dense variable's exchange instead "
+                "(TrainerOptions::compress)");
   static_assert(is_space_v<Space>, "parallax::Variable: Space must be px::HostSpace or px::CudaSpace");
 
  public:
   using sparsity = Sparsity;
-  using value_type = T;
+  /// The rows lookups return and gradients take: float for a 16-bit table.
+  using value_type = compute_t<T>;
+  /// The type the rows are stored in.
+  using storage_type = T;
   using space = Space;
   using policy = Policy;
-  using grad_type = std::conditional_t<std::is_same_v<Sparsity, Sparse>, SparseGrad<T, Space>, Buffer<T, Space>>;
+  using grad_type =
+      std::conditional_t<std::is_same_v<Sparsity, Sparse>, SparseGrad<value_type, Space>, Buffer<value_type, Space>>;
 
   /// Declares the variable. Every rank must declare the same variables in
   /// the same order with the same shapes; the Trainer checks.
@@ -74,7 +91,7 @@ class Variable {
   /// @param shape rows x cols
   /// @param init  initial values (a function of seed, name and element)
   Variable(const Context& ctx, std::string name, Shape shape, Init init = init::Zeros{})
-      : state_(std::make_shared<detail::VariableState<T, Space>>()) {
+      : state_(std::make_shared<detail::VariableState<value_type, Space>>()) {
     PARALLAX_EXPECTS(!name.empty(), "a variable needs a non-empty name");
     PARALLAX_EXPECTS(shape.rows > 0 && shape.cols > 0, "variable '", name, "': shape ", shape.rows, " x ",
                      shape.cols, " has a zero dimension");
@@ -88,7 +105,7 @@ class Variable {
       state_->grad.resize_discard(shape.elements());
       state_->grad.zero();
     } else {
-      state_->sparse_grad = SparseGrad<T, Space>(shape, state_->name);
+      state_->sparse_grad = SparseGrad<value_type, Space>(shape, state_->name);
     }
   }
 
@@ -97,9 +114,22 @@ class Variable {
   std::size_t rows() const noexcept { return state_->shape.rows; }
   std::size_t cols() const noexcept { return state_->shape.cols; }
   static constexpr bool is_sparse() noexcept { return std::is_same_v<Sparsity, Sparse>; }
+  /// Whether the rows are stored in 16 bits (bf16 or fp16).
+  static constexpr bool is_half() noexcept { return is_half_v<T>; }
+
+  /// How the optimizer's updates store this 16-bit table's rows: to nearest
+  /// even (the default) or stochastically, seeded (runs stay bit-identical
+  /// at any rank count). Before the variable joins a Trainer.
+  void set_rounding(Rounding r) {
+    static_assert(is_half_v<T>, "set_rounding: only a table stored in 16 bits (bf16, fp16) rounds its updates");
+    PARALLAX_EXPECTS(state_->trainer == nullptr, "variable '", name(),
+                     "': set_rounding() after it joined a Trainer; set it before");
+    state_->rounding = r;
+  }
+  Rounding rounding() const noexcept { return state_->rounding; }
 
   /// Dense: the replica, `rows x cols` row-major. Updated by Trainer::step().
-  const Buffer<T, Space>& value() const {
+  const Buffer<value_type, Space>& value() const {
     static_assert(!is_sparse(), "a sparse variable has no full value on a rank: use Trainer::lookup or Trainer::fetch");
     return state_->value;
   }
@@ -122,19 +152,21 @@ class Variable {
     else return state_->grad;
   }
 
-  /// Writes the initial values of global rows [first, first + n) to out (in Space).
-  void fill_initial(const Exec<Space>& ex, T* out, std::size_t first, std::size_t n) const {
-    for_each(ex, n * cols(), detail::FillInit<T>{rule(), out, cols(), first, nullptr});
+  /// Writes the initial values of global rows [first, first + n) to out (in
+  /// Space), as U (the storage type, or value_type).
+  template <class U>
+  void fill_initial(const Exec<Space>& ex, U* out, std::size_t first, std::size_t n) const {
+    for_each(ex, n * cols(), detail::FillInit<U>{rule(), out, cols(), first, nullptr});
   }
   detail::InitRule rule() const { return detail::make_init_rule(state_->init, state_->name, state_->shape); }
 
   /// The shared state; for the Trainer and policies.
-  detail::VariableState<T, Space>& state() const noexcept { return *state_; }
+  detail::VariableState<value_type, Space>& state() const noexcept { return *state_; }
   /// True when both handles refer to the same variable.
   bool same_as(const Variable& o) const noexcept { return state_ == o.state_; }
 
  private:
-  std::shared_ptr<detail::VariableState<T, Space>> state_;
+  std::shared_ptr<detail::VariableState<value_type, Space>> state_;
 };
 
 template <class V>
@@ -143,6 +175,24 @@ template <class S, class T, class Space, class P>
 struct is_variable<Variable<S, T, Space, P>> : std::true_type {};
 template <class V>
 inline constexpr bool is_variable_v = is_variable<V>::value;
+
+namespace detail {
+template <class V, class = void>
+struct storage_of {
+  using type = typename V::value_type;
+};
+template <class V>
+struct storage_of<V, std::void_t<typename V::storage_type>> {
+  using type = typename V::storage_type;
+};
+}  // namespace detail
+/// The type a variable's rows are stored in: its storage_type, or, for a
+/// variable type without one, its value_type.
+template <class V>
+using storage_type_t = typename detail::storage_of<V>::type;
+/// Whether a variable type stores its rows in 16 bits.
+template <class V>
+inline constexpr bool stores_half_v = is_half_v<storage_type_t<V>>;
 
 /// A runtime collection of variables of one kind (a model's 500 embedding
 /// tables, say): a Trainer takes it as it takes one variable, and a batched

@@ -233,16 +233,27 @@ T read_one(const T* p) {
 }
 
 /// out[i*cols + c] = table[rows[i]*cols + c]   (for_each_rows over i, c)
-template <class T>
+template <class T, class Stored = T>
 struct GatherRows {
-  const T* table;
+  const Stored* table;
   const index_t* rows;
   T* out;
   std::size_t cols;
   PARALLAX_HOST_DEVICE void operator()(std::size_t i, std::size_t c) const {
-    out[i * cols + c] = table[static_cast<std::size_t>(rows[i]) * cols + c];
+    out[i * cols + c] = static_cast<T>(table[static_cast<std::size_t>(rows[i]) * cols + c]);
   }
-  void prefetch(std::size_t i) const { prefetch_bytes(table + static_cast<std::size_t>(rows[i]) * cols, cols * sizeof(T)); }
+  void prefetch(std::size_t i) const {
+    prefetch_bytes(table + static_cast<std::size_t>(rows[i]) * cols, cols * sizeof(Stored));
+  }
+};
+
+/// out[i] = in[i] as To (float <-> bf16 / fp16: widened exactly, or rounded
+/// to nearest even).
+template <class To, class From>
+struct Convert {
+  const From* in;
+  To* out;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t i) const { out[i] = static_cast<To>(in[i]); }
 };
 
 /// table[rows[i]*cols + c] += values[i*cols + c]; rows must be unique.

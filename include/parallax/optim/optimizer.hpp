@@ -213,17 +213,8 @@ struct RowUpdate {
 
 }  // namespace detail
 
-/// How an update stores a value in 16 bits.
-struct Rounding {
-  enum Mode : std::uint8_t {
-    nearest,     ///< to nearest, ties to even: small updates (below half a unit in the last place) are lost
-    stochastic,  ///< to a neighbour, the farther with probability its nearness: unbiased on average
-  };
-  Mode mode = nearest;
-  /// Seeds stochastic rounding's draws: a run with the same seed rounds the
-  /// same way on any rank count and thread count.
-  std::uint64_t seed = 0;
-};
+/// How an update stores a value in 16 bits (half.hpp).
+using Rounding = parallax::Rounding;
 
 /// The 32 random bits stochastic rounding uses for element (row id, col) at
 /// `step` (half.hpp's round_stochastic): a counter-based hash (splitmix64,

@@ -17,6 +17,7 @@ class GatherSynchronizer;
 /// rows to gather.
 struct AllGatherv {
   static constexpr const char* name = "AllGatherv";
+  static constexpr bool stores_half = true;  // a replica of Var::storage_type rows, updated in float
   template <class Engine, class Optimizer>
   using synchronizer = policy::GatherSynchronizer<Engine, Optimizer>;
 };

@@ -131,6 +131,11 @@ class Member {
   virtual std::size_t stored_rows() const = 0;
   /// Whether those rows live in shared memory that peers' lookups read.
   virtual bool in_shared_memory() const { return false; }
+  /// Bytes of the variable's values this rank stores (its rows in their
+  /// storage type; no optimizer state, no buffers).
+  virtual std::size_t stored_bytes() const {
+    throw error(detail::concat("variable '", name(), "': policy ", policy(), " does not report its stored bytes"));
+  }
   /// The whole variable, row-major, on the host of every rank. Collective.
   virtual void fetch(void* host_out) = 0;
   /// The first NaN or infinity in the gradient this rank gave since the last
@@ -326,6 +331,14 @@ inline constexpr bool looks_up_ahead_v = contract::looks_up_ahead<synchronizer_t
 template <class Policy, class Var, class Engine, class Optimizer>
 inline constexpr bool looks_up_bags_v = contract::looks_up_bags<synchronizer_t<Policy, Engine, Optimizer>, Var>::value;
 
+/// Whether Policy stores sparse variables' rows in 16 bits (a tag with
+/// `static constexpr bool stores_half = true`): its synchronizer keeps
+/// Var::storage_type rows and computes in Var::value_type.
+template <class Policy, class = void>
+struct stores_half : std::false_type {};
+template <class Policy>
+struct stores_half<Policy, std::enable_if_t<Policy::stores_half>> : std::true_type {};
+
 /// Whether Policy can synchronise variables of type Var in a trainer over
 /// Engine with Optimizer (see check()).
 template <class Policy, class Var, class Engine, class Optimizer>
@@ -343,6 +356,9 @@ constexpr bool check() {
   static_assert(contract::synchronizer_ok<Policy, Engine, Optimizer>(),
                 "parallax policy: the synchronizer must derive from policy::Synchronizer<Engine> and be constructible "
                 "from (Engine&, const Optimizer&, const TrainerOptions&)");
+  static_assert(!stores_half_v<Var> || stores_half<Policy>::value,
+                "parallax policy: this policy does not store 16-bit (bf16, fp16) tables; use ShardedPS or AllGatherv "
+                "(the Hybrid, PS and AllReduce architectures), or a float table");
   static_assert(contract::adds_ok<Policy, Var, Engine, Optimizer>(),
                 "parallax policy: the synchronizer needs `policy::Member& add(Var)` for this variable type");
   static_assert(contract::lookup_ok<Policy, Var, Engine, Optimizer>(),
@@ -358,6 +374,7 @@ template <class Var>
 class MemberOf : public Member {
  public:
   using T = typename Var::value_type;
+  using S = storage_type_t<Var>;
   MemberOf(Var var, const char* policy) : var_(std::move(var)), policy_(policy) {}
   MemberOf(const MemberOf&) = delete;
   MemberOf& operator=(const MemberOf&) = delete;
@@ -366,7 +383,7 @@ class MemberOf : public Member {
   const std::string& name() const override { return var_.name(); }
   const char* policy() const override { return policy_; }
   detail::VarRecord record() const override {
-    return detail::VarRecord::make(var_.name(), var_.shape(), data_type_of_v<T>, Var::is_sparse(), policy_);
+    return detail::VarRecord::make(var_.name(), var_.shape(), data_type_of_v<S>, Var::is_sparse(), policy_);
   }
   /// The first NaN or infinity in `grad()`: for a dense variable its element
   /// (row, column), for a sparse one the row's id and its place among the
@@ -404,6 +421,15 @@ class MemberOf : public Member {
  private:
   Exec<typename Var::space> check_exec_;  // for non_finite_gradient()
 };
+
+/// A variable stored in 16 bits with float optimizer state: the checkpoint
+/// format gives a variable's value and slots one type, so it has no place
+/// for it yet (docs/design.md, "Half precision").
+[[noreturn]] inline void refuse_half_checkpoint(const std::string& name) {
+  throw error(detail::concat("variable '", name,
+                             "': checkpoints of tables stored in 16 bits (bf16, fp16) with float optimizer state are "
+                             "not supported yet; save a float table"));
+}
 
 /// Writes n elements of a buffer in `Space` to a checkpoint file.
 template <class T, class Space>

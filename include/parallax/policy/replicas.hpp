@@ -113,6 +113,7 @@ class SparseReplica : public MemberOf<Var> {
 
  public:
   using T = typename Var::value_type;
+  using S = storage_type_t<Var>;  // the replica's element: T, or bf16 / fp16 (computed in T = float)
   using space = engine::space_of_t<Engine>;
 
   SparseReplica(Var var, Engine& engine, const Optimizer& opt, const char* policy)
@@ -124,7 +125,7 @@ class SparseReplica : public MemberOf<Var> {
   }
 
   Engine& engine() noexcept { return *engine_; }
-  Buffer<T, space>& value() noexcept { return value_; }
+  Buffer<S, space>& value() noexcept { return value_; }
   SparseGrad<T, space>& gradient() noexcept { return this->var_.state().sparse_grad; }
 
   /// Rows for n ids (in space), valid until clear(). An id outside the
@@ -142,20 +143,27 @@ class SparseReplica : public MemberOf<Var> {
       for_each(ex(), n, detail::ClampBadIds{ids, safe_ids_.data(), static_cast<index_t>(this->var_.rows())});
       rows = safe_ids_.data();
     }
-    for_each_rows(ex(), n, cols, detail::GatherRows<T>{value_.data(), rows, out.data(), cols});
+    for_each_rows(ex(), n, cols, detail::GatherRows<T, S>{value_.data(), rows, out.data(), cols});
     ex().synchronize();
     return Rows<T, space>{out.data(), n, cols};
   }
   std::optional<std::string> problem() { return gradient().find_problem(ex()); }
   bool has_gradient() const { return this->var_.state().sparse_grad.touched(); }
   /// The optimizer over rows `rows` (k unique rows, sums in `g`).
+  /// A 16-bit replica: in float, stored with the variable's rounding (its
+  /// draws hash the rows' ids, here the rows themselves).
   void apply_rows(const StepInfo& info, const index_t* rows, const T* g, std::size_t k) {
-    optim::apply_rows(ex(), *opt_, info.step, value_.data(), rows, g, k, this->var_.cols(), state_,
-                      static_cast<T>(info.scale));
+    if constexpr (is_half_v<S>)
+      optim::apply_rows(ex(), *opt_, info.step, value_.data(), rows, rows, g, k, this->var_.cols(), state_,
+                        static_cast<T>(info.scale), this->var_.state().rounding);
+    else
+      optim::apply_rows(ex(), *opt_, info.step, value_.data(), rows, g, k, this->var_.cols(), state_,
+                        static_cast<T>(info.scale));
     ex().synchronize();
   }
   /// The optimizer over every element (a dense gradient `g`).
   void apply_dense(const StepInfo& info, const T* g) {
+    static_assert(!is_half_v<S>, "a 16-bit replica is updated by rows (apply_rows)");
     optim::apply_dense(ex(), *opt_, info.step, value_.data(), g, value_.size(), state_, static_cast<T>(info.scale));
     ex().synchronize();
   }
@@ -166,17 +174,36 @@ class SparseReplica : public MemberOf<Var> {
   }
 
   std::size_t stored_rows() const override { return this->var_.rows(); }
-  void fetch(void* out) override { space_traits<space>::copy_to_host(out, value_.data(), value_.bytes()); }
+  std::size_t stored_bytes() const override { return value_.bytes(); }
+  /// The rows as T (a 16-bit replica's widened, exactly).
+  void fetch(void* out) override {
+    if constexpr (is_half_v<S>) {
+      Buffer<T, space> wide(value_.size());
+      for_each(ex(), value_.size(), detail::Convert<T, S>{value_.data(), wide.data()});
+      ex().synchronize();
+      space_traits<space>::copy_to_host(out, wide.data(), wide.bytes());
+    } else {
+      space_traits<space>::copy_to_host(out, value_.data(), value_.bytes());
+    }
+  }
   int saved_partitions() const override { return 0; }
   void save(detail::AtomicFile& out) override {
-    if (engine_->rank() != 0) return;
-    const auto slots = slots_of(state_);
-    save_state<T, space>(out, value_.data(), slots.data(), Optimizer::slots, value_.size());
+    if constexpr (is_half_v<S>) {
+      refuse_half_checkpoint(this->var_.name());
+    } else {
+      if (engine_->rank() != 0) return;
+      const auto slots = slots_of(state_);
+      save_state<T, space>(out, value_.data(), slots.data(), Optimizer::slots, value_.size());
+    }
   }
   void load(detail::CheckpointReader& in, std::size_t index) override {
-    const auto slots = slots_of(state_);
-    load_state<T, space>(in, index, nullptr, 0, this->var_.rows(), this->var_.cols(), value_.data(), slots.data(),
-                         Optimizer::slots);
+    if constexpr (is_half_v<S>) {
+      refuse_half_checkpoint(this->var_.name());
+    } else {
+      const auto slots = slots_of(state_);
+      load_state<T, space>(in, index, nullptr, 0, this->var_.rows(), this->var_.cols(), value_.data(), slots.data(),
+                           Optimizer::slots);
+    }
   }
 
  protected:
@@ -184,8 +211,8 @@ class SparseReplica : public MemberOf<Var> {
 
   Engine* engine_;
   optim::Bound<Optimizer> opt_;  // the trainer's optimizer: its learning rate changes between steps
-  Buffer<T, space> value_;
-  optim::State<Optimizer, T, space> state_;
+  Buffer<S, space> value_;
+  optim::State<Optimizer, T, space> state_;  // in T (float for a 16-bit replica)
   Buffer<index_t, space> safe_ids_;
   LookupBuffers<T, space> buffers_;
 };

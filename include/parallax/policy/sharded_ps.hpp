@@ -20,6 +20,7 @@ class ShardedSynchronizer;
 /// too (then push = reduce-scatter, pull = all-gather).
 struct ShardedPS {
   static constexpr const char* name = "ShardedPS";
+  static constexpr bool stores_half = true;  // shards of Var::storage_type rows, exchanged and updated in float
   template <class Engine, class Optimizer>
   using synchronizer = policy::ShardedSynchronizer<Engine, Optimizer>;
 };

@@ -63,7 +63,7 @@ class Registry {
     std::vector<optim::VariableInfo> infos;
     auto record = [&](auto& v) {
       using V = std::remove_reference_t<decltype(v)>;
-      records.push_back(detail::VarRecord::make(v.name(), v.shape(), data_type_of_v<typename V::value_type>, V::is_sparse(),
+      records.push_back(detail::VarRecord::make(v.name(), v.shape(), data_type_of_v<storage_type_t<V>>, V::is_sparse(),
                                         policy_for_t<Arch, V>::name));
       infos.push_back({v.name(), V::is_sparse()});
     };

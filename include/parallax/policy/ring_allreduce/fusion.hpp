@@ -4,6 +4,9 @@
 /// each bucket run by the ring over the tensors where they lie.
 
 #include <parallax/comm_stats.hpp>
+#include <parallax/detail/algorithms.hpp>
+#include <parallax/half.hpp>
+#include <parallax/options.hpp>
 #include <parallax/detail/timeline.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/policy/ring_allreduce.hpp>
@@ -26,7 +29,10 @@ namespace parallax {
 /// (small, or an oversubscribed host: RingAllReducer::choose) is packed into
 /// a staging buffer, reduced, and unpacked. The plan is made once; run() is
 /// the per-step call. A bucket's bytes are booked to the variables of its
-/// tensors (TensorRef::label), in proportion to their sizes.
+/// tensors (TensorRef::label), in proportion to their sizes. With
+/// compression (TrainerOptions::compress) a float bucket is converted to
+/// 16 bits, summed by the engine's all-reduce in 16 bits (each combination
+/// in float, rounded), and widened back.
 template <class Engine>
 class FusedAllReducer {
  public:
@@ -44,8 +50,9 @@ class FusedAllReducer {
   /// DDP's reverse registration order), so the first bucket can start first.
   enum class Order { front, back };
 
-  FusedAllReducer(RingAllReducer<Engine>& reducer, std::vector<TensorRef> tensors, Order order = Order::front)
-      : reducer_(&reducer), tensors_(std::move(tensors)), bucket_of_(tensors_.size()) {
+  FusedAllReducer(RingAllReducer<Engine>& reducer, std::vector<TensorRef> tensors, Order order = Order::front,
+                  Compression compress = Compression::none)
+      : reducer_(&reducer), tensors_(std::move(tensors)), bucket_of_(tensors_.size()), compress_(compress) {
     const std::size_t limit = reducer.options().bucket_bytes, n = tensors_.size();
     const bool back = order == Order::back;
     std::size_t largest = 0;
@@ -103,6 +110,11 @@ class FusedAllReducer {
       for (std::size_t i = b.first; i < b.last; ++i)
         shared->part(tensors_[i].label, tensors_[i].count * size_of(tensors_[i].type));
     }
+    if (compress_ != Compression::none && b.type == DataType::f32) {
+      if (compress_ == Compression::bf16) run_compressed<bf16>(b);
+      else run_compressed<fp16>(b);
+      return;
+    }
     if (b.in_place) {
       reducer_->allreduce(tensors_[b.first].data, b.elements, b.type);
       return;
@@ -125,12 +137,36 @@ class FusedAllReducer {
     }
   }
 
- private:
+  /// A float bucket summed as H: packed and narrowed, one all-reduce of H
+  /// (the engine sums 16-bit values in float), widened back in place.
+  template <class H>
+  void run_compressed(const Bucket& b) {
+    auto& ex = reducer_->engine().exec();
+    narrow_.resize_discard(b.elements * sizeof(H));
+    H* wire = reinterpret_cast<H*>(narrow_.data());
+    H* at = wire;
+    for (std::size_t i = b.first; i < b.last; ++i) {
+      const std::size_t n = tensors_[i].count;
+      if (n) for_each(ex, n, detail::Convert<H, float>{static_cast<const float*>(tensors_[i].data), at});
+      at += n;
+    }
+    ex.synchronize();
+    reducer_->engine().allreduce(wire, wire, b.elements, data_type_of_v<H>, ReduceOp::sum);
+    at = wire;
+    for (std::size_t i = b.first; i < b.last; ++i) {
+      const std::size_t n = tensors_[i].count;
+      if (n) for_each(ex, n, detail::Convert<float, H>{at, static_cast<float*>(tensors_[i].data)});
+      at += n;
+    }
+  }
+
   RingAllReducer<Engine>* reducer_;
   std::vector<TensorRef> tensors_;
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_;  // per tensor
   Buffer<std::byte, space> staging_;
+  Compression compress_;
+  Buffer<std::byte, space> narrow_;  // a compressed bucket's 16-bit values
 };
 
 }  // namespace parallax

@@ -31,7 +31,8 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   using space = engine::space_of_t<Engine>;
 
   RingSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions& options)
-      : engine_(&engine), opt_(&opt), reducer_(engine, options.ring), update_when_ready_(options.update_when_ready) {}
+      : engine_(&engine), opt_(&opt), reducer_(engine, options.ring), update_when_ready_(options.update_when_ready),
+        compress_(options.compress) {}
   RingSynchronizer(const RingSynchronizer&) = delete;
   RingSynchronizer& operator=(const RingSynchronizer&) = delete;
   /// Gives every dense variable its own gradient back, out of the arena.
@@ -76,7 +77,7 @@ class RingSynchronizer final : public Synchronizer<Engine> {
       dense_[k]->move_gradient(tensors[k].data);
     }
     fusion_ = std::make_unique<FusedAllReducer<Engine>>(reducer_, std::move(tensors),
-                                                        FusedAllReducer<Engine>::Order::back);
+                                                        FusedAllReducer<Engine>::Order::back, compress_);
     ready_.assign(dense_.size(), false);
     waiting_.resize(fusion_->buckets().size());
     clear_ready();
@@ -302,6 +303,7 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   std::size_t started_ = 0;            // buckets started this step (in order)
   std::size_t updated_ = 0;            // buckets [0, updated_) are updated by the work ready() posted
   bool update_when_ready_;             // TrainerOptions::update_when_ready
+  Compression compress_;  // TrainerOptions::compress: dense float buckets on the wire in 16 bits
   ReplicaLookupsAhead<space> ahead_;   // start_lookup() to finish_lookup()
 };
 

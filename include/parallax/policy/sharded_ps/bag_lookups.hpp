@@ -136,7 +136,7 @@ std::vector<bool> ShardedSynchronizer<Engine, Optimizer>::choose_pooling(
 }
 
 template <class Engine, class Optimizer>
-template <class V>
+template <class V, std::enable_if_t<!stores_half_v<V>, int>>
 auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, std::size_t count)
     -> std::vector<Rows<typename V::value_type, space>> {
   using T = typename V::value_type;
@@ -230,7 +230,7 @@ auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, s
 }
 
 template <class Engine, class Optimizer>
-template <class V>
+template <class V, std::enable_if_t<!stores_half_v<V>, int>>
 void ShardedSynchronizer<Engine, Optimizer>::bag_gradients(const BagGradient<V>* grads, std::size_t count) {
   using T = typename V::value_type;
   BagBatch<T>* b = nullptr;

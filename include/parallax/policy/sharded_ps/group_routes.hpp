@@ -67,30 +67,46 @@ struct PushRowOf {
   }
 };
 
-/// out[j] = the shard row of key keys[j] (all owned here: key - base).
-template <class T>
+/// out[j] = the shard row of key keys[j] (all owned here: key - base), as T
+/// (a row stored in 16 bits widened exactly).
+template <class T, class S = T>
 struct GatherKeyedRows {
-  const T* shard;
+  const S* shard;
   const index_t* keys;
   index_t base;  // this rank * span
   T* out;
   std::size_t cols;
   PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
-    out[j * cols + c] = shard[static_cast<std::size_t>(keys[j] - base) * cols + c];
+    out[j * cols + c] = static_cast<T>(shard[static_cast<std::size_t>(keys[j] - base) * cols + c]);
   }
   void prefetch(std::size_t j) const {
-    prefetch_bytes(shard + static_cast<std::size_t>(keys[j] - base) * cols, cols * sizeof(T));
+    prefetch_bytes(shard + static_cast<std::size_t>(keys[j] - base) * cols, cols * sizeof(S));
   }
 };
 
-/// out[j] = row j, read where it lies (a row of an owner's shard in shared memory).
-template <class T>
+/// out[j, c] = rows.row(j)[c] as To: rows narrowed to a 16-bit wire, or
+/// widened back from it.
+template <class To, class From>
+struct ConvertRows {
+  RowsAt<From> rows;
+  To* out;
+  std::size_t cols;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
+    out[j * cols + c] = static_cast<To>(rows.row(j, cols)[c]);
+  }
+};
+
+/// out[j] = row j, read where it lies (a row of an owner's shard in shared
+/// memory), as T.
+template <class T, class S = T>
 struct GatherAt {
-  const T* const* rows;
+  const S* const* rows;
   T* out;
   std::size_t cols;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const { out[j * cols + c] = rows[j][c]; }
-  void prefetch(std::size_t j) const { prefetch_bytes(rows[j], cols * sizeof(T)); }
+  PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
+    out[j * cols + c] = static_cast<T>(rows[j][c]);
+  }
+  void prefetch(std::size_t j) const { prefetch_bytes(rows[j], cols * sizeof(S)); }
 };
 
 /// out[j] = where row ids[j] of a table lies in this rank's group shard (one

@@ -35,16 +35,16 @@ class ShardedSynchronizer<Engine, Optimizer>::BatchBase {
  public:
   virtual ~BatchBase() = default;
 };
-/// A batched lookup of tables of element type T, from gather() to serve().
+/// A batched lookup of tables of storage type S, from gather() to serve().
 template <class Engine, class Optimizer>
-template <class T>
+template <class S>
 class ShardedSynchronizer<Engine, Optimizer>::Batch final : public BatchBase {
  public:
-  using Request = typename TableGroup<T, Engine>::Request;
-  using Pull = typename TableGroup<T, Engine>::Pull;
+  using Request = typename TableGroup<compute_t<S>, Engine, S>::Request;
+  using Pull = typename TableGroup<compute_t<S>, Engine, S>::Pull;
 
   bool ahead = false;  // a lookup ahead (start_lookup): its groups' ahead_pull(), the ahead route
-  std::vector<Group<T>*> groups;  // in the order the batch first names them
+  std::vector<Group<S>*> groups;  // in the order the batch first names them
   std::vector<std::vector<Request>> requests;  // per group
   std::vector<std::size_t> request_group, request_at;  // per request of the batch: its group, its place there
   std::vector<std::pair<const std::string*, std::uint64_t>> parts;  // per request: its table's name, share of the bytes
@@ -54,7 +54,7 @@ class ShardedSynchronizer<Engine, Optimizer>::Batch final : public BatchBase {
   std::exception_ptr failure;  // what a lookup ahead's route threw
   bool routed = false;         // a lookup ahead's route ran
 
-  Pull& pull(Group<T>& g) noexcept { return ahead ? g.tables.ahead_pull() : g.tables.plain_pull(); }
+  Pull& pull(Group<S>& g) noexcept { return ahead ? g.tables.ahead_pull() : g.tables.plain_pull(); }
   /// What the batch carries, for a message about ranks that differ.
   std::string describe(bool detailed) const {
     std::string out = ahead ? "prefetch of " : "";
@@ -74,6 +74,7 @@ template <class Engine, class Optimizer>
 template <class V, class T>
 void ShardedSynchronizer<Engine, Optimizer>::gather(Batch<T>& b, const Lookup<V>* batch, std::size_t count,
                                                     bool ahead) {
+  // T: the storage type of V's tables.
   b.ahead = ahead;
   b.request_group.resize(count);
   b.request_at.resize(count);
@@ -141,12 +142,13 @@ void ShardedSynchronizer<Engine, Optimizer>::route(Batch<T>& b) {
 /// until the step's clear().
 template <class Engine, class Optimizer>
 template <class T>
-auto ShardedSynchronizer<Engine, Optimizer>::serve(Batch<T>& b) -> std::vector<Rows<T, space>> {
+auto ShardedSynchronizer<Engine, Optimizer>::serve(Batch<T>& b) -> std::vector<Rows<compute_t<T>, space>> {
+  // T: the storage type; the rows come as compute_t<T>.
   for (std::size_t gi = 0; gi < b.groups.size(); ++gi) {
     Group<T>& g = *b.groups[gi];
     std::size_t total = 0;
     for (const auto& r : b.requests[gi]) total += r.n;
-    T* out = g.outputs.next(total * g.tables.cols()).data();
+    compute_t<T>* out = g.outputs.next(total * g.tables.cols()).data();
     for (std::size_t r = 0; r < b.requests[gi].size(); ++r) {
       b.requests[gi][r].out = out;
       g.tables.place(b.pull(g), r, out);
@@ -161,11 +163,11 @@ auto ShardedSynchronizer<Engine, Optimizer>::serve(Batch<T>& b) -> std::vector<R
   const detail::Span span("lookup: rows in order");
   for (auto* g : b.groups) g->tables.finish_lookup(b.pull(*g));
 
-  std::vector<Rows<T, space>> rows;
+  std::vector<Rows<compute_t<T>, space>> rows;
   rows.reserve(b.request_group.size());
   for (std::size_t i = 0; i < b.request_group.size(); ++i) {
     const auto& r = b.requests[b.request_group[i]][b.request_at[i]];
-    rows.push_back(Rows<T, space>{r.out, r.n, b.groups[b.request_group[i]]->tables.cols()});
+    rows.push_back(Rows<compute_t<T>, space>{r.out, r.n, b.groups[b.request_group[i]]->tables.cols()});
   }
   return rows;
 }
@@ -174,7 +176,7 @@ template <class Engine, class Optimizer>
 template <class V>
 auto ShardedSynchronizer<Engine, Optimizer>::lookup(const Lookup<V>* batch, std::size_t count)
     -> std::vector<Rows<typename V::value_type, space>> {
-  using T = typename V::value_type;
+  using T = storage_type_t<V>;
   Batch<T> b;
   gather(b, batch, count, false);
   // One booking for the whole lookup: its route and its replies.
@@ -188,7 +190,7 @@ template <class Engine, class Optimizer>
 template <class V>
 void ShardedSynchronizer<Engine, Optimizer>::start_lookup(const Lookup<V>* batch, std::size_t count,
                                                           Background& background) {
-  using T = typename V::value_type;
+  using T = storage_type_t<V>;
   auto owned = std::make_unique<Batch<T>>();
   Batch<T>& b = *owned;
   std::size_t total = 0;
@@ -211,7 +213,7 @@ void ShardedSynchronizer<Engine, Optimizer>::start_lookup(const Lookup<V>* batch
 template <class Engine, class Optimizer>
 template <class V>
 auto ShardedSynchronizer<Engine, Optimizer>::finish_lookup() -> std::vector<Rows<typename V::value_type, space>> {
-  using T = typename V::value_type;
+  using T = storage_type_t<V>;
   std::unique_ptr<BatchBase> taken = std::move(ahead_);
   auto* b = dynamic_cast<Batch<T>*>(taken.get());
   PARALLAX_EXPECTS(b != nullptr, "ShardedPS: finish_lookup() without a start_lookup() of this element type");

@@ -81,27 +81,37 @@ class ShardedSynchronizer<Engine, Optimizer>::Table {
   virtual bool has_gradient() const = 0;
 };
 
+/// S: the tables' storage type (their value type computed in: compute_t<S>).
 template <class Engine, class Optimizer>
-template <class T>
+template <class S>
 class ShardedSynchronizer<Engine, Optimizer>::TableMember : public Table {
  public:
+  using Tables = TableGroup<compute_t<S>, Engine, S>;
   /// Coalesces this step's gradient and says where it lies.
-  virtual typename TableGroup<T, Engine>::Push push() = 0;
-  virtual void fill_initial(TableGroup<T, Engine>& tables) = 0;
+  virtual typename Tables::Push push() = 0;
+  virtual void fill_initial(Tables& tables) = 0;
   virtual void clear() = 0;
 };
 
+/// S: the element type the tables store; T = compute_t<S>, the one they
+/// are looked up, pushed, summed and updated in (float for bf16 / fp16).
 template <class Engine, class Optimizer>
-template <class T>
+template <class S>
 class ShardedSynchronizer<Engine, Optimizer>::Group final : public GroupBase {
  public:
-  Group(Engine& engine, const optim::Bound<Optimizer>& bound, std::size_t cols, const ShardedOptions& o)
-      : tables(engine, cols, o.local_aggregation, o.shared_memory), engine_(&engine), opt_(bound) {}
+  using T = compute_t<S>;
+  Group(Engine& engine, const optim::Bound<Optimizer>& bound, std::size_t cols, const ShardedOptions& o,
+        Rounding rounding, Compression compress)
+      : tables(engine, cols, o.local_aggregation, o.shared_memory, compress), engine_(&engine), opt_(bound),
+        rounding_(rounding) {}
   const optim::Bound<Optimizer>& bound() const noexcept { return opt_; }
+  /// How updates round a 16-bit group's rows (every table's own: tables
+  /// that round otherwise are not grouped).
+  Rounding rounding() const noexcept { return rounding_; }
 
   void build() override {
     tables.build();
-    for (TableMember<T>* m : members) m->fill_initial(tables);
+    for (TableMember<S>* m : members) m->fill_initial(tables);
     state.reset(*opt_, tables.shard().size());
   }
   std::size_t tables_count() const override { return members.size(); }
@@ -124,16 +134,37 @@ class ShardedSynchronizer<Engine, Optimizer>::Group final : public GroupBase {
   }
   /// What k rows of this group put on the wire: the share a table's bytes take.
   std::uint64_t weight(std::size_t k) const { return k * (sizeof(index_t) + tables.cols() * sizeof(T)); }
+  /// The global id of each of the rows_ updated rows (stochastic rounding's
+  /// draws hash them, so they do not depend on where a row lives).
+  const index_t* global_ids() {
+    std::vector<index_t> local(rows_), ids(rows_);
+    space_traits<space>::copy_to_host(local.data(), local_rows_.data(), rows_ * sizeof(index_t));
+    const int me = engine_->rank();
+    std::size_t t = 0;
+    for (std::size_t j = 0; j < rows_; ++j) {  // ascending: the tables in order
+      const auto r = static_cast<std::size_t>(local[j]);
+      while (t + 1 < tables.tables() && r >= tables.base(t + 1)) ++t;
+      ids[j] = tables.map(t).global_row(me, r - tables.base(t));
+    }
+    global_ids_ = Buffer<index_t, space>::from_host(ids);
+    return global_ids_.data();
+  }
   void finish_push() override { rows_ = tables.finish_push(local_rows_, sums_); }
   double square_sum() override { return detail::sum_of_squares(engine_->exec(), sums_.data(), rows_ * tables.cols()); }
   void update(const StepInfo& info) override {
     auto& ex = engine_->exec();
-    optim::apply_rows(ex, *opt_, info.step, tables.shard().data(), local_rows_.data(), sums_.data(), rows_,
-                      tables.cols(), state, static_cast<T>(info.scale));
+    if constexpr (is_half_v<S>) {
+      const index_t* ids = rounding_.mode == Rounding::stochastic ? global_ids() : local_rows_.data();
+      optim::apply_rows(ex, *opt_, info.step, tables.shard().data(), local_rows_.data(), ids, sums_.data(), rows_,
+                        tables.cols(), state, static_cast<T>(info.scale), rounding_);
+    } else {
+      optim::apply_rows(ex, *opt_, info.step, tables.shard().data(), local_rows_.data(), sums_.data(), rows_,
+                        tables.cols(), state, static_cast<T>(info.scale));
+    }
     ex.synchronize();
   }
   void clear() override {
-    for (TableMember<T>* m : members) m->clear();
+    for (TableMember<S>* m : members) m->clear();
     outputs.release();
     tables.clear_owned_rows();
     bag_pools_used_ = 0;
@@ -146,31 +177,35 @@ class ShardedSynchronizer<Engine, Optimizer>::Group final : public GroupBase {
     return *bag_pools_[bag_pools_used_++];
   }
 
-  TableGroup<T, Engine> tables;
-  std::vector<TableMember<T>*> members;  // by table index
-  optim::State<Optimizer, T, space> state;  // shaped like the group shard
+  TableGroup<T, Engine, S> tables;
+  std::vector<TableMember<S>*> members;  // by table index
+  optim::State<Optimizer, T, space> state;  // shaped like the group shard, in T
   LookupBuffers<T, space> outputs;
 
  private:
   Engine* engine_;
   optim::Bound<Optimizer> opt_;  // every table's: the trainer's optimizer, whose learning rate changes
-  std::vector<typename TableGroup<T, Engine>::Push> pushes_;
+  std::vector<typename TableGroup<T, Engine, S>::Push> pushes_;
   std::vector<std::unique_ptr<BagPool<T, Engine>>> bag_pools_;
   std::size_t bag_pools_used_ = 0;
   Buffer<index_t, space> local_rows_;
   Buffer<T, space> sums_;
   std::size_t rows_ = 0;
+  Rounding rounding_;
+  Buffer<index_t, space> global_ids_;  // global_ids()
 };
 
 /// A sparse variable, table `index` of its group.
 template <class Engine, class Optimizer>
 template <class Var>
 class ShardedSynchronizer<Engine, Optimizer>::TableOf final : public MemberOf<Var>,
-                                                               public TableMember<typename Var::value_type> {
+                                                               public TableMember<storage_type_t<Var>> {
   using T = typename Var::value_type;
+  using S = storage_type_t<Var>;
+  using Tables = typename TableMember<S>::Tables;
 
  public:
-  TableOf(Var var, Engine& engine, Group<T>& group, std::size_t index)
+  TableOf(Var var, Engine& engine, Group<S>& group, std::size_t index)
       : MemberOf<Var>(std::move(var), ShardedPS::name), engine_(&engine), group_(&group), index_(index) {}
 
   GroupBase& group() noexcept { return *group_; }
@@ -178,17 +213,17 @@ class ShardedSynchronizer<Engine, Optimizer>::TableOf final : public MemberOf<Va
 
   std::optional<std::string> problem() override { return gradient().find_problem(engine_->exec()); }
   bool has_gradient() const override { return this->var_.state().sparse_grad.touched(); }
-  typename TableGroup<T, Engine>::Push push() override {
+  typename Tables::Push push() override {
     auto& g = gradient();
     g.coalesce(engine_->exec());
     return {index_, g.indices(), g.values(), g.size()};
   }
-  void fill_initial(TableGroup<T, Engine>& tables) override {
+  void fill_initial(Tables& tables) override {
     const detail::InitRule rule = this->var_.rule();
     const std::size_t cols = this->var_.cols();
     auto& ex = engine_->exec();
-    tables.initialize(index_, [&](const index_t* rows, std::size_t k, T* out) {
-      for_each(ex, k * cols, detail::FillInit<T>{rule, out, cols, 0, rows});
+    tables.initialize(index_, [&](const index_t* rows, std::size_t k, S* out) {
+      for_each(ex, k * cols, detail::FillInit<S>{rule, out, cols, 0, rows});
       ex.synchronize();
     });
   }
@@ -198,52 +233,73 @@ class ShardedSynchronizer<Engine, Optimizer>::TableOf final : public MemberOf<Va
   }
 
   std::size_t stored_rows() const override { return group_->tables.shard_rows(index_); }
+  std::size_t stored_bytes() const override { return stored_rows() * this->var_.cols() * sizeof(S); }
   bool in_shared_memory() const override { return group_->tables.shared(); }
+  /// The rows as T (16-bit rows widened, exactly, before they are gathered).
   void fetch(void* out) override {
     auto scope = engine_->stats().scope(this->var_.name(), ShardedPS::name);
     DenseShards<T, Engine> layout(*engine_, group_->tables.map(index_), this->var_.cols());
     Buffer<T, space> full(this->var_.shape().elements());
-    layout.gather(group_->tables.shard_of(index_), full.data());
+    if constexpr (is_half_v<S>) {
+      auto& ex = engine_->exec();
+      const std::size_t n = stored_rows() * this->var_.cols();
+      Buffer<T, space> wide(n);
+      if (n) for_each(ex, n, detail::Convert<T, S>{group_->tables.shard_of(index_), wide.data()});
+      ex.synchronize();
+      layout.gather(wide.data(), full.data());
+    } else {
+      layout.gather(group_->tables.shard_of(index_), full.data());
+    }
     space_traits<space>::copy_to_host(out, full.data(), full.bytes());
   }
   int saved_partitions() const override { return group_->tables.map(index_).parts; }
   void save(detail::AtomicFile& out) override {
-    const std::size_t offset = group_->tables.base(index_) * this->var_.cols();
-    const auto slots = slots_of(group_->state, offset);
-    save_state<T, space>(out, group_->tables.shard_of(index_), slots.data(), Optimizer::slots,
-                         stored_rows() * this->var_.cols());
+    if constexpr (is_half_v<S>) {
+      refuse_half_checkpoint(this->var_.name());
+    } else {
+      const std::size_t offset = group_->tables.base(index_) * this->var_.cols();
+      const auto slots = slots_of(group_->state, offset);
+      save_state<T, space>(out, group_->tables.shard_of(index_), slots.data(), Optimizer::slots,
+                           stored_rows() * this->var_.cols());
+    }
   }
   void load(detail::CheckpointReader& in, std::size_t index) override {
-    const std::size_t offset = group_->tables.base(index_) * this->var_.cols();
-    const auto slots = slots_of(group_->state, offset);
-    load_state<T, space>(in, index, &group_->tables.map(index_), engine_->rank(), this->var_.rows(),
-                         this->var_.cols(), group_->tables.shard_of(index_), slots.data(), Optimizer::slots);
+    if constexpr (is_half_v<S>) {
+      refuse_half_checkpoint(this->var_.name());
+    } else {
+      const std::size_t offset = group_->tables.base(index_) * this->var_.cols();
+      const auto slots = slots_of(group_->state, offset);
+      load_state<T, space>(in, index, &group_->tables.map(index_), engine_->rank(), this->var_.rows(),
+                           this->var_.cols(), group_->tables.shard_of(index_), slots.data(), Optimizer::slots);
+    }
   }
 
  private:
   SparseGrad<T, space>& gradient() { return this->var_.state().sparse_grad; }
 
   Engine* engine_;
-  Group<T>* group_;
+  Group<S>* group_;
   std::size_t index_;
 };
 
-/// The group that stores sparse variables of type T and `cols` columns
-/// updated alike (one state buffer, one update call: the same binding to
-/// the optimizer); a new one per table when grouping is off.
+/// The group that stores sparse variables of storage type S and `cols`
+/// columns updated alike (one state buffer, one update call: the same
+/// binding to the optimizer, and for 16-bit tables the same rounding); a
+/// new one per table when grouping is off.
 template <class Engine, class Optimizer>
-template <class T>
-auto ShardedSynchronizer<Engine, Optimizer>::group_for(std::size_t cols, const optim::Bound<Optimizer>& bound)
-    -> Group<T>& {
+template <class S>
+auto ShardedSynchronizer<Engine, Optimizer>::group_for(std::size_t cols, const optim::Bound<Optimizer>& bound,
+                                                       Rounding rounding) -> Group<S>& {
+  auto same = [&](Rounding r) { return !is_half_v<S> || (r.mode == rounding.mode && r.seed == rounding.seed); };
   if (options_.sharded.group_tables)
     for (std::size_t i = 0; i < groups_.size(); ++i)
-      if (group_types_[i] == &typeid(T) && group_cols_[i] == cols &&
-          static_cast<Group<T>&>(*groups_[i]).bound() == bound)
-        return static_cast<Group<T>&>(*groups_[i]);
-  groups_.push_back(std::make_unique<Group<T>>(*engine_, bound, cols, options_.sharded));
-  group_types_.push_back(&typeid(T));
+      if (group_types_[i] == &typeid(S) && group_cols_[i] == cols &&
+          static_cast<Group<S>&>(*groups_[i]).bound() == bound && same(static_cast<Group<S>&>(*groups_[i]).rounding()))
+        return static_cast<Group<S>&>(*groups_[i]);
+  groups_.push_back(std::make_unique<Group<S>>(*engine_, bound, cols, options_.sharded, rounding, options_.compress));
+  group_types_.push_back(&typeid(S));
   group_cols_.push_back(cols);
-  return static_cast<Group<T>&>(*groups_.back());
+  return static_cast<Group<S>&>(*groups_.back());
 }
 
 template <class Engine, class Optimizer>

@@ -297,6 +297,7 @@ template <class T, class Engine>
 class RowExchange final : public RouteLane {
  public:
   using space = engine::space_of_t<Engine>;
+  using value_type = T;
 
   explicit RowExchange(Engine& engine) : engine_(&engine) {}
 
@@ -414,6 +415,22 @@ class RowExchange final : public RouteLane {
     return out;
   }
 
+  /// start_reply() of rows in another element type U (a 16-bit wire): they
+  /// land in `landing` (bytes, resized), in the order the rows were sent.
+  template <class U>
+  const U* start_reply_in(const U* values, std::size_t cols, Buffer<std::byte, space>& landing) {
+    const std::size_t total = plan_reply_counts(cols);
+    landing.resize_discard(total * sizeof(U));
+    U* out = reinterpret_cast<U*>(landing.data());
+    if constexpr (engine::supports_v<Engine, engine::op_start_alltoallv>)
+      engine_->start_alltoallv(values, reply_scounts_.data(), reply_sdispls_.data(), out, reply_rcounts_.data(),
+                               reply_rdispls_.data(), data_type_of_v<U>);
+    else
+      engine_->alltoallv(values, reply_scounts_.data(), reply_sdispls_.data(), out, reply_rcounts_.data(),
+                         reply_rdispls_.data(), data_type_of_v<U>);
+    return out;
+  }
+
   /// reply() left in flight where the engine can (start_alltoallv): the
   /// replies are there after the engine's wait_started(), and `values` must
   /// stay untouched until then. Elsewhere it is reply() itself.
@@ -431,6 +448,13 @@ class RowExchange final : public RouteLane {
  private:
   /// The counts and displacements of a reply; returns where it lands.
   T* plan_reply(std::size_t cols, T* into) {
+    const std::size_t rt = plan_reply_counts(cols);
+    if (into) return into;
+    replies_.resize_discard(rt);
+    return replies_.data();
+  }
+  /// The counts and displacements of a reply; returns its elements.
+  std::size_t plan_reply_counts(std::size_t cols) {
     const auto un = static_cast<std::size_t>(engine_->size());
     reply_scounts_.resize(un);
     reply_sdispls_.resize(un);
@@ -444,9 +468,7 @@ class RowExchange final : public RouteLane {
       reply_rdispls_[p] = rt;
       rt += reply_rcounts_[p];
     }
-    if (into) return into;
-    replies_.resize_discard(rt);
-    return replies_.data();
+    return rt;
   }
 
   Engine* engine_;

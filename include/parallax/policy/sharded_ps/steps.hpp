@@ -62,8 +62,8 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
     const PartitionMap map(var.rows(), partitions_for(options_, var.name(), var.rows(), engine_->size()),
                            engine_->size());
     if constexpr (Var::is_sparse()) {
-      using T = typename Var::value_type;
-      Group<T>& g = group_for<T>(var.cols(), bind_variable(*opt_, var));
+      using S = storage_type_t<Var>;
+      Group<S>& g = group_for<S>(var.cols(), bind_variable(*opt_, var), var.state().rounding);
       const std::size_t index = g.tables.add(var.name(), map);
       auto m = std::make_unique<TableOf<Var>>(std::move(var), *engine_, g, index);
       g.members.push_back(m.get());
@@ -186,8 +186,9 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   /// fewer bytes over every rank (two small all-reduces). Returns one row per
   /// bag per request (bags x cols), valid until the step's clear(). A bad
   /// request (offsets, ids, weights) throws on every rank, naming its
-  /// variable, before any row moves. Collective.
-  template <class V>
+  /// variable, before any row moves. Collective. Not for tables stored in
+  /// 16 bits (yet): their bags are looked up as rows and pooled by the caller.
+  template <class V, std::enable_if_t<!stores_half_v<V>, int> = 0>
   std::vector<Rows<typename V::value_type, space>> lookup_bags(const Bags<V>* batch, std::size_t count);
 
   /// The gradient of the pooled rows of the step's last lookup_bags() batch
@@ -199,7 +200,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   /// adds those rows to its variable's gradient here, pushed at the step. A
   /// gradient that does not match its batch throws on every rank.
   /// Collective.
-  template <class V>
+  template <class V, std::enable_if_t<!stores_half_v<V>, int> = 0>
   void bag_gradients(const BagGradient<V>* grads, std::size_t count);
 
   /// The rows of a batch of sparse variables: every group's keys in one
@@ -230,30 +231,30 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   // Sparse tables and dense variables (members.hpp).
   class GroupBase;  // what a group does in a step, whatever its element type
   class Table;      // what the synchronizer asks of a sharded table, whatever its type
-  template <class T>
+  template <class S>
   class TableMember;
-  template <class T>
-  class Group;  // the tables of one element type and width, updated alike
+  template <class S>
+  class Group;  // the tables of one storage type and width, updated alike
   template <class Var>
   class TableOf;  // a sparse variable, a table of its group
   class Dense;
   template <class Var>
   class DenseOf;  // a dense variable, sharded over its owners
-  template <class T>
-  Group<T>& group_for(std::size_t cols, const optim::Bound<Optimizer>& bound);
+  template <class S>
+  Group<S>& group_for(std::size_t cols, const optim::Bound<Optimizer>& bound, Rounding rounding);
   template <class V>
   TableOf<V>& table_of(V& var);
 
   // Batched lookups (lookups.hpp).
   class BatchBase;
-  template <class T>
-  class Batch;  // a batched lookup of tables of element type T, from gather() to serve()
-  template <class V, class T = typename V::value_type>
-  void gather(Batch<T>& b, const Lookup<V>* batch, std::size_t count, bool ahead);
-  template <class T>
-  void route(Batch<T>& b);
-  template <class T>
-  std::vector<Rows<T, space>> serve(Batch<T>& b);
+  template <class S>
+  class Batch;  // a batched lookup of tables of storage type S, from gather() to serve()
+  template <class V, class S = storage_type_t<V>>
+  void gather(Batch<S>& b, const Lookup<V>* batch, std::size_t count, bool ahead);
+  template <class S>
+  void route(Batch<S>& b);
+  template <class S>
+  std::vector<Rows<compute_t<S>, space>> serve(Batch<S>& b);
 
   // Lookups of bags (bag_lookups.hpp).
   class BagBatchBase;

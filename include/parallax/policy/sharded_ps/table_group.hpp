@@ -18,6 +18,8 @@
 #include <parallax/detail/algorithms.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/error.hpp>
+#include <parallax/half.hpp>
+#include <parallax/options.hpp>
 #include <parallax/partition.hpp>
 #include <parallax/policy/sharded_ps/group_routes.hpp>
 #include <parallax/policy/sharded_ps/row_exchange.hpp>
@@ -58,8 +60,12 @@ namespace parallax {
 ///
 /// Errors in ids (outside a table's [0, rows)) are reported on every rank at
 /// once, naming the table.
-template <class T, class Engine>
-class TableGroup : public TableLayout<T, Engine> {
+///
+/// Rows are looked up, pushed and summed as T; the shards may store them as
+/// S (bf16 or fp16 for T = float): an owner widens the rows it serves (or a
+/// reader those it reads in place), and the optimizer rounds its updates.
+template <class T, class Engine, class S = T>
+class TableGroup : public TableLayout<T, Engine, S> {
  public:
   using space = engine::space_of_t<Engine>;
 
@@ -83,9 +89,15 @@ class TableGroup : public TableLayout<T, Engine> {
   /// @param aggregate sum per host before crossing hosts, where hosts exist
   /// @param shared    keep the shard in shared memory where every rank can
   ///                  read it (ShardedOptions::shared_memory)
-  TableGroup(Engine& engine, std::size_t cols, bool aggregate = true, bool shared = true)
-      : TableLayout<T, Engine>(engine, cols, shared), want_aggregate_(aggregate), plain_(engine, cols * sizeof(T)),
-        ahead_(engine, cols * sizeof(T)), exchange_(engine), aggregate_exchange_(engine) {}
+  /// @param compress  pushed float rows travel in 16 bits (bf16, fp16):
+  ///                  rounded where they leave, summed in float at the owner
+  ///                  (not with local aggregation, whose hops stay in T)
+  TableGroup(Engine& engine, std::size_t cols, bool aggregate = true, bool shared = true,
+             Compression compress = Compression::none)
+      : TableLayout<T, Engine, S>(engine, cols, shared), want_aggregate_(aggregate), plain_(engine, cols * sizeof(S)),
+        ahead_(engine, cols * sizeof(S)), exchange_(engine), aggregate_exchange_(engine),
+        compress_(std::is_same_v<T, float> ? compress : Compression::none), bf16_exchange_(engine),
+        fp16_exchange_(engine) {}
   TableGroup(const TableGroup&) = delete;
   TableGroup& operator=(const TableGroup&) = delete;
 
@@ -106,8 +118,8 @@ class TableGroup : public TableLayout<T, Engine> {
       first_hop_ = Buffer<std::int32_t, space>::from_host(route);
     }
     detail::Fingerprint id;
-    id.add(static_cast<std::uint64_t>(data_type_of_v<T>)).add(cols_).add(this->reads_directly() ? 1 : 0);
-    id.add(aggregate_ ? 1 : 0);
+    id.add(static_cast<std::uint64_t>(data_type_of_v<T>)).add(static_cast<std::uint64_t>(data_type_of_v<S>)).add(cols_).add(this->reads_directly() ? 1 : 0);
+    id.add(aggregate_ ? 1 : 0).add(static_cast<std::uint64_t>(compress_));
     for (const Table& t : tables_) id.add(t.name).add(t.map.rows).add(static_cast<std::uint64_t>(t.map.parts));
     identity_ = id.value();
   }
@@ -162,7 +174,12 @@ class TableGroup : public TableLayout<T, Engine> {
     Buffer<std::int32_t, space> dest_;
     Buffer<T, space> served_;
     const T* by_unique_ = nullptr;      // where the last start_reply()'s rows land
-    Buffer<const T*, space> reads_at_;  // where each looked-up row lies, when read directly
+    // A compressed reply (TrainerOptions::compress): the rows served in 16
+    // bits, where they land, and the landing widened.
+    bool narrowed_ = false;
+    Buffer<std::byte, space> narrow_served_, narrow_landing_;
+    Buffer<T, space> widened_;
+    Buffer<const S*, space> reads_at_;  // where each looked-up row lies, when read directly
     detail::SharedReads reads_;         // the lane, when read directly
     detail::RowExchange<T, Engine> exchange_;  // the lane otherwise
   };
@@ -270,7 +287,7 @@ class TableGroup : public TableLayout<T, Engine> {
         for (std::size_t r = 0; r < p.requests_.size(); ++r)
           if (p.requests_[r].n)
             for_each_rows(ex, p.requests_[r].n, cols_,
-                          detail::GatherAt<T>{p.reads_at_.data() + p.first_[r], p.requests_[r].out, cols_});
+                          detail::GatherAt<T, S>{p.reads_at_.data() + p.first_[r], p.requests_[r].out, cols_});
       ex.synchronize();
       return;
     }
@@ -279,8 +296,14 @@ class TableGroup : public TableLayout<T, Engine> {
     const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * span_);
     if (asked)
       for_each_rows(ex, asked, cols_,
-                    detail::GatherKeyedRows<T>{shard_.data(), p.exchange_.received_ids(), base, p.served_.data(), cols_});
+                    detail::GatherKeyedRows<T, S>{shard_.data(), p.exchange_.received_ids(), base, p.served_.data(), cols_});
     ex.synchronize();
+    p.narrowed_ = compress_ != Compression::none;
+    if (p.narrowed_) {
+      if (compress_ == Compression::bf16) start_narrow_reply<bf16>(p, asked);
+      else start_narrow_reply<fp16>(p, asked);
+      return;
+    }
     p.by_unique_ = p.exchange_.start_reply(p.served_.data(), cols_, p.single_in_order_ ? p.requests_[0].out : nullptr);
   }
 
@@ -288,7 +311,12 @@ class TableGroup : public TableLayout<T, Engine> {
   /// wait_started(), where it has one).
   void finish_lookup() { finish_lookup(plain_); }
   void finish_lookup(Pull& p) {
-    if (this->reads_directly() || p.single_in_order_) return;
+    if (this->reads_directly()) return;
+    if (p.narrowed_) {
+      if (compress_ == Compression::bf16) widen_reply<bf16>(p);
+      else widen_reply<fp16>(p);
+    }
+    if (p.single_in_order_) return;
     auto& ex = engine_->exec();
     const std::size_t count = p.requests_.size(), u = p.unique_first_[count];
     // One request: its unique keys were sorted, so they went out in their
@@ -341,6 +369,11 @@ class TableGroup : public TableLayout<T, Engine> {
     }
     ex.synchronize();
     const detail::RowsAt<T> rows(at_.data());
+    narrowed_ = !aggregate_ && compress_ != Compression::none;
+    if (narrowed_) {
+      if (compress_ == Compression::bf16) return plan_narrow_push(rows, k, bf16_exchange_);
+      return plan_narrow_push(rows, k, fp16_exchange_);
+    }
     if (!aggregate_) {
       exchange_.plan(push_keys_.data(), rows, dest_.data(), k, cols_);
       return exchange_;
@@ -382,9 +415,25 @@ class TableGroup : public TableLayout<T, Engine> {
   /// contributions (ascending) and their sums.
   std::size_t finish_push(Buffer<index_t, space>& local_rows, Buffer<T, space>& sums) {
     auto& ex = engine_->exec();
-    const std::size_t received = exchange_.received(), extra = extra_keys_.size();
+    std::size_t received = exchange_.received();
+    const std::size_t extra = extra_keys_.size();
     const index_t* ids = exchange_.received_ids();
     detail::RowsAt<T> values = exchange_.received_values();
+    if (narrowed_) {
+      auto widen = [&](auto& wire) {
+        received = wire.received();
+        ids = wire.received_ids();
+        widened_.resize_discard(received * cols_);
+        if (received)
+          for_each_rows(ex, received, cols_,
+                        detail::ConvertRows<T, typename std::decay_t<decltype(wire)>::value_type>{
+                            wire.received_values(), widened_.data(), cols_});
+        ex.synchronize();
+        values = detail::RowsAt<T>(widened_.data());
+      };
+      if (compress_ == Compression::bf16) widen(bf16_exchange_);
+      else widen(fp16_exchange_);
+    }
     if (extra) {
       // Both as rows where they lie: the received rows first, then the others.
       merged_keys_.resize_discard(received + extra);
@@ -410,15 +459,53 @@ class TableGroup : public TableLayout<T, Engine> {
   }
 
  private:
-  using Table = typename TableLayout<T, Engine>::Table;
-  using TableLayout<T, Engine>::engine_;
-  using TableLayout<T, Engine>::cols_;
-  using TableLayout<T, Engine>::tables_;
-  using TableLayout<T, Engine>::span_;
-  using TableLayout<T, Engine>::host_base_;
-  using TableLayout<T, Engine>::window_;
-  using TableLayout<T, Engine>::shard_;
-  using TableLayout<T, Engine>::base_of;
+  /// start_reply() of rows served as W (a compressed reply).
+  template <class W>
+  void start_narrow_reply(Pull& p, std::size_t asked) {
+    auto& ex = engine_->exec();
+    p.narrow_served_.resize_discard(asked * cols_ * sizeof(W));
+    W* served = reinterpret_cast<W*>(p.narrow_served_.data());
+    const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * span_);
+    if (asked)
+      for_each_rows(ex, asked, cols_,
+                    detail::GatherKeyedRows<W, S>{shard_.data(), p.exchange_.received_ids(), base, served, cols_});
+    ex.synchronize();
+    p.exchange_.start_reply_in(served, cols_, p.narrow_landing_);
+  }
+  /// A compressed reply's rows widened to T: into the request's output for
+  /// one request in order, else where finish_lookup() reads them.
+  template <class W>
+  void widen_reply(Pull& p) {
+    auto& ex = engine_->exec();
+    const std::size_t n = p.unique_first_[p.requests_.size()] * cols_;
+    T* out = p.single_in_order_ ? p.requests_[0].out : (p.widened_.resize_discard(n), p.widened_.data());
+    if (n) for_each(ex, n, detail::Convert<T, W>{reinterpret_cast<const W*>(p.narrow_landing_.data()), out});
+    ex.synchronize();
+    p.by_unique_ = out;
+  }
+
+  /// plan_push()'s rows narrowed to W for `wire` (a compressed push).
+  template <class W>
+  detail::RouteLane& plan_narrow_push(const detail::RowsAt<T>& rows, std::size_t k, detail::RowExchange<W, Engine>& wire) {
+    auto& ex = engine_->exec();
+    narrow_.resize_discard(k * cols_ * sizeof(W));
+    W* out = reinterpret_cast<W*>(narrow_.data());
+    if (k) for_each_rows(ex, k, cols_, detail::ConvertRows<W, T>{rows, out, cols_});
+    ex.synchronize();
+    wire.plan(push_keys_.data(), detail::RowsAt<W>(out), dest_.data(), k, cols_);
+    return wire;
+  }
+
+  using Layout = TableLayout<T, Engine, S>;
+  using Table = typename Layout::Table;
+  using Layout::engine_;
+  using Layout::cols_;
+  using Layout::tables_;
+  using Layout::span_;
+  using Layout::host_base_;
+  using Layout::window_;
+  using Layout::shard_;
+  using Layout::base_of;
 
   /// plan_lookup() when every row can be read where it lies: where each one
   /// lies, and how many rows of each owner this rank will read (the route's
@@ -436,7 +523,7 @@ class TableGroup : public TableLayout<T, Engine> {
       for (std::size_t r = 0; r < p.requests_.size() && total; ++r) {
         const Request& q = p.requests_[r];
         if (q.n)
-          for_each(ex, q.n, detail::LocalRowAt<T>{tables_[q.table].map, base_of(q.table), shard_.data(), cols_, q.ids,
+          for_each(ex, q.n, detail::LocalRowAt<S>{tables_[q.table].map, base_of(q.table), shard_.data(), cols_, q.ids,
                                                   p.reads_at_.data() + p.first_[r]});
       }
       ex.synchronize();
@@ -446,13 +533,13 @@ class TableGroup : public TableLayout<T, Engine> {
       // Our last writes to our shard before the headers that tell peers
       // they may read it.
       window_.sync();
-      const T* const* bases = window_.bases();
+      const S* const* bases = window_.bases();
       const auto un = static_cast<std::size_t>(engine_->size());
       for (std::size_t r = 0; r < p.requests_.size() && total; ++r) {
         const Request& q = p.requests_[r];
         const PartitionMap& map = tables_[q.table].map;
         const index_t* base = host_base_.data() + q.table * un;
-        const T** at = p.reads_at_.data() + p.first_[r];
+        const S** at = p.reads_at_.data() + p.first_[r];
         for (std::size_t j = 0; j < q.n; ++j) {
           const int o = map.owner(q.ids[j]);
           const auto uo = static_cast<std::size_t>(o);
@@ -507,6 +594,15 @@ class TableGroup : public TableLayout<T, Engine> {
   Buffer<T, space> hop_values_;
   detail::RowExchange<T, Engine> exchange_, aggregate_exchange_;  // the push's
   detail::CoalesceScratch<space> scratch_;
+  // A compressed push (TrainerOptions::compress): the rows as they leave
+  // (narrow_), the exchange of their wire type, and the rows received,
+  // widened for the sum.
+  Compression compress_;
+  bool narrowed_ = false;  // the last plan_push() went out compressed
+  detail::RowExchange<bf16, Engine> bf16_exchange_;
+  detail::RowExchange<fp16, Engine> fp16_exchange_;
+  Buffer<std::byte, space> narrow_;
+  Buffer<T, space> widened_;
 };
 
 }  // namespace parallax

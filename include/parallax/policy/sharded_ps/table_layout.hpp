@@ -42,8 +42,9 @@ struct shares_host_memory<Engine, std::void_t<decltype(std::declval<Engine&>().c
 }  // namespace detail
 
 /// A table group's tables and this rank's shard of them (see the file
-/// comment); TableGroup adds their lookups and pushes.
-template <class T, class Engine>
+/// comment); TableGroup adds their lookups and pushes. The shard holds S:
+/// T, or bf16 / fp16 for tables of T = float stored in 16 bits.
+template <class T, class Engine, class S = T>
 class TableLayout {
  public:
   using space = engine::space_of_t<Engine>;
@@ -85,10 +86,11 @@ class TableLayout {
   /// Rows of table t on this rank.
   std::size_t shard_rows(std::size_t t) const noexcept { return tables_[t].map.shard_rows(engine_->rank()); }
   /// This rank's group shard: every table's rows here, table by table.
-  Buffer<T, space>& shard() noexcept { return shard_; }
-  const Buffer<T, space>& shard() const noexcept { return shard_; }
+  Buffer<S, space>& shard() noexcept { return shard_; }
+  const Buffer<S, space>& shard() const noexcept { return shard_; }
   /// Table t's rows on this rank (shard_rows(t) x cols).
-  T* shard_of(std::size_t t) noexcept { return shard_.data() + base(t) * cols_; }
+  S* shard_of(std::size_t t) noexcept { return shard_.data() + base(t) * cols_; }
+  const S* shard_of(std::size_t t) const noexcept { return shard_.data() + base(t) * cols_; }
   /// Whether the shard lives in shared memory, so lookups read the owners'
   /// shards directly (ShardedOptions::shared_memory).
   bool shared() const noexcept { return static_cast<bool>(window_); }
@@ -111,7 +113,7 @@ class TableLayout {
     for (std::size_t t = 0; t < tables_.size(); ++t) out += (t ? ", " : "") + label(t, detailed);
     out += "]";
     if (detailed)
-      out += detail::concat(" of ", cols_, " x ", to_string(data_type_of_v<T>),
+      out += detail::concat(" of ", cols_, " x ", to_string(data_type_of_v<S>),
                             reads_directly() ? ", rows read in place" : ", rows asked of their owners");
     return out;
   }
@@ -161,8 +163,8 @@ class TableLayout {
       // Every rank on one host: the hosts of the topology (real or emulated
       // for tests) and the machine's own say so (SharedWindow checks).
       if (shared && n > 1 && engine_->topology().num_hosts() == 1) {
-        window_ = detail::SharedWindow<T>::create(engine_->comm(), elements);
-        if (window_) shard_ = Buffer<T, space>::borrow(window_.local(), elements);
+        window_ = detail::SharedWindow<S>::create(engine_->comm(), elements);
+        if (window_) shard_ = Buffer<S, space>::borrow(window_.local(), elements);
       }
     }
     if (!window_) shard_.resize_discard(elements);
@@ -187,8 +189,8 @@ class TableLayout {
   std::vector<index_t> host_base_;      // [table][owner]: where the table starts in the owner's group shard
   std::vector<std::size_t> shard_rows_;  // [owner]: rows of its group shard
   Buffer<index_t, space> base_;         // host_base_, in space
-  detail::SharedWindow<T> window_;      // the shard's memory, when shared
-  Buffer<T, space> shard_;
+  detail::SharedWindow<S> window_;      // the shard's memory, when shared
+  Buffer<S, space> shard_;
 };
 
 }  // namespace parallax
