@@ -420,16 +420,16 @@ class Checkpoints {
       throw error(detail::concat("checkpoint manifest ", mpath, " is of a different model: its dynamic tables are ",
                                  tables(m.tables), "; this model's are ", tables(here.tables)));
   }
-  /// The variables whose saved type differs from this model's (check_model
-  /// accepted m).
+  /// The variables whose saved type differs from the type this model
+  /// stores them in (check_model accepted m; members_ are m's variables,
+  /// in order).
   std::vector<CheckpointConversion> conversions_from(const detail::Manifest& m) const {
-    const detail::Manifest here = manifest_of_model();
     std::vector<CheckpointConversion> out;
     for (std::size_t v = 0; v < m.variables.size(); ++v) {
       const auto saved = detail::saved_type_named(m.variables[v].type);
-      const auto restored = detail::saved_type_named(here.variables[v].type);
-      if (saved && restored && *saved != *restored)
-        out.push_back({here.variables[v].name, *saved, *restored, detail::converts_exactly(*saved, *restored)});
+      const DataType stored = members_[v]->stored_type();
+      if (saved && *saved != stored)
+        out.push_back({members_[v]->name(), *saved, stored, detail::converts_exactly(*saved, stored)});
     }
     return out;
   }

@@ -3,7 +3,8 @@
 // batch, bit for bit (the rounding of each update depends on the row's sums,
 // which every rank count forms alike, and on a seeded hash of (step, id,
 // column)); a bf16 table stores half a float table's bytes per rank; bad
-// input is a clear error.
+// input is a clear error; a checkpoint of a 16-bit table restores at any
+// rank count, bit for bit, and a float checkpoint into one rounds, named.
 #include "support.hpp"
 
 #include <algorithm>
@@ -23,18 +24,33 @@ struct Model {
 px::index_t example_id(std::size_t s, std::size_t e) { return static_cast<px::index_t>((e * 7 + s * 3) % 11); }
 float target(std::size_t s, std::size_t e, std::size_t c) { return std::sin(0.3f * (e + 2 * s + 5 * c)); }
 
-/// The toy model (a table of T rows -> linear layer -> squared error) for
-/// `steps` steps on this rank's share of each global batch.
+/// Where train() starts from and what it saves: a checkpoint to restore
+/// first, and a directory to save into after step `save_after`.
+struct Saves {
+  std::string restore;
+  std::string dir;
+  std::size_t save_after = 0;
+  std::string saved;  ///< the checkpoint's path, once saved
+  std::vector<std::string> conversions;  ///< the restore's, described
+};
+
+/// The toy model (a table of T rows -> linear layer -> squared error) up to
+/// step `steps` on this rank's share of each global batch.
 template <class Arch, class T, class Opt>
-Model train(px::Context& ctx, const Opt& opt, px::Rounding rounding, std::size_t steps = kSteps) {
+Model train(px::Context& ctx, const Opt& opt, px::Rounding rounding, std::size_t steps = kSteps,
+            Saves* saves = nullptr) {
   px::Variable<px::Sparse, T> emb(ctx, "emb", {kRows, kDim}, px::init::Uniform{-0.5f, 0.5f, 7});
   px::Variable<px::Dense, float> w(ctx, "w", {kDim, kClasses}, px::init::Glorot{3});
   if constexpr (px::is_half_v<T>) emb.set_rounding(rounding);
   px::Trainer<Arch, Opt> trainer(ctx, opt, emb, w);
+  if (saves && !saves->restore.empty()) {
+    trainer.restore(saves->restore);
+    for (const auto& c : trainer.restored_conversions()) saves->conversions.push_back(c.describe());
+  }
 
   const std::size_t n = static_cast<std::size_t>(ctx.size()), r = static_cast<std::size_t>(ctx.rank());
   const std::size_t local = kBatch / n, first = r * local;
-  for (std::size_t s = 0; s < steps; ++s) {
+  for (std::size_t s = trainer.steps(); s < steps; ++s) {
     std::vector<px::index_t> ids(local);
     for (std::size_t i = 0; i < local; ++i) ids[i] = example_id(s, first + i);
     const auto rows = test::to_host(trainer.lookup(emb, ids));  // float rows, whatever T
@@ -55,6 +71,7 @@ Model train(px::Context& ctx, const Opt& opt, px::Rounding rounding, std::size_t
     test::copy_from_host<px::HostSpace>(w.grad().data(), dW);
     emb.grad().add(ids, dh);
     trainer.step();
+    if (saves && !saves->dir.empty() && s + 1 == saves->save_after) saves->saved = trainer.save(saves->dir);
   }
   return Model{trainer.fetch(emb), trainer.fetch(w)};
 }
@@ -173,11 +190,71 @@ TEST_CASE("16-bit tables: bad input is a clear error on every rank", "[trainer][
     if (ctx.size() > 1) CHECK(msg.find("bf16") != std::string::npos);
     else CHECK(msg.empty());
   }
-  SECTION("a checkpoint of a 16-bit table") {
-    px::Variable<px::Sparse, px::bf16> emb(ctx, "emb", {10, 2});
-    px::Trainer<px::arch::AllReduce, px::optim::Sgd> t(ctx, px::optim::Sgd{}, emb);
-    test::TempDir dir("half-tables");
-    const std::string msg = test::error_of([&] { t.save(dir.path + "/ckpt"); });
-    CHECK(msg.find("variable 'emb': checkpoints of tables stored in 16 bits") != std::string::npos);
-  }
+}
+
+namespace {
+
+/// Saved at this job's rank count after 2 steps, restored by one process
+/// (and by this job again), the rest of the run gives the bits of an
+/// uninterrupted run: the checkpoint holds the 16-bit rows widened to float
+/// (exactly) and the float optimizer state, and a restore rounds them back.
+template <class Arch, class T>
+void check_checkpoint(const std::string& where) {
+  const px::optim::Adam opt{0.05f};
+  const px::Rounding rounding{px::Rounding::stochastic, 99};
+  px::Context single(MPI_COMM_SELF);
+  const Model want = train<Arch, T>(single, opt, rounding);
+  Saves first;
+  first.dir = where + "/" + Arch::name;
+  first.save_after = 2;
+  train<Arch, T>(test::world(), opt, rounding, kSteps, &first);
+  REQUIRE_FALSE(first.saved.empty());
+  Saves alone;
+  alone.restore = first.saved;
+  const Model resumed = train<Arch, T>(single, opt, rounding, kSteps, &alone);
+  INFO("architecture " << Arch::name);
+  CHECK(resumed.emb == want.emb);
+  CHECK(max_abs_difference(resumed.w, want.w) <= 1e-6);
+  Saves again;
+  again.restore = first.saved;
+  CHECK(train<Arch, T>(test::world(), opt, rounding, kSteps, &again).emb == want.emb);
+  // The file holds float: a 16-bit table names the rounding back (which
+  // changes no value), a float table reads it as it is.
+  CHECK(alone.conversions ==
+        std::vector<std::string>{std::string("variable 'emb': saved as f32, restored as ") +
+                                 px::to_string(px::data_type_of_v<T>) + ", rounded to nearest even"});
+  Saves into_float;
+  into_float.restore = first.saved;
+  const Model wide = train<Arch, float>(single, opt, rounding, 2, &into_float);
+  CHECK(into_float.conversions.empty());
+  const Model at_two = train<Arch, T>(single, opt, rounding, 2);
+  CHECK(wide.emb == at_two.emb);  // the 16-bit values, exactly
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("a 16-bit table's checkpoint restores at another rank count, bit for bit",
+                   "[trainer][half][checkpoint]", px::bf16, px::fp16) {
+  const test::TempDir dir("half-tables");
+  check_checkpoint<px::arch::Hybrid, TestType>(dir.path);
+  check_checkpoint<px::arch::AllReduce, TestType>(dir.path);
+}
+
+TEST_CASE("a float table's checkpoint restores into a 16-bit table, rounded and named", "[trainer][half][checkpoint]") {
+  const test::TempDir dir("half-tables-from-float");
+  const px::optim::Adam opt{0.05f};
+  Saves f;
+  f.dir = dir.path;
+  f.save_after = 2;
+  train<px::arch::Hybrid, float>(test::world(), opt, {}, 2, &f);
+  Saves b;
+  b.restore = f.saved;
+  px::Context single(MPI_COMM_SELF);
+  const Model restored = train<px::arch::Hybrid, px::bf16>(single, opt, {}, 2, &b);
+  const Model original = train<px::arch::Hybrid, float>(single, opt, {}, 2);
+  CHECK(b.conversions ==
+        std::vector<std::string>{"variable 'emb': saved as f32, restored as bf16, rounded to nearest even"});
+  REQUIRE(restored.emb.size() == original.emb.size());
+  for (std::size_t i = 0; i < original.emb.size(); ++i)
+    CHECK(restored.emb[i] == static_cast<float>(px::bf16(original.emb[i])));
 }

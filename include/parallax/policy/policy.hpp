@@ -125,8 +125,13 @@ class Member {
   virtual const std::string& name() const = 0;
   /// The policy's name.
   virtual const char* policy() const = 0;
-  /// What the ranks compare when a trainer is built, and a checkpoint records.
+  /// What a checkpoint records of the variable; its type is that of the
+  /// saved elements (a table stored in 16 bits with float optimizer state
+  /// saves its rows widened to float, exactly, beside that state).
   virtual detail::VarRecord record() const = 0;
+  /// The type the variable's rows are stored in (what a restore converts
+  /// the saved elements to).
+  virtual DataType stored_type() const { return static_cast<DataType>(record().type); }
   /// Rows of the variable this rank stores (a replica: all of them).
   virtual std::size_t stored_rows() const = 0;
   /// Whether those rows live in shared memory that peers' lookups read.
@@ -383,8 +388,9 @@ class MemberOf : public Member {
   const std::string& name() const override { return var_.name(); }
   const char* policy() const override { return policy_; }
   detail::VarRecord record() const override {
-    return detail::VarRecord::make(var_.name(), var_.shape(), data_type_of_v<S>, Var::is_sparse(), policy_);
+    return detail::VarRecord::make(var_.name(), var_.shape(), data_type_of_v<T>, Var::is_sparse(), policy_);
   }
+  DataType stored_type() const override { return data_type_of_v<S>; }
   /// The first NaN or infinity in `grad()`: for a dense variable its element
   /// (row, column), for a sparse one the row's id and its place among the
   /// rows added this step.
@@ -421,15 +427,6 @@ class MemberOf : public Member {
  private:
   Exec<typename Var::space> check_exec_;  // for non_finite_gradient()
 };
-
-/// A variable stored in 16 bits with float optimizer state: the checkpoint
-/// format gives a variable's value and slots one type, so it has no place
-/// for it yet (docs/design.md, "Half precision").
-[[noreturn]] inline void refuse_half_checkpoint(const std::string& name) {
-  throw error(detail::concat("variable '", name,
-                             "': checkpoints of tables stored in 16 bits (bf16, fp16) with float optimizer state are "
-                             "not supported yet; save a float table"));
-}
 
 /// Writes n elements of a buffer in `Space` to a checkpoint file.
 template <class T, class Space>
@@ -478,6 +475,35 @@ void load_state(detail::CheckpointReader& in, std::size_t v, const PartitionMap*
   load_block<T, Space>(in, v, 0, map, rank, rows, cols, value);
   for (int k = 0; k < count; ++k)
     if (slots[k]) load_block<T, Space>(in, v, k + 1, map, rank, rows, cols, slots[k]);
+}
+
+/// save_state() of n rows' elements stored as S (float or 16 bits) with
+/// optimizer slots in T: 16-bit values are widened to T first (exactly), so
+/// the checkpoint holds one type per variable, T's.
+template <class T, class S, class Space>
+void save_stored(Exec<Space>& ex, detail::AtomicFile& out, const S* value, T* const* slots, int count, std::size_t n) {
+  if constexpr (std::is_same_v<S, T>) {
+    save_state<T, Space>(out, value, slots, count, n);
+  } else {
+    Buffer<T, Space> wide(n);
+    if (n) for_each(ex, n, detail::Convert<T, S>{value, wide.data()});
+    ex.synchronize();
+    save_state<T, Space>(out, wide.data(), slots, count, n);
+  }
+}
+/// load_state() into rows stored as S: the saved T values are rounded to
+/// nearest even into 16 bits (exact for values a 16-bit table saved).
+template <class T, class S, class Space>
+void load_stored(Exec<Space>& ex, detail::CheckpointReader& in, std::size_t v, const PartitionMap* map, int rank,
+                 std::size_t rows, std::size_t cols, S* value, T* const* slots, int count, std::size_t n) {
+  if constexpr (std::is_same_v<S, T>) {
+    load_state<T, Space>(in, v, map, rank, rows, cols, value, slots, count);
+  } else {
+    Buffer<T, Space> wide(n);
+    load_state<T, Space>(in, v, map, rank, rows, cols, wide.data(), slots, count);
+    if (n) for_each(ex, n, detail::Convert<S, T>{wide.data(), value});
+    ex.synchronize();
+  }
 }
 
 /// The slots of an optimizer state as pointers (for save_state /

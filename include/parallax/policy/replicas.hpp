@@ -188,22 +188,14 @@ class SparseReplica : public MemberOf<Var> {
   }
   int saved_partitions() const override { return 0; }
   void save(detail::AtomicFile& out) override {
-    if constexpr (is_half_v<S>) {
-      refuse_half_checkpoint(this->var_.name());
-    } else {
-      if (engine_->rank() != 0) return;
-      const auto slots = slots_of(state_);
-      save_state<T, space>(out, value_.data(), slots.data(), Optimizer::slots, value_.size());
-    }
+    if (engine_->rank() != 0) return;
+    const auto slots = slots_of(state_);
+    save_stored<T, S, space>(ex(), out, value_.data(), slots.data(), Optimizer::slots, value_.size());
   }
   void load(detail::CheckpointReader& in, std::size_t index) override {
-    if constexpr (is_half_v<S>) {
-      refuse_half_checkpoint(this->var_.name());
-    } else {
-      const auto slots = slots_of(state_);
-      load_state<T, space>(in, index, nullptr, 0, this->var_.rows(), this->var_.cols(), value_.data(), slots.data(),
-                           Optimizer::slots);
-    }
+    const auto slots = slots_of(state_);
+    load_stored<T, S, space>(ex(), in, index, nullptr, 0, this->var_.rows(), this->var_.cols(), value_.data(),
+                             slots.data(), Optimizer::slots, value_.size());
   }
 
  protected:

@@ -254,24 +254,17 @@ class ShardedSynchronizer<Engine, Optimizer>::TableOf final : public MemberOf<Va
   }
   int saved_partitions() const override { return group_->tables.map(index_).parts; }
   void save(detail::AtomicFile& out) override {
-    if constexpr (is_half_v<S>) {
-      refuse_half_checkpoint(this->var_.name());
-    } else {
-      const std::size_t offset = group_->tables.base(index_) * this->var_.cols();
-      const auto slots = slots_of(group_->state, offset);
-      save_state<T, space>(out, group_->tables.shard_of(index_), slots.data(), Optimizer::slots,
-                           stored_rows() * this->var_.cols());
-    }
+    const std::size_t offset = group_->tables.base(index_) * this->var_.cols();
+    const auto slots = slots_of(group_->state, offset);
+    save_stored<T, S, space>(engine_->exec(), out, group_->tables.shard_of(index_), slots.data(), Optimizer::slots,
+                             stored_rows() * this->var_.cols());
   }
   void load(detail::CheckpointReader& in, std::size_t index) override {
-    if constexpr (is_half_v<S>) {
-      refuse_half_checkpoint(this->var_.name());
-    } else {
-      const std::size_t offset = group_->tables.base(index_) * this->var_.cols();
-      const auto slots = slots_of(group_->state, offset);
-      load_state<T, space>(in, index, &group_->tables.map(index_), engine_->rank(), this->var_.rows(),
-                           this->var_.cols(), group_->tables.shard_of(index_), slots.data(), Optimizer::slots);
-    }
+    const std::size_t offset = group_->tables.base(index_) * this->var_.cols();
+    const auto slots = slots_of(group_->state, offset);
+    load_stored<T, S, space>(engine_->exec(), in, index, &group_->tables.map(index_), engine_->rank(),
+                             this->var_.rows(), this->var_.cols(), group_->tables.shard_of(index_), slots.data(),
+                             Optimizer::slots, stored_rows() * this->var_.cols());
   }
 
  private:
