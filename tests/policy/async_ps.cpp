@@ -116,6 +116,11 @@ TEST_CASE("AsyncPS applies every push exactly once, whatever the staleness", "[a
       CHECK(trainer.asynchronous());
       CHECK(trainer.policy_of(e) == "AsyncPS");
       CHECK(trainer.policy_of(w) == "AsyncPS");
+      // Each rank stores its shard of the table (what the examples print).
+      std::uint64_t bytes = trainer.stored_bytes(e);
+      CHECK(bytes == trainer.stored_rows(e) * C * sizeof(float));
+      MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+      CHECK(bytes == R * C * sizeof(float));
       for (std::size_t s = 0; s < steps_of(30); ++s) one_step(trainer, e, w, s, true);
       CHECK(trainer.fetch(e) == expected_table(ctx.size(), steps_of(30)));
       CHECK(trainer.fetch(w) == expected_dense(ctx.size(), steps_of(30)));

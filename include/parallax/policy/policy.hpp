@@ -391,6 +391,7 @@ class MemberOf : public Member {
     return detail::VarRecord::make(var_.name(), var_.shape(), data_type_of_v<T>, Var::is_sparse(), policy_);
   }
   DataType stored_type() const override { return data_type_of_v<S>; }
+  std::size_t stored_bytes() const override { return stored_rows() * var_.cols() * sizeof(S); }
   /// The first NaN or infinity in `grad()`: for a dense variable its element
   /// (row, column), for a sparse one the row's id and its place among the
   /// rows added this step.

@@ -174,7 +174,6 @@ class SparseReplica : public MemberOf<Var> {
   }
 
   std::size_t stored_rows() const override { return this->var_.rows(); }
-  std::size_t stored_bytes() const override { return value_.bytes(); }
   /// The rows as T (a 16-bit replica's widened, exactly).
   void fetch(void* out) override {
     if constexpr (is_half_v<S>) {

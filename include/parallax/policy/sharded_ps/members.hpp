@@ -233,7 +233,6 @@ class ShardedSynchronizer<Engine, Optimizer>::TableOf final : public MemberOf<Va
   }
 
   std::size_t stored_rows() const override { return group_->tables.shard_rows(index_); }
-  std::size_t stored_bytes() const override { return stored_rows() * this->var_.cols() * sizeof(S); }
   bool in_shared_memory() const override { return group_->tables.shared(); }
   /// The rows as T (16-bit rows widened, exactly, before they are gathered).
   void fetch(void* out) override {
