@@ -138,8 +138,7 @@ class Trainer {
   std::vector<RowsOf<V>> lookup(const Bags<V>* batch, std::size_t count) {
     static_assert(policy::looks_up_bags_v<policy_for_t<Arch, V>, V, Engine, Optimizer>,
                   "lookup() of bags: this variable's policy does not pool (ShardedPS and AllGatherv do; under "
-                  "AsyncPS, and under ShardedPS for a table stored in 16 bits, look the ids up and pool them with "
-                  "pool_bags())");
+                  "AsyncPS look the ids up and pool them with pool_bags())");
     return serve<V>("lookup", batch, count, [&](auto& s) { return s.lookup_bags(batch, count); });
   }
   template <class V>

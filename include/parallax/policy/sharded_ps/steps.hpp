@@ -186,9 +186,9 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   /// fewer bytes over every rank (two small all-reduces). Returns one row per
   /// bag per request (bags x cols), valid until the step's clear(). A bad
   /// request (offsets, ids, weights) throws on every rank, naming its
-  /// variable, before any row moves. Collective. Not for tables stored in
-  /// 16 bits (yet): their bags are looked up as rows and pooled by the caller.
-  template <class V, std::enable_if_t<!stores_half_v<V>, int> = 0>
+  /// variable, before any row moves. Collective. A table stored in 16 bits
+  /// is pooled in float at its owners, from its rows widened.
+  template <class V>
   std::vector<Rows<typename V::value_type, space>> lookup_bags(const Bags<V>* batch, std::size_t count);
 
   /// The gradient of the pooled rows of the step's last lookup_bags() batch
@@ -200,7 +200,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   /// adds those rows to its variable's gradient here, pushed at the step. A
   /// gradient that does not match its batch throws on every rank.
   /// Collective.
-  template <class V, std::enable_if_t<!stores_half_v<V>, int> = 0>
+  template <class V>
   void bag_gradients(const BagGradient<V>* grads, std::size_t count);
 
   /// The rows of a batch of sparse variables: every group's keys in one
@@ -258,8 +258,8 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
 
   // Lookups of bags (bag_lookups.hpp).
   class BagBatchBase;
-  template <class T>
-  class BagBatch;  // a lookup_bags() batch, kept until clear() for its gradient
+  template <class S>
+  class BagBatch;  // a lookup_bags() batch of tables stored as S, kept until clear() for its gradient
   template <class V>
   std::vector<bool> choose_pooling(const Bags<V>* batch, std::size_t count,
                                    const std::vector<std::vector<index_t>>& offsets);
