@@ -28,6 +28,7 @@ class AsyncSynchronizer;
 /// replica (`value()`) is refreshed from the shards after each step.
 struct AsyncPS {
   static constexpr const char* name = "AsyncPS";
+  static constexpr bool stores_half = true;  // shards of Var::storage_type rows, updated in float
   template <class Engine, class Optimizer>
   using synchronizer = policy::AsyncSynchronizer<Engine, Optimizer>;
 };
