@@ -135,11 +135,12 @@ double max_abs_difference(const std::vector<float>& a, const std::vector<float>&
 
 }  // namespace
 
-// The owners widen their 16-bit rows and pool them in float. Sums of a few
-// rows of 8 (bf16) or 11 (fp16) significant bits and weights of 3 are exact
-// in float whatever their grouping, so pooling by owner gives one
-// process's hand-pooled rows bit for bit, and the updates (rounded to 16
-// bits) follow. Compressed, each owner's partial sum and each bag's
+// The owners widen their 16-bit rows and pool them in float. A sum of a
+// few rows of 8 (bf16) or 11 (fp16) significant bits, times weights of 3,
+// is exact in float whatever its grouping while the values lie within a
+// dozen binades of each other (as this data's do), so pooling by owner
+// gives one process's hand-pooled rows bit for bit, and the updates
+// (rounded to 16 bits) follow. Compressed, each owner's partial sum and each bag's
 // gradient row cross in 16 bits: within their rounding of the float run.
 TEMPLATE_TEST_CASE("bags of a 16-bit table pool at the owners as one process pools them by hand",
                    "[trainer][bags][half]", px::bf16, px::fp16) {
