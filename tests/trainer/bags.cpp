@@ -137,8 +137,9 @@ double max_abs_difference(const std::vector<float>& a, const std::vector<float>&
 
 // The owners widen their 16-bit rows and pool them in float. A sum of a
 // few rows of 8 (bf16) or 11 (fp16) significant bits, times weights of 3,
-// is exact in float whatever its grouping while the values lie within a
-// dozen binades of each other (as this data's do), so pooling by owner
+// is exact in float whatever its grouping while the values lie within 8
+// binades of each other (24 bits hold 11 + 3 + 2 of carries; as this
+// data's do), so pooling by owner
 // gives one process's hand-pooled rows bit for bit, and the updates
 // (rounded to 16 bits) follow. Compressed, each owner's partial sum and each bag's
 // gradient row cross in 16 bits: within their rounding of the float run.
