@@ -16,7 +16,9 @@
 /// evenly over the features), evict by --dynamic-evict, admit by
 /// --dynamic-admit; the progress lines add the tables' statistics and each
 /// rank's resident memory against the tables' bytes (VmRSS, VmHWM).
-/// Host memory only (DynamicPS): the CUDA build refuses --dynamic.
+/// Under --arch allreduce every rank holds a replica of every table
+/// (AllGatherv), elsewhere its shard (DynamicPS). Host memory only: the CUDA
+/// build refuses --dynamic.
 
 #include "../common/layers.hpp"
 #include "../common/options.hpp"
@@ -268,11 +270,19 @@ class Model {
   std::vector<T> concat_, grad_concat_, grad_rows_, loss_, hits_;
 };
 
-/// Prints (rank 0) the tables' statistics summed over them and the ranks,
-/// and each rank's resident memory against its tables' bytes. Collective.
+/// The synchronizer of the tables: DynamicPS's shards, or under --arch
+/// allreduce AllGatherv's replicas.
+template <class Trainer>
+auto& tables_sync(Trainer& trainer) {
+  return trainer.template synchronizer<px::policy_for_t<typename Trainer::arch, Model::Var>>();
+}
+
+/// Prints (rank 0) the tables' statistics summed over them and the ranks
+/// (a replica's, which every rank holds alike, under AllGatherv), and each
+/// rank's resident memory against its tables' bytes. Collective.
 template <class Trainer>
 void print_tables(Trainer& trainer, Model& model, std::uint64_t step, double baseline_rss) {
-  auto& sync = trainer.template synchronizer<px::DynamicPS>();
+  auto& sync = tables_sync(trainer);
   px::dynamic::Stats t;
   double table_bytes = 0;
   for (auto& v : model.tables) {
@@ -320,7 +330,7 @@ int train(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Arg
   px::Trainer<Arch, px::optim::Adagrad, px::engine::Mpi> trainer(ctx, to, px::optim::Adagrad{o.lr}, model.tables,
                                                                  model.mlp);
   if (ctx.is_root()) {
-    const auto& t = trainer.template synchronizer<px::DynamicPS>().table(model.tables[0]);
+    const auto& t = tables_sync(trainer).table(model.tables[0]);
     std::printf("02_ctr --dynamic: %zu dynamic tables of %zu rows per rank each (%s a rank for them all, %zu bytes a "
                 "row), width %zu, eviction %s, admission %s; stream: %.0f%% of ids from a Zipf(%.2f) pool of %zu + %zu "
                 "per step, the rest seen once; architecture %s on %d ranks, batch %zu per rank, %zu steps\n",
@@ -371,8 +381,9 @@ int train(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Arg
   return verdict(ctx, passed, why);
 }
 
-/// train() under --arch: hybrid, allreduce or ps (DynamicPS serves each;
-/// the asynchronous architectures take no dynamic variables). A template so
+/// train() under --arch: hybrid or ps (DynamicPS shards the tables) or
+/// allreduce (AllGatherv replicates them on every rank); the asynchronous
+/// architectures take no dynamic variables. A template so
 /// that the CUDA build, which refuses --dynamic, never instantiates it.
 template <class Space = DefaultSpace>
 int run(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Args& a, std::size_t eval_examples,

@@ -109,6 +109,31 @@ struct Snapshot {
   std::size_t size() const noexcept { return keys.size(); }
 };
 
+/// Throws parallax::error naming what is wrong with `op`; `what` starts the
+/// message (the table's kind and name).
+inline void check_options(const Options& op, const std::string& what) {
+  if (op.capacity == 0 || op.capacity >= UINT32_MAX)
+    throw error(what + "capacity must be in [1, 2^32 - 1) rows, got " + std::to_string(op.capacity));
+  if (op.cols == 0) throw error(what + "cols must be positive");
+  if (op.slots < 0 || op.slots > optim::max_slots)
+    throw error(what + "slots must be 0, 1 or 2, got " + std::to_string(op.slots));
+  if (!(op.max_load > 0.0 && op.max_load < 1.0))
+    throw error(what + "max_load must be in (0, 1), got " + std::to_string(op.max_load));
+  if (!(op.evict_fraction > 0.0 && op.evict_fraction <= 1.0))
+    throw error(what + "evict_fraction must be in (0, 1], got " + std::to_string(op.evict_fraction));
+  if (op.evict == Evict::score && !op.score) throw error(what + "Evict::score needs a score function");
+  if (std::holds_alternative<init::Glorot>(op.init))
+    throw error(what + "Glorot needs a row count, which a dynamic table has not; give init::Uniform its limit");
+  if (const auto* p = std::get_if<admit::Probability>(&op.admission); p && !(p->p > 0.0 && p->p <= 1.0))
+    throw error(what + "the admission probability must be in (0, 1], got " + std::to_string(p->p));
+  if (const auto* c = std::get_if<admit::CountMin>(&op.admission)) {
+    if (c->sightings < 1) throw error(what + "CountMin needs at least one sighting");
+    if (c->width == 0 || c->depth < 1 || c->depth > 16)
+      throw error(what + "CountMin needs a positive width and a depth in [1, 16], got width " +
+                  std::to_string(c->width) + ", depth " + std::to_string(c->depth));
+  }
+}
+
 /// One shard's dynamic table of T (float or double) values.
 template <class T = float>
 class Table {
@@ -119,25 +144,8 @@ class Table {
 
   explicit Table(Options o) : options_(std::move(o)) {
     const Options& op = options_;
-    const std::string what = "parallax::dynamic::Table \"" + op.name + "\": ";
-    if (op.capacity == 0 || op.capacity >= none)
-      throw error(what + "capacity must be in [1, 2^32 - 1) rows, got " + std::to_string(op.capacity));
-    if (op.cols == 0) throw error(what + "cols must be positive");
-    if (op.slots < 0 || op.slots > optim::max_slots)
-      throw error(what + "slots must be 0, 1 or 2, got " + std::to_string(op.slots));
-    if (!(op.max_load > 0.0 && op.max_load < 1.0))
-      throw error(what + "max_load must be in (0, 1), got " + std::to_string(op.max_load));
-    if (!(op.evict_fraction > 0.0 && op.evict_fraction <= 1.0))
-      throw error(what + "evict_fraction must be in (0, 1], got " + std::to_string(op.evict_fraction));
-    if (op.evict == Evict::score && !op.score) throw error(what + "Evict::score needs a score function");
-    if (std::holds_alternative<init::Glorot>(op.init))
-      throw error(what + "Glorot needs a row count, which a dynamic table has not; give init::Uniform its limit");
-    if (const auto* p = std::get_if<admit::Probability>(&op.admission); p && !(p->p > 0.0 && p->p <= 1.0))
-      throw error(what + "the admission probability must be in (0, 1], got " + std::to_string(p->p));
-    if (const auto* c = std::get_if<admit::CountMin>(&op.admission)) {
-      if (c->sightings < 1) throw error(what + "CountMin needs at least one sighting");
-      sketch_ = CountMinSketch(*c);
-    }
+    check_options(op, "parallax::dynamic::Table \"" + op.name + "\": ");
+    if (const auto* c = std::get_if<admit::CountMin>(&op.admission)) sketch_ = CountMinSketch(*c);
     rule_ = parallax::detail::make_init_rule(op.init, op.name, Shape{op.capacity, op.cols});
     buckets_ = std::max<std::size_t>(op.capacity + 1,
                                      static_cast<std::size_t>(std::ceil(static_cast<double>(op.capacity) / op.max_load)));
