@@ -53,6 +53,10 @@ struct Args {
   std::size_t growth = 1000;           ///< head ids added per step
   double head_fraction = 0.6;          ///< ids drawn from the head; the rest are seen once
   double zipf = 1.1;                   ///< the head's Zipf exponent
+  /// Fixed tables instead (the baseline of docs/benchmarks.md, "02_ctr
+  /// --dynamic against fixed tables"): a sparse Variable per feature of
+  /// the dynamic tables' live rows over all ranks, each key hashed into it.
+  bool fixed = false;
 };
 
 inline void add_options(po::options_description& desc, Args& a) {
@@ -72,7 +76,10 @@ inline void add_options(po::options_description& desc, Args& a) {
     ("dynamic-growth", po::value(&a.growth)->default_value(a.growth), "new popular ids per step (per feature)")
     ("dynamic-head-fraction", po::value(&a.head_fraction)->default_value(a.head_fraction),
      "fraction of ids drawn from the popular pool; the rest are seen once")
-    ("dynamic-zipf", po::value(&a.zipf)->default_value(a.zipf), "the popular pool's Zipf exponent (not 1)");
+    ("dynamic-zipf", po::value(&a.zipf)->default_value(a.zipf), "the popular pool's Zipf exponent (not 1)")
+    ("dynamic-fixed", po::bool_switch(&a.fixed),
+     "the same model and stream with fixed sparse tables of --dynamic-capacity x ranks rows in all, each key "
+     "hashed into its table (key mod rows): the baseline of the dynamic tables' speed");
   desc.add(d);
 }
 
@@ -184,22 +191,30 @@ inline std::pair<double, double> resident_bytes() {
   return {rss, hwm};
 }
 
-/// The model: a dynamic table per feature, the bottom and top MLPs.
-class Model {
+/// The model: a table per feature, the bottom and top MLPs. Tables are
+/// DynamicVariables, or with V a fixed sparse Variable (--dynamic-fixed) of
+/// the dynamic tables' live rows over all ranks, each key hashed into it.
+template <class V = px::DynamicVariable<float>>
+class ModelOf {
  public:
   using T = float;
-  using Var = px::DynamicVariable<T>;
+  using Var = V;
   using Dense = DenseLayer<px::HostSpace, T>;
+  static constexpr bool dynamic = px::dynamic::is_dynamic_v<V>;
 
-  Model(const px::Context& ctx, const Config& cfg, const Args& a)
+  ModelOf(const px::Context& ctx, const Config& cfg, const Args& a)
       : bottom1(ctx, "bottom1", dense_features, cfg.bottom, Activation::relu, cfg.seed),
         bottom2(ctx, "bottom2", cfg.bottom, cfg.dim, Activation::relu, cfg.seed),
         top1(ctx, "top1", (a.features + 1) * cfg.dim, cfg.top, Activation::relu, cfg.seed),
         top2(ctx, "top2", cfg.top, 1, Activation::none, cfg.seed),
         mlp{bottom1.w, bottom1.b, bottom2.w, bottom2.b, top1.w, top1.b, top2.w, top2.b}, dim_(cfg.dim) {
-    for (std::size_t f = 0; f < a.features; ++f)
-      tables.emplace_back(ctx, std::string("dyn") + (f < 10 ? "0" : "") + std::to_string(f),
-                          table_options(a, cfg.dim, cfg.seed));
+    const auto o = table_options(a, cfg.dim, cfg.seed);
+    rows_ = o.capacity * static_cast<std::size_t>(ctx.size());
+    for (std::size_t f = 0; f < a.features; ++f) {
+      const std::string name = std::string("dyn") + (f < 10 ? "0" : "") + std::to_string(f);
+      if constexpr (dynamic) tables.emplace_back(ctx, name, o);
+      else tables.emplace_back(ctx, name, px::Shape{rows_, cfg.dim}, o.init);
+    }
   }
 
   /// One training step on this rank's share; returns its mean loss. Collective.
@@ -216,8 +231,10 @@ class Model {
     for (std::size_t f = 0; f < tables.size(); ++f) targets.push_back(grad_rows_.data() + f * rows * dim_);
     px::for_each_rows(ex, rows * (tables.size() + 1), dim_,
                       SplitBlocks<T>{grad_concat_.data(), targets.data(), tables.size() + 1, dim_});
-    for (std::size_t f = 0; f < tables.size(); ++f)
-      tables[f].grad().add(batch.keys[f].data(), grad_rows_.data() + f * rows * dim_, rows);
+    for (std::size_t f = 0; f < tables.size(); ++f) {
+      if constexpr (dynamic) tables[f].grad().add(batch.keys[f].data(), grad_rows_.data() + f * rows * dim_, rows);
+      else tables[f].grad().add(ids_[f].data(), grad_rows_.data() + f * rows * dim_, rows);
+    }
     bottom2.backward(ex, bottom1.output(), rows, bottom1.output_grad());
     bottom1.backward(ex, batch.dense.data(), rows, nullptr);
     ex.synchronize();
@@ -244,8 +261,16 @@ class Model {
     const std::size_t rows = batch.rows, width = (tables.size() + 1) * dim_;
     const T* b = bottom2.forward(ex, bottom1.forward(ex, batch.dense.data(), rows), rows);
     std::vector<px::Lookup<Var>> lookups;  // every table in one batched lookup
-    for (std::size_t f = 0; f < tables.size(); ++f)
-      lookups.emplace_back(tables[f], reinterpret_cast<const px::index_t*>(batch.keys[f].data()), rows);
+    ids_.resize(tables.size());
+    for (std::size_t f = 0; f < tables.size(); ++f) {
+      if constexpr (dynamic) {
+        lookups.emplace_back(tables[f], reinterpret_cast<const px::index_t*>(batch.keys[f].data()), rows);
+      } else {
+        ids_[f].resize(rows);
+        for (std::size_t i = 0; i < rows; ++i) ids_[f][i] = static_cast<px::index_t>(batch.keys[f][i] % rows_);
+        lookups.emplace_back(tables[f], ids_[f].data(), rows);
+      }
+    }
     const auto looked_up = timed(ex, Part::parallax, [&] { return trainer.lookup(lookups); });
     std::vector<const T*> sources{b};
     for (const auto& r : looked_up) sources.push_back(r.data);
@@ -267,8 +292,11 @@ class Model {
   }
 
   std::size_t dim_;
+  std::size_t rows_ = 0;                       // a fixed table's rows
+  std::vector<std::vector<px::index_t>> ids_;  // a fixed table's ids: the keys mod rows_
   std::vector<T> concat_, grad_concat_, grad_rows_, loss_, hits_;
 };
+using Model = ModelOf<>;
 
 /// The synchronizer of the tables: DynamicPS's shards, or under --arch
 /// allreduce AllGatherv's replicas.
@@ -317,7 +345,7 @@ void print_tables(Trainer& trainer, Model& model, std::uint64_t step, double bas
 /// Trains the --dynamic model under Arch (a synchronous architecture), then
 /// checks held-out predictions against a constant one. Collective; returns
 /// the exit code.
-template <class Arch>
+template <class Arch, class Model = ModelOf<>>
 int train(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Args& a, std::size_t eval_examples,
           double pass_ratio) {
   const double before = resident_bytes().first;  // the process before the tables exist
@@ -329,7 +357,13 @@ int train(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Arg
   to.update_when_ready = false;
   px::Trainer<Arch, px::optim::Adagrad, px::engine::Mpi> trainer(ctx, to, px::optim::Adagrad{o.lr}, model.tables,
                                                                  model.mlp);
-  if (ctx.is_root()) {
+  if (!Model::dynamic && ctx.is_root()) {
+    std::printf("02_ctr --dynamic --dynamic-fixed: %zu fixed sparse tables of %zu rows (the keys mod rows), width "
+                "%zu; architecture %s on %d ranks, batch %zu per rank, %zu steps\n",
+                model.tables.size(), model.tables[0].shape().rows, cfg.dim, Arch::name, ctx.size(), o.batch, o.steps);
+    std::fflush(stdout);
+  }
+  if constexpr (Model::dynamic) if (ctx.is_root()) {
     const auto& t = tables_sync(trainer).table(model.tables[0]);
     std::printf("02_ctr --dynamic: %zu dynamic tables of %zu rows per rank each (%s a rank for them all, %zu bytes a "
                 "row), width %zu, eviction %s, admission %s; stream: %.0f%% of ids from a Zipf(%.2f) pool of %zu + %zu "
@@ -348,8 +382,9 @@ int train(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Arg
           [&] { once += static_cast<double>(stream.batch(step, global, first, o.batch, batch)); });
     progress.record(model.train_step(trainer, batch));
     const std::uint64_t done = step + 1;
-    if (done == 1 || done % std::max<std::size_t>(o.log_every, 1) == 0 || done == o.steps)
-      print_tables(trainer, model, done, before);
+    if constexpr (Model::dynamic)
+      if (done == 1 || done % std::max<std::size_t>(o.log_every, 1) == 0 || done == o.steps)
+        print_tables(trainer, model, done, before);
   }
   const Summary s = progress.finish();
   once = ctx.sum(once);
@@ -392,6 +427,12 @@ int run(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Args&
     throw px::error("--dynamic needs the host build (dynamic tables live in host memory)");
   } else {
   if (o.sync != "sync") throw px::error("--dynamic trains synchronously: --sync async takes no dynamic variables");
+  if (a.fixed) {
+    using Fixed = ModelOf<px::Variable<px::Sparse, float>>;
+    if (o.arch == "hybrid" || o.arch == "auto") return train<px::arch::Hybrid, Fixed>(ctx, o, cfg, a, eval_examples, pass_ratio);
+    if (o.arch == "allreduce") return train<px::arch::AllReduce, Fixed>(ctx, o, cfg, a, eval_examples, pass_ratio);
+    if (o.arch == "ps") return train<px::arch::PS, Fixed>(ctx, o, cfg, a, eval_examples, pass_ratio);
+  }
   if (o.arch == "hybrid" || o.arch == "auto") return train<px::arch::Hybrid>(ctx, o, cfg, a, eval_examples, pass_ratio);
   if (o.arch == "allreduce") return train<px::arch::AllReduce>(ctx, o, cfg, a, eval_examples, pass_ratio);
   if (o.arch == "ps") return train<px::arch::PS>(ctx, o, cfg, a, eval_examples, pass_ratio);
