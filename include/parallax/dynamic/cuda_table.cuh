@@ -496,18 +496,7 @@ class CudaTable {
     if (s.cols != cols || s.slots != options_.slots)
       throw error(what + "the snapshot has " + std::to_string(s.cols) + " cols and " + std::to_string(s.slots) +
                   " slots, the table " + std::to_string(cols) + " and " + std::to_string(options_.slots));
-    Snapshot<T> mine;
-    mine.cols = cols;
-    mine.slots = s.slots;
-    for (std::size_t i = 0; i < s.size(); ++i) {
-      if (ranks > 0 && owner(s.keys[i], ranks) != rank) continue;
-      mine.keys.push_back(s.keys[i]);
-      mine.rows.insert(mine.rows.end(), s.rows.begin() + i * cols, s.rows.begin() + (i + 1) * cols);
-      for (int k = 0; k < s.slots; ++k)
-        mine.state[k].insert(mine.state[k].end(), s.state[k].begin() + i * cols, s.state[k].begin() + (i + 1) * cols);
-      mine.counts.push_back(s.counts[i]);
-      mine.last_steps.push_back(s.last_steps[i]);
-    }
+    const Snapshot<T> mine = ranks > 0 ? owned_share(s, rank, ranks) : s;
     const std::size_t n = mine.size();
     if (n == 0) return 0;
     scratch_keys_.assign_from_host(mine.keys.data(), n);

@@ -134,6 +134,25 @@ inline void check_options(const Options& op, const std::string& what) {
   }
 }
 
+/// Rank `rank` of `ranks`' share of a snapshot: the keys owner() gives it.
+template <class T>
+Snapshot<T> owned_share(const Snapshot<T>& all, int rank, int ranks) {
+  Snapshot<T> out;
+  out.cols = all.cols;
+  out.slots = all.slots;
+  const std::size_t cols = all.cols;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (owner(all.keys[i], ranks) != rank) continue;
+    out.keys.push_back(all.keys[i]);
+    out.rows.insert(out.rows.end(), all.rows.begin() + i * cols, all.rows.begin() + (i + 1) * cols);
+    for (int k = 0; k < all.slots; ++k)
+      out.state[k].insert(out.state[k].end(), all.state[k].begin() + i * cols, all.state[k].begin() + (i + 1) * cols);
+    out.counts.push_back(all.counts[i]);
+    out.last_steps.push_back(all.last_steps[i]);
+  }
+  return out;
+}
+
 /// One shard's dynamic table of T (float or double) values.
 template <class T = float>
 class Table {

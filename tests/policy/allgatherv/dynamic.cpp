@@ -9,6 +9,7 @@
 // (Trainer::save) taken under AllReduce restore under AllReduce and Hybrid
 // at 1-N ranks, and those of Hybrid under AllReduce, with training going on
 // as one process that never stopped.
+#include "policy/dynamic_stream.hpp"
 #include "support.hpp"
 
 #include <algorithm>
@@ -20,10 +21,8 @@
 
 namespace {
 
-using Var = px::DynamicVariable<float>;
-constexpr std::size_t C = 3;   // columns
-constexpr std::size_t G = 24;  // keys in a step's global batch (divisible by 1-4)
-constexpr std::uint64_t steps = 6;
+using namespace dynamic_test;
+using dynamic_test::check_same;  // beside the overload for statistics below
 
 static_assert(std::is_same_v<px::policy_for_t<px::arch::AllReduce, Var>, px::AllGatherv>);
 static_assert(std::is_same_v<px::policy_for_t<px::arch::Hybrid, Var>, px::DynamicPS>);
@@ -32,59 +31,11 @@ static_assert(std::is_same_v<px::policy_for_t<px::arch::Hybrid, px::DynamicVaria
                              px::AllGatherv>);
 static_assert(!px::Trainer<px::arch::AllReduce, px::optim::Sgd>::can_prefetch<Var>);
 
-// Global position j of step s: a popular head, keys that come back across
-// steps, and keys new at every step (each twice in it, so count-min
-// admission admits them).
-std::uint64_t key_at(std::uint64_t s, std::size_t j) {
-  if (j % 3 == 0) return 1000 + (j / 3) % 2;
-  if (j % 3 == 1) return px::detail::splitmix64((s + j) % 29 + 17);
-  return px::detail::splitmix64(s * 1000 + j / 6);
-}
-float grad_of(std::uint64_t s, std::size_t j, std::size_t c, float row) {
-  return 0.25f * row + 0.01f * static_cast<float>((s * 7 + j * 3 + c) % 11) - 0.05f;
-}
-
-// Rank r's share of the global batch: a contiguous block.
-std::pair<std::size_t, std::size_t> block(int rank, int ranks) {
-  const std::size_t n = G / static_cast<std::size_t>(ranks);
-  return {static_cast<std::size_t>(rank) * n, (static_cast<std::size_t>(rank) + 1) * n};
-}
-
-px::dynamic::Options options(std::size_t capacity, bool small) {
-  px::dynamic::Options o;
-  o.capacity = capacity;
-  o.cols = C;
-  o.init = px::init::Uniform{-0.5f, 0.5f, 11};
-  if (small) {
-    o.evict = px::dynamic::Evict::lfu;
-    o.evict_fraction = 0.1;
-    px::dynamic::admit::CountMin cm;
-    cm.sightings = 2;
-    o.admission = cm;
-    o.unadmitted = px::dynamic::Unadmitted::initial;
-  } else {
-    o.admission = px::dynamic::admit::Probability{0.7};
-  }
-  return o;
-}
-
 px::TrainerOptions sum_options(double clip_norm = 0) {
   px::TrainerOptions to;
   to.reduction = px::Reduction::sum;
   to.clip_norm = clip_norm;
   return to;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-void check_same(const px::dynamic::Snapshot<float>& got, const px::dynamic::Snapshot<float>& want) {
-  CHECK(got.keys == want.keys);
-  CHECK(same_bits(got.rows, want.rows));
-  for (int k = 0; k < want.slots; ++k) CHECK(same_bits(got.state[k], want.state[k]));
-  CHECK(got.counts == want.counts);
-  CHECK(got.last_steps == want.last_steps);
 }
 
 void check_same(const px::dynamic::Stats& got, const px::dynamic::Stats& want) {
@@ -95,17 +46,6 @@ void check_same(const px::dynamic::Stats& got, const px::dynamic::Stats& want) {
   CHECK(got.inserts == want.inserts);
   CHECK(got.evictions == want.evictions);
   CHECK(got.admissions_refused == want.admissions_refused);
-}
-
-// The rows rank `me` of `ranks` read, out of one process's rows of the
-// global batch (its block of each step).
-std::vector<float> rows_of_block(const std::vector<float>& global, int me, int ranks) {
-  const auto [first, last] = block(me, ranks);
-  std::vector<float> out;
-  for (std::size_t s = 0; s < global.size() / (G * C); ++s)
-    out.insert(out.end(), global.begin() + static_cast<std::ptrdiff_t>((s * G + first) * C),
-               global.begin() + static_cast<std::ptrdiff_t>((s * G + last) * C));
-  return out;
 }
 
 // A dynamic variable and a dense one in a trainer of architecture Arch over
@@ -146,20 +86,6 @@ struct Model {
     return read;
   }
 };
-
-// Runs f on a communicator of the first m world ranks (the others skip it).
-template <class F>
-void on_first(int m, F&& f) {
-  const int me = test::world().rank();
-  MPI_Comm sub;
-  MPI_Comm_split(MPI_COMM_WORLD, me < m ? 0 : MPI_UNDEFINED, me, &sub);
-  if (me >= m) return;
-  {
-    px::Context ctx(sub);
-    f(ctx);
-  }
-  MPI_Comm_free(&sub);
-}
 
 template <class Opt>
 void check_one_process(const Opt& opt, std::size_t capacity, bool small) {
@@ -301,9 +227,9 @@ TEST_CASE("checkpoints of replicated dynamic tables restore at 1-N ranks under A
         b.run(1, 1);  // rows that the restore replaces
         b.trainer.restore(saved->path);
         const bool replica = std::is_same_v<typename Model<Restorer, px::optim::Adagrad>::Policy, px::AllGatherv>;
-        check_same(b.table(), replica ? at3 : px::policy::dynamic_ps::owned_share(at3, me, m));
+        check_same(b.table(), replica ? at3 : px::dynamic::owned_share(at3, me, m));
         CHECK(same_bits(b.run(4, 5), rows_of_block(read_after, me, m)));
-        check_same(b.table(), replica ? at5 : px::policy::dynamic_ps::owned_share(at5, me, m));
+        check_same(b.table(), replica ? at5 : px::dynamic::owned_share(at5, me, m));
         CHECK(same_bits(b.trainer.fetch(b.w), w5));
       });
     MPI_Barrier(MPI_COMM_WORLD);

@@ -53,25 +53,6 @@ enum class Placement : std::uint8_t {
   replicated  ///< every rank holds every key, in identical tables (AllGatherv)
 };
 
-/// Rank `rank` of `ranks`' share of a snapshot: the keys owner() gives it.
-template <class T>
-dynamic::Snapshot<T> owned_share(const dynamic::Snapshot<T>& all, int rank, int ranks) {
-  dynamic::Snapshot<T> out;
-  out.cols = all.cols;
-  out.slots = all.slots;
-  const std::size_t cols = all.cols;
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    if (dynamic::owner(all.keys[i], ranks) != rank) continue;
-    out.keys.push_back(all.keys[i]);
-    out.rows.insert(out.rows.end(), all.rows.begin() + i * cols, all.rows.begin() + (i + 1) * cols);
-    for (int k = 0; k < all.slots; ++k)
-      out.state[k].insert(out.state[k].end(), all.state[k].begin() + i * cols, all.state[k].begin() + (i + 1) * cols);
-    out.counts.push_back(all.counts[i]);
-    out.last_steps.push_back(all.last_steps[i]);
-  }
-  return out;
-}
-
 /// A dynamic variable as a synchronizer holds it, whatever its element type.
 template <class Engine, class Optimizer>
 class Shard : public Member {
@@ -152,7 +133,7 @@ class TableMember : public Shard<Engine, Optimizer> {
     std::uint64_t mine[2] = {0, 0};
     try {
       const auto rows = placement_ == Placement::sharded ? table_.export_rows()
-                                                         : owned_share(table_.export_rows(), me, n);
+                                                         : dynamic::owned_share(table_.export_rows(), me, n);
       const auto f = write_shard(shard_path(dir, var_.name(), me), rows);
       mine[0] = f.first;
       mine[1] = f.second;
