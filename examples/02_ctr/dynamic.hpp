@@ -46,6 +46,7 @@ struct Args {
   std::size_t features = 8;            ///< categorical features, a table each
   std::size_t capacity = 200000;       ///< rows per rank over all tables
   std::string evict = "lru";           ///< lru | lfu
+  double evict_fraction = 0.01;        ///< of a full table's rows evicted at once
   std::string admit = "always";        ///< always | count-min | probability
   std::uint32_t sightings = 2;         ///< count-min: sightings before a key takes a row
   double probability = 0.5;            ///< probability: admission chance per sighting
@@ -67,6 +68,8 @@ inline void add_options(po::options_description& desc, Args& a) {
     ("dynamic-capacity", po::value(&a.capacity)->default_value(a.capacity),
      "rows per rank over all tables (each table holds its even share)")
     ("dynamic-evict", po::value(&a.evict)->default_value(a.evict), "eviction when a table is full: lru or lfu")
+    ("dynamic-evict-fraction", po::value(&a.evict_fraction)->default_value(a.evict_fraction),
+     "the fraction of a full table's rows evicted at once (each eviction scans the table)")
     ("dynamic-admit", po::value(&a.admit)->default_value(a.admit),
      "admission: always, count-min (a key takes a row at its --dynamic-sightings-th sighting) or probability")
     ("dynamic-sightings", po::value(&a.sightings)->default_value(a.sightings), "count-min admission's sightings")
@@ -90,6 +93,7 @@ inline std::string check(const Args& a) {
   if (a.features == 0 || a.features > features) return "--dynamic-features must be 1-" + std::to_string(features);
   if (a.capacity < a.features) return "--dynamic-capacity must be at least --dynamic-features (a row per table)";
   if (a.evict != "lru" && a.evict != "lfu") return "--dynamic-evict must be lru or lfu, not '" + a.evict + "'";
+  if (!(a.evict_fraction > 0 && a.evict_fraction <= 1)) return "--dynamic-evict-fraction must be in (0, 1]";
   if (a.admit != "always" && a.admit != "count-min" && a.admit != "probability")
     return "--dynamic-admit must be always, count-min or probability, not '" + a.admit + "'";
   if (a.sightings == 0) return "--dynamic-sightings must be at least 1";
@@ -107,6 +111,7 @@ inline px::dynamic::Options table_options(const Args& a, std::size_t dim, std::u
   o.cols = dim;
   o.init = px::init::Uniform{-0.05f, 0.05f, seed};
   o.evict = a.evict == "lfu" ? px::dynamic::Evict::lfu : px::dynamic::Evict::lru;
+  o.evict_fraction = a.evict_fraction;
   if (a.admit == "count-min") {
     px::dynamic::admit::CountMin cm;
     cm.sightings = a.sightings;
