@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -77,6 +78,31 @@ inline std::vector<float> rows_of_block(const std::vector<float>& global, int me
     out.insert(out.end(), global.begin() + static_cast<std::ptrdiff_t>((s * G + first) * C),
                global.begin() + static_cast<std::ptrdiff_t>((s * G + last) * C));
   return out;
+}
+
+// A gradient of the wrong width on rank 0 throws at step() on every rank
+// under architecture Arch, naming it, and the trainer goes on.
+template <class Arch>
+void check_wrong_width() {
+  const auto& ctx = test::world();
+  Var emb(ctx, "emb", options(100, false));
+  px::Trainer<Arch, px::optim::Sgd> trainer(ctx, px::optim::Sgd{0.1f}, emb);
+  const std::vector<std::uint64_t> keys{1, 2};
+  (void)trainer.lookup(emb, keys);
+  if (ctx.rank() == 0) emb.grad().add(keys, std::vector<float>(5, 1.0f));
+  else emb.grad().add(keys, std::vector<float>(keys.size() * C, 1.0f));
+  std::string what;
+  try {
+    trainer.step();
+  } catch (const px::error& e) {
+    what = e.what();
+  }
+  INFO(what);
+  CHECK(what.find("gradient of dynamic variable 'emb' has 5 values for 2 keys") != std::string::npos);
+  CHECK(test::same_on_every_rank(what));
+  (void)trainer.lookup(emb, keys);
+  emb.grad().add(keys, std::vector<float>(keys.size() * C, 1.0f));
+  CHECK_NOTHROW(trainer.step());
 }
 
 // Runs f on a communicator of the first m world ranks (the others skip it).

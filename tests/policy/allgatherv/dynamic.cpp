@@ -176,22 +176,7 @@ TEST_CASE("a lookup beyond a replica's capacity throws on every rank", "[allgath
 }
 
 TEST_CASE("a wrong-width dynamic gradient under AllGatherv throws on every rank", "[allgatherv][dynamic]") {
-  const auto& ctx = test::world();
-  Var emb(ctx, "emb", options(100, false));
-  px::Trainer<px::arch::AllReduce, px::optim::Sgd> trainer(ctx, px::optim::Sgd{0.1f}, emb);
-  const std::vector<std::uint64_t> keys{1, 2};
-  (void)trainer.lookup(emb, keys);
-  if (ctx.rank() == 0) emb.grad().add(keys, std::vector<float>(5, 1.0f));
-  else emb.grad().add(keys, std::vector<float>(keys.size() * C, 1.0f));
-  std::string what;
-  try {
-    trainer.step();
-  } catch (const px::error& e) {
-    what = e.what();
-  }
-  INFO(what);
-  CHECK(what.find("gradient of dynamic variable 'emb' has 5 values for 2 keys") != std::string::npos);
-  CHECK(test::same_on_every_rank(what));
+  check_wrong_width<px::arch::AllReduce>();
 }
 
 TEST_CASE("checkpoints of replicated dynamic tables restore at 1-N ranks under AllGatherv and DynamicPS alike",
