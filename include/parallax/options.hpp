@@ -113,6 +113,13 @@ struct ShardedOptions {
   /// Rows, errors, bytes and checkpoints stay per variable, and so does
   /// each variable's partitioning.
   bool group_tables = true;
+  /// Trainer::ready(): push every group's gradient rows in one route once
+  /// the last group is ready, instead of a route per group as each one is:
+  /// a round trip a step per group fewer (what costs over TCP between
+  /// hosts), but an early group's rows no longer travel while the layers
+  /// below compute. Turn it off for a model whose backward pass computes
+  /// long between its groups' ready() calls.
+  bool push_together = true;
 };
 
 /// Settings of asynchronous training (the AsyncPS policy, arch::Async and

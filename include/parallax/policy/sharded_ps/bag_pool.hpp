@@ -146,7 +146,12 @@ class BagPool {
     bag_first_of_.assign(requests_.size() + 1, 0);
     std::vector<index_t> ids;
     std::vector<T> w;
-    std::vector<std::pair<index_t, std::size_t>> bag;  // (key, position) of a bag's ids
+    // A bag's ids ordered by owner, bag order within one: (owner, position)
+    // packed in one word and sorted (std::sort, unlike std::stable_sort,
+    // allocates nothing per bag; the positions, under 2^32 in a bag, keep
+    // it stable).
+    std::vector<std::uint64_t> bag;
+    std::vector<index_t> bag_keys;
     std::size_t global_bag = 0;
     for (std::size_t r = 0; r < requests_.size(); ++r) {
       const Request& q = requests_[r];
@@ -157,24 +162,27 @@ class BagPool {
       if (q.weights && q.n) space_traits<space>::copy_to_host(w.data(), q.weights, q.n * sizeof(T));
       for (std::size_t b = 0; b < q.bags(); ++b, ++global_bag) {
         bag_first.push_back(static_cast<index_t>(counts.size()));
-        bag.clear();
-        for (auto j = static_cast<std::size_t>(q.offsets[b]); j < static_cast<std::size_t>(q.offsets[b + 1]); ++j)
-          bag.emplace_back(tables.key_of(q.table, ids[j]), j);
-        // Owners ascending (keys sort by owner), ids in bag order within one.
-        std::stable_sort(bag.begin(), bag.end(), [span](const auto& a, const auto& c) {
-          return static_cast<std::size_t>(a.first) / span < static_cast<std::size_t>(c.first) / span;
-        });
+        const auto begin = static_cast<std::size_t>(q.offsets[b]), end = static_cast<std::size_t>(q.offsets[b + 1]);
+        bag_keys.resize(end - begin);
+        bag.resize(end - begin);
+        for (std::size_t j = begin; j < end; ++j) {
+          bag_keys[j - begin] = tables.key_of(q.table, ids[j]);
+          bag[j - begin] = (static_cast<std::uint64_t>(static_cast<std::size_t>(bag_keys[j - begin]) / span) << 32) |
+                           static_cast<std::uint64_t>(j - begin);
+        }
+        std::sort(bag.begin(), bag.end());
         for (std::size_t k = 0; k < bag.size(); ++k) {
-          const auto owner = static_cast<std::int32_t>(static_cast<std::size_t>(bag[k].first) / span);
+          const auto owner = static_cast<std::int32_t>(bag[k] >> 32);
+          const auto at = static_cast<std::size_t>(bag[k] & 0xffffffffu);
           if (k == 0 || owner != segment_dest.back()) {
             counts.push_back(0);
             segment_dest.push_back(owner);
             segment_bag.push_back(static_cast<index_t>(global_bag));
           }
           ++counts.back();
-          keys.push_back(bag[k].first);
+          keys.push_back(bag_keys[at]);
           entry_dest.push_back(owner);
-          if (weighted_) weights.push_back(q.weights ? w[bag[k].second] : T(1));
+          if (weighted_) weights.push_back(q.weights ? w[begin + at] : T(1));
         }
       }
     }

@@ -50,8 +50,10 @@ class ShardedSynchronizer<Engine, Optimizer>::GroupBase {
       ready_[t] = true;
       ++ready_count_;
     }
-    return ready_count_ == tables_count();
+    return all_ready();
   }
+  /// Every table of the group was marked ready this step.
+  bool all_ready() const { return ready_count_ == tables_count(); }
   void reset_ready() {
     ready_.assign(ready_.size(), false);
     ready_count_ = 0;

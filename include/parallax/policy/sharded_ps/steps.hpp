@@ -88,13 +88,43 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
 
   /// A group's push starts, on the communication thread, once all its
   /// tables are ready: its own route, so its rows travel while the user
-  /// computes the other gradients. A table whose gradient has a problem
-  /// sends no rows; the step's agreement reports the problem.
+  /// computes the other gradients; or, with ShardedOptions::push_together,
+  /// once every group is ready, all in one route. A table whose gradient
+  /// has a problem sends no rows; the step's agreement reports the problem.
   void ready(const Member& variable, const StepInfo&, Background& background) override {
     for (std::size_t i = 0; i < tables_.size(); ++i) {
       if (members_of_tables_[i]->identity() != variable.identity()) continue;
       GroupBase& g = table_group_[i];
       if (g.pushed || !g.mark_ready(table_index_[i])) return;
+      if (options_.sharded.push_together) {
+        for (auto& h : groups_)
+          if (!h->pushed && !h->all_ready()) return;
+        std::vector<GroupBase*> together;
+        for (auto& h : groups_)
+          if (!h->pushed) {
+            h->pushed = true;
+            together.push_back(h.get());
+          }
+        background.post([this, together] {
+          auto shared = engine_->stats().shared(ShardedPS::name);
+          std::vector<detail::RouteLane*> lanes;
+          detail::Fingerprint word;
+          word.add("push");
+          for (GroupBase* h : together) {
+            lanes.push_back(&h->plan_push(shared, true));
+            word.add(h->identity());
+          }
+          const detail::Span span("push: route (early)");
+          detail::route_lanes(*engine_, lanes.data(), lanes.size(), together_route_, detail::push_shape(word.value()),
+                              [&](bool detailed) {
+                                std::string out = "groups ";
+                                for (std::size_t k = 0; k < together.size(); ++k)
+                                  out += (k ? ", " : "") + together[k]->describe(detailed);
+                                return out + " (ready)";
+                              });
+        });
+        return;
+      }
       g.pushed = true;
       background.post([this, &g] {
         auto shared = engine_->stats().shared(ShardedPS::name);
@@ -276,6 +306,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   std::vector<std::size_t> table_index_;                        // per table: its index in the group
   std::vector<Dense*> dense_;
   std::vector<detail::RouteLane*> lanes_;
+  detail::RouteBuffers<space> together_route_;  // ready()'s push of every group (push_together)
   detail::RouteBuffers<space> route_;  // the push's route, and batched lookups'
   detail::RouteBuffers<space> ahead_route_;  // a lookup ahead's route (start_lookup)
   std::unique_ptr<BatchBase> ahead_;         // the lookup ahead, from start_lookup() to finish_lookup()
