@@ -371,8 +371,8 @@ int train(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Arg
   return verdict(ctx, passed, why);
 }
 
-/// train() under --arch: hybrid, allreduce or ps (DynamicPS serves each;
-/// the asynchronous architectures take no dynamic variables). A template so
+/// train() under --arch: an architecture of px::arch::all (DynamicPS serves
+/// each; the asynchronous architectures take no dynamic variables). A template so
 /// that the CUDA build, which refuses --dynamic, never instantiates it.
 template <class Space = DefaultSpace>
 int run(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Args& a, std::size_t eval_examples,
@@ -381,10 +381,10 @@ int run(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Args&
     throw px::error("--dynamic needs the host build (dynamic tables live in host memory)");
   } else {
   if (o.sync != "sync") throw px::error("--dynamic trains synchronously: --sync async takes no dynamic variables");
-  if (o.arch == "hybrid" || o.arch == "auto") return train<px::arch::Hybrid>(ctx, o, cfg, a, eval_examples, pass_ratio);
-  if (o.arch == "allreduce") return train<px::arch::AllReduce>(ctx, o, cfg, a, eval_examples, pass_ratio);
-  if (o.arch == "ps") return train<px::arch::PS>(ctx, o, cfg, a, eval_examples, pass_ratio);
-  throw px::error("--dynamic runs under --arch hybrid, allreduce or ps, not '" + o.arch + "'");
+  // auto plans no dynamic tables: the hybrid serves them.
+  return px::with_arch(o.arch == "auto" ? std::string(px::arch::Hybrid::name) : o.arch, [&](auto arch) {
+    return train<decltype(arch)>(ctx, o, cfg, a, eval_examples, pass_ratio);
+  });
   }
 }
 
