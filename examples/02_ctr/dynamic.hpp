@@ -18,6 +18,7 @@
 /// rank's resident memory against the tables' bytes (VmRSS, VmHWM).
 /// Host memory only (DynamicPS): the CUDA build refuses --dynamic.
 
+#include "../common/backend.hpp"
 #include "../common/layers.hpp"
 #include "../common/options.hpp"
 #include "../common/progress.hpp"
@@ -317,7 +318,7 @@ int train(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Arg
   px::TrainerOptions to = o.trainer_options();
   to.overlap = false;  // the model marks no gradient ready
   to.update_when_ready = false;
-  px::Trainer<Arch, px::optim::Adagrad, px::engine::Mpi> trainer(ctx, to, px::optim::Adagrad{o.lr}, model.tables,
+  px::Trainer<Arch, px::optim::Adagrad, HostEngine> trainer(ctx, to, px::optim::Adagrad{o.lr}, model.tables,
                                                                  model.mlp);
   if (ctx.is_root()) {
     const auto& t = trainer.template synchronizer<px::DynamicPS>().table(model.tables[0]);

@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
     if (hosts) cluster.hosts = hosts;
     if (per_host) cluster.ranks_per_host = per_host;
     auto override_link = [](const std::string& text, const char* what) {
-      const auto s = parallax::detail::parse_link(text);
+      const auto s = parallax::link::parse_link(text);
       if (!s.enabled()) throw plan_files::bad_input(std::string("--") + what + ": a link needs a bandwidth above zero");
       return parallax::plan::Link{s.bytes_per_second, s.latency_s};
     };
