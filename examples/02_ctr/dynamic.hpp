@@ -20,6 +20,7 @@
 /// (AllGatherv), elsewhere its shard (DynamicPS). Host memory only: the CUDA
 /// build refuses --dynamic.
 
+#include "../common/backend.hpp"
 #include "../common/layers.hpp"
 #include "../common/options.hpp"
 #include "../common/progress.hpp"
@@ -360,7 +361,7 @@ int train(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Arg
   px::TrainerOptions to = o.trainer_options();
   to.overlap = false;  // the model marks no gradient ready
   to.update_when_ready = false;
-  px::Trainer<Arch, px::optim::Adagrad, px::engine::Mpi> trainer(ctx, to, px::optim::Adagrad{o.lr}, model.tables,
+  px::Trainer<Arch, px::optim::Adagrad, HostEngine> trainer(ctx, to, px::optim::Adagrad{o.lr}, model.tables,
                                                                  model.mlp);
   if (!Model::dynamic && ctx.is_root()) {
     std::printf("02_ctr --dynamic --dynamic-fixed: %zu fixed sparse tables of %zu rows (the keys mod rows), width "
@@ -421,9 +422,9 @@ int train(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Arg
   return verdict(ctx, passed, why);
 }
 
-/// train() under --arch: hybrid or ps (DynamicPS shards the tables) or
-/// allreduce (AllGatherv replicates them on every rank); the asynchronous
-/// architectures take no dynamic variables. A template so
+/// train() under --arch: an architecture of px::arch::all: hybrid or ps
+/// (DynamicPS shards the tables) or allreduce (AllGatherv replicates them on
+/// every rank); the asynchronous architectures take no dynamic variables. A template so
 /// that the CUDA build, which refuses --dynamic, never instantiates it.
 template <class Space = DefaultSpace>
 int run(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Args& a, std::size_t eval_examples,
@@ -432,16 +433,12 @@ int run(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Args&
     throw px::error("--dynamic needs the host build (dynamic tables live in host memory)");
   } else {
   if (o.sync != "sync") throw px::error("--dynamic trains synchronously: --sync async takes no dynamic variables");
-  if (a.fixed) {
-    using Fixed = ModelOf<px::Variable<px::Sparse, float>>;
-    if (o.arch == "hybrid" || o.arch == "auto") return train<px::arch::Hybrid, Fixed>(ctx, o, cfg, a, eval_examples, pass_ratio);
-    if (o.arch == "allreduce") return train<px::arch::AllReduce, Fixed>(ctx, o, cfg, a, eval_examples, pass_ratio);
-    if (o.arch == "ps") return train<px::arch::PS, Fixed>(ctx, o, cfg, a, eval_examples, pass_ratio);
-  }
-  if (o.arch == "hybrid" || o.arch == "auto") return train<px::arch::Hybrid>(ctx, o, cfg, a, eval_examples, pass_ratio);
-  if (o.arch == "allreduce") return train<px::arch::AllReduce>(ctx, o, cfg, a, eval_examples, pass_ratio);
-  if (o.arch == "ps") return train<px::arch::PS>(ctx, o, cfg, a, eval_examples, pass_ratio);
-  throw px::error("--dynamic runs under --arch hybrid, allreduce or ps, not '" + o.arch + "'");
+  // auto plans no dynamic tables: the hybrid serves them.
+  return px::with_arch(o.arch == "auto" ? std::string(px::arch::Hybrid::name) : o.arch, [&](auto arch) {
+    using Arch = decltype(arch);
+    if (a.fixed) return train<Arch, ModelOf<px::Variable<px::Sparse, float>>>(ctx, o, cfg, a, eval_examples, pass_ratio);
+    return train<Arch>(ctx, o, cfg, a, eval_examples, pass_ratio);
+  });
   }
 }
 

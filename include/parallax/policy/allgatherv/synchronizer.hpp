@@ -33,7 +33,7 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
  public:
   using space = engine::space_of_t<Engine>;
 
-  GatherSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions&) : engine_(&engine), opt_(&opt) {}
+  GatherSynchronizer(Engine& engine, const Optimizer& opt, const Common&) : engine_(&engine), opt_(&opt) {}
 
   template <class Var>
   Member& add(Var var) {

@@ -69,10 +69,11 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
                 "AsyncPS applies one optimizer's rule to every row it owns: it does not take optim::Groups (use a "
                 "synchronous architecture, or one optimizer)");
 
-  AsyncSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions& options)
-      : engine_(&engine), opt_(&opt), options_(options) {
-    PARALLAX_EXPECTS(options.async.staleness >= -1, "TrainerOptions::async.staleness must be >= 0, or -1 for "
-                                                    "unbounded; got ", options.async.staleness);
+  AsyncSynchronizer(Engine& engine, const Optimizer& opt, const Common& common, const async::Options& async,
+                    const sharded::Options& sharded)
+      : engine_(&engine), opt_(&opt), options_{common, sharded, async} {
+    PARALLAX_EXPECTS(async.staleness >= -1, "TrainerOptions::async.staleness must be >= 0, or -1 for "
+                                            "unbounded; got ", async.staleness);
   }
 
   template <class Var>
@@ -435,7 +436,11 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
 
   Engine* engine_;
   const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
-  TrainerOptions options_;
+  struct Settings : Common {
+    sharded::Options sharded;
+    async::Options async;
+  };
+  Settings options_;  // the settings it was made with
   std::unique_ptr<async::Clock> clock_;
   bool rma_ = false;  // the route across hosts (rma.hpp)
   std::unique_ptr<async::Watchdog> watchdog_;  // RMA route: the deadline of one-sided calls

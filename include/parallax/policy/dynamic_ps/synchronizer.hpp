@@ -243,7 +243,7 @@ class DynamicSynchronizer final : public Synchronizer<Engine> {
  public:
   using space = HostSpace;
 
-  DynamicSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions&) : engine_(engine), opt_(opt) {}
+  DynamicSynchronizer(Engine& engine, const Optimizer& opt, const Common&) : engine_(engine), opt_(opt) {}
 
   template <class Var>
   Member& add(Var var) {

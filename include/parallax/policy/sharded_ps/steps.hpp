@@ -41,9 +41,10 @@ namespace parallax::policy {
 /// The partition count of a sharded variable: its own (TrainerOptions::
 /// partitions), the configured default, or one per rank (but no more than
 /// the variable has rows).
-inline int partitions_for(const TrainerOptions& o, const std::string& name, std::size_t rows, int ranks) {
-  if (auto it = o.partitions.find(name); it != o.partitions.end()) return it->second;
-  if (o.sharded.partitions > 0) return o.sharded.partitions;
+inline int partitions_for(const Common& common, const sharded::Options& sharded, const std::string& name,
+                          std::size_t rows, int ranks) {
+  if (auto it = common.partitions.find(name); it != common.partitions.end()) return it->second;
+  if (sharded.partitions > 0) return sharded.partitions;
   return static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(ranks), std::max<std::size_t>(rows, 1)));
 }
 
@@ -52,14 +53,14 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
  public:
   using space = engine::space_of_t<Engine>;
 
-  ShardedSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions& options)
-      : engine_(&engine), opt_(&opt), options_(options) {}
+  ShardedSynchronizer(Engine& engine, const Optimizer& opt, const Common& common, const sharded::Options& sharded)
+      : engine_(&engine), opt_(&opt), options_{common, sharded} {}
   ShardedSynchronizer(const ShardedSynchronizer&) = delete;
   ShardedSynchronizer& operator=(const ShardedSynchronizer&) = delete;
 
   template <class Var>
   Member& add(Var var) {
-    const PartitionMap map(var.rows(), partitions_for(options_, var.name(), var.rows(), engine_->size()),
+    const PartitionMap map(var.rows(), partitions_for(options_, options_.sharded, var.name(), var.rows(), engine_->size()),
                            engine_->size());
     if constexpr (Var::is_sparse()) {
       using S = storage_type_t<Var>;
@@ -295,7 +296,10 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
                                    const std::vector<std::vector<index_t>>& offsets);
   Engine* engine_;
   const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
-  TrainerOptions options_;
+  struct Settings : Common {
+    sharded::Options sharded;
+  };
+  Settings options_;  // the settings it was made with
   std::vector<std::unique_ptr<GroupBase>> groups_;
   std::vector<const std::type_info*> group_types_;
   std::vector<std::size_t> group_cols_;
