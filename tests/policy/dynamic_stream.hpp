@@ -57,6 +57,26 @@ inline px::dynamic::Options options(std::size_t capacity, bool small) {
   return o;
 }
 
+// One step of the stream on `trainer`, before its dense gradients and
+// step(): looks this rank's block of step s up, appends the rows read to
+// `read` and adds their gradients (grad_of) to emb's.
+template <class Trainer>
+void look_up_and_push(Trainer& trainer, Var& emb, std::uint64_t s, std::vector<float>& read) {
+  const auto [first, last] = block(trainer.context().rank(), trainer.context().size());
+  std::vector<std::uint64_t> keys;
+  for (std::size_t j = first; j < last; ++j) keys.push_back(key_at(s, j));
+  const auto rows = trainer.lookup(emb, keys);
+  REQUIRE(rows.rows == keys.size());
+  REQUIRE(rows.cols == C);
+  std::vector<float> grads(keys.size() * C);
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    for (std::size_t c = 0; c < C; ++c) {
+      read.push_back(rows.row(i)[c]);
+      grads[i * C + c] = grad_of(s, first + i, c, rows.row(i)[c]);
+    }
+  emb.grad().add(keys, grads);
+}
+
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }

@@ -64,21 +64,9 @@ struct Model {
   // rows this rank read, and the gradient norm of each step into `norms`.
   std::vector<float> run(std::uint64_t from, std::uint64_t to, std::vector<double>* norms = nullptr) {
     const auto& ctx = trainer.context();
-    const auto [first, last] = block(ctx.rank(), ctx.size());
     std::vector<float> read;
     for (std::uint64_t s = from; s <= to; ++s) {
-      std::vector<std::uint64_t> keys;
-      for (std::size_t j = first; j < last; ++j) keys.push_back(key_at(s, j));
-      const auto rows = trainer.lookup(emb, keys);
-      REQUIRE(rows.rows == keys.size());
-      REQUIRE(rows.cols == C);
-      std::vector<float> grads(keys.size() * C);
-      for (std::size_t i = 0; i < keys.size(); ++i)
-        for (std::size_t c = 0; c < C; ++c) {
-          read.push_back(rows.row(i)[c]);
-          grads[i * C + c] = grad_of(s, first + i, c, rows.row(i)[c]);
-        }
-      emb.grad().add(keys, grads);
+      look_up_and_push(trainer, emb, s, read);
       for (std::size_t i = 0; i < 4; ++i) w.grad().data()[i] = ctx.rank() == 0 ? 0.01f * static_cast<float>(s + i) : 0.0f;
       trainer.step();
       if (norms) norms->push_back(trainer.gradient_norm());

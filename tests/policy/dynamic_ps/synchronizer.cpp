@@ -47,21 +47,9 @@ Run train(const px::Context& ctx, const Opt& opt, std::size_t capacity, bool sma
   Var emb(ctx, "emb", options(capacity, small));
   px::Variable<px::Dense, float> w(ctx, "w", {2, 2});
   px::Trainer<px::arch::Hybrid, Opt> trainer(ctx, to, opt, emb, w);
-  const auto [first, last] = block(ctx.rank(), ctx.size());
   Run run;
   for (std::uint64_t s = 1; s <= steps; ++s) {
-    std::vector<std::uint64_t> keys;
-    for (std::size_t j = first; j < last; ++j) keys.push_back(key_at(s, j));
-    const auto rows = trainer.lookup(emb, keys);
-    REQUIRE(rows.rows == keys.size());
-    REQUIRE(rows.cols == C);
-    std::vector<float> grads(keys.size() * C);
-    for (std::size_t i = 0; i < keys.size(); ++i)
-      for (std::size_t c = 0; c < C; ++c) {
-        run.looked_up.push_back(rows.row(i)[c]);
-        grads[i * C + c] = grad_of(s, first + i, c, rows.row(i)[c]);
-      }
-    emb.grad().add(keys, grads);
+    look_up_and_push(trainer, emb, s, run.looked_up);
     std::fill(w.grad().data(), w.grad().data() + 4, ctx.rank() == 0 ? 0.01f : 0.0f);  // summed: one process's
     trainer.step();
     if (norms) norms->push_back(trainer.gradient_norm());
@@ -213,20 +201,9 @@ namespace {
 // rank read.
 template <class Trainer, class More>
 std::vector<float> run_steps(Trainer& trainer, Var& emb, std::uint64_t from, std::uint64_t to, More&& more) {
-  const auto& ctx = trainer.context();
-  const auto [first, last] = block(ctx.rank(), ctx.size());
   std::vector<float> read;
   for (std::uint64_t s = from; s <= to; ++s) {
-    std::vector<std::uint64_t> keys;
-    for (std::size_t j = first; j < last; ++j) keys.push_back(key_at(s, j));
-    const auto rows = trainer.lookup(emb, keys);
-    std::vector<float> grads(keys.size() * C);
-    for (std::size_t i = 0; i < keys.size(); ++i)
-      for (std::size_t c = 0; c < C; ++c) {
-        read.push_back(rows.row(i)[c]);
-        grads[i * C + c] = grad_of(s, first + i, c, rows.row(i)[c]);
-      }
-    emb.grad().add(keys, grads);
+    look_up_and_push(trainer, emb, s, read);
     more(s);
     trainer.step();
   }
