@@ -4,14 +4,16 @@
 # them, whole runs alternated, medians. Prints docs/benchmarks.md's
 # "Real hosts" tables. Needs root and network namespaces.
 #
-#   bench/run_cluster.sh [BUILD=build/host] [ROUNDS=3] [STEPS=60]
+#   bench/run_cluster.sh [BUILD=build/host] [ROUNDS=3] [STEPS=60] [CONFIGS="word_lm:2:1gbit ..."]
+#       [PINGPONG=1]
 #
 # 01_word_lm at the demo's vocabulary and width with a global batch of 32
 # words (16 per rank on 2 hosts, 8 on 4), one rank per host, at 1 Gbit/s and
 # 250 Mbit/s; 02_ctr at 4 hosts x 1 rank, 1 Gbit/s, a global batch of 2,048.
 # Each configuration also runs --arch auto once, with PARALLAX_PLAN_LINK set
 # to the link's rate and bench_pingpong's latency between hosts, and prints
-# the plan's predicted step against the measured one.
+# the plan's predicted step against the measured one. CONFIGS (MODEL:HOSTS:RATE
+# words) picks some of the configurations; PINGPONG=0 leaves the links out.
 # Every host is a namespace of this one machine: all ranks share its cores.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,8 +33,8 @@ ctr=("$build/examples/02_ctr" --steps "$steps" --warmup 10 --log-every 1000 --ev
 field() { sed -n "s/^result:.* $1=\([^ ]*\).*/\1/p" "$2" | tail -1; }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-echo "== links: bench_pingpong, 2 hosts x 2 ranks"
-for rate in 1gbit none; do
+[ "${PINGPONG:-1}" = 0 ] || echo "== links: bench_pingpong, 2 hosts x 2 ranks"
+for rate in $([ "${PINGPONG:-1}" = 0 ] || echo 1gbit none); do
   "$cluster" up 2 --rate "$rate" >/dev/null
   echo "-- rate $rate"
   # bench_pingpong is plain MPI: its MPI_Finalize can hang over TCP (docs/cluster.md)
@@ -51,8 +53,9 @@ run() {
     echo "   $label $arch: no result (see $log)"
     return
   fi
-  echo "$label $arch $sps $bytes $(field final_loss "$log") $(field bytes_per_step_max "$log")" >>"$out/runs"
-  echo "   $label $arch: $sps samples/s, $bytes B sent per step per rank, final loss $(field final_loss "$log")"
+  echo "$label $arch $sps $bytes $(field final_loss "$log") $(field bytes_per_step_max "$log") $(field calls_per_step "$log")" >>"$out/runs"
+  echo "   $label $arch: $sps samples/s, $bytes B sent per step per rank, $(field calls_per_step "$log") engine calls" \
+    "per step, final loss $(field final_loss "$log")"
 }
 
 configs=()
@@ -60,6 +63,7 @@ for hosts in 2 4; do
   for rate in 1gbit 250mbit; do configs+=("word_lm:$hosts:$rate"); done
 done
 configs+=("ctr:4:1gbit")
+[ -z "${CONFIGS:-}" ] || read -r -a configs <<<"$CONFIGS"
 for c in "${configs[@]}"; do
   IFS=: read -r model hosts rate <<<"$c"
   "$cluster" up "$hosts" --rate "$rate" >/dev/null
@@ -79,8 +83,8 @@ for c in "${configs[@]}"; do
 done
 
 echo
-echo "| model | hosts x ranks | link | hybrid samples/s | all-reduce samples/s | hybrid / all-reduce | bytes/step/rank hybrid | all-reduce | hybrid step ms | its busiest rank's bytes on the link, ms |"
-echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+echo "| model | hosts x ranks | link | hybrid samples/s | all-reduce samples/s | hybrid / all-reduce | bytes/step/rank hybrid | all-reduce | calls/step hybrid | all-reduce | hybrid step ms | its busiest rank's bytes on the link, ms |"
+echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for c in "${configs[@]}"; do
   IFS=: read -r model hosts rate <<<"$c"
   label="$model.$hosts.$rate"
@@ -89,11 +93,14 @@ for c in "${configs[@]}"; do
   hb=$(awk -v l="$label" '$1 == l && $2 == "hybrid" { print $4 }' "$out/runs" | tail -1)
   ab=$(awk -v l="$label" '$1 == l && $2 == "allreduce" { print $4 }' "$out/runs" | tail -1)
   hmax=$(awk -v l="$label" '$1 == l && $2 == "hybrid" { print $6 }' "$out/runs" | tail -1)
+  hc=$(awk -v l="$label" '$1 == l && $2 == "hybrid" { print $7 }' "$out/runs" | tail -1)
+  ac=$(awk -v l="$label" '$1 == l && $2 == "allreduce" { print $7 }' "$out/runs" | tail -1)
   batch=$([ "$model" = word_lm ] && echo 32 || echo 2048)
   bits=$(case "$rate" in 1gbit) echo 1e9 ;; 250mbit) echo 2.5e8 ;; esac)
-  awk -v m="$model" -v n="$hosts" -v r="$rate" -v h="$h" -v a="$a" -v hb="$hb" -v ab="$ab" -v hmax="$hmax" -v b="$batch" -v bits="$bits" 'BEGIN {
-    printf "| %s | %d x 1 | %s | %.0f | %.0f | %.2f | %.0f | %.0f | %.1f | %.1f |\n", m, n, r, h, a, h / a, hb, ab,
-      1000 * b / h, 1000 * hmax * 8 / bits }'
+  awk -v m="$model" -v n="$hosts" -v r="$rate" -v h="$h" -v a="$a" -v hb="$hb" -v ab="$ab" -v hmax="$hmax" -v b="$batch" -v bits="$bits" \
+    -v hc="$hc" -v ac="$ac" 'BEGIN {
+    printf "| %s | %d x 1 | %s | %.0f | %.0f | %.2f | %.0f | %.0f | %s | %s | %.1f | %.1f |\n", m, n, r, h, a, h / a, hb, ab,
+      hc, ac, 1000 * b / h, 1000 * hmax * 8 / bits }'
 done
 echo
 echo "predicted against measured (--arch auto):"

@@ -6,14 +6,15 @@
 #
 #   bench/run_half_precision.sh [build dir] [ranks...]
 #
-# 02_ctr pools its bags by hand (--pooling local) in both runs: ShardedPS
-# does not pool bags of 16-bit tables at the owners yet, and the comparison
-# is of precisions, not of pooling.
+# 02_ctr pools its bags the same way in both runs, at the rows' owners
+# unless POOLING says otherwise (owner, local, auto): the comparison is of
+# precisions, not of pooling.
 set -eu
 build=${1:-build/host}
 shift || true
 ranks=${*:-2 4}
 mpiexec=${MPIEXEC:-mpiexec}
+pooling=${POOLING:-owner}
 
 run() {  # example, ranks, table type, compress, extra args: "loss bytes_per_step table_bytes"
   ex=$1 np=$2 tt=$3 cc=$4
@@ -27,7 +28,7 @@ run() {  # example, ranks, table type, compress, extra args: "loss bytes_per_ste
 
 printf '%-10s %5s %-13s %12s %14s %14s\n' example ranks run final_loss bytes/step table_bytes
 for np in $ranks; do
-  for spec in "02_ctr --arch hybrid --steps 100 --batch 256 --pooling local --eval-examples 1024" \
+  for spec in "02_ctr --arch hybrid --steps 100 --batch 256 --pooling $pooling --eval-examples 1024" \
               "01_word_lm --arch hybrid --steps 100 --batch 256 --eval-examples 0"; do
     set -- $spec
     ex=$1

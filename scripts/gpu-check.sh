@@ -6,7 +6,8 @@
 # report Skipped), and at 2-4 ranks with each rank its own NCCL node on
 # whatever GPUs there are (tests/engine/nccl_node_per_rank.sh: its own
 # NCCL_HOSTID; NCCL's set-up logs in gpu-results/nccl-logs, and the
-# transports its channels took in the summary), the CUB coalesce, the CUDA
+# transports its channels took in the summary), the CUB coalesce, the CUDA dynamic table
+# against the host one (tests/dynamic/cuda_table.cu), the CUDA
 # twins of the portable tests),
 # then the GPU benchmarks: at 1 rank (kernels, MpiStaged, Nccl) and
 # with MpiStaged at 2-4 ranks sharing the GPU. Results go to

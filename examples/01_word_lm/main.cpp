@@ -60,7 +60,7 @@ const char* const about =
 /// one partition per rank uneven), unless given.
 int plan(const px::Context& ctx, std::size_t rows, const std::vector<px::index_t>& sample, int given) {
   if (given > 0) return given;
-  px::engine::Mpi planner(ctx);
+  examples::HostEngine planner(ctx);
   std::vector<int> candidates;
   for (int f = 1; f <= 256; f *= 2)
     if (static_cast<std::size_t>(f * ctx.size()) <= rows) candidates.push_back(f * ctx.size());

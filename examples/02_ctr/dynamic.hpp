@@ -16,8 +16,11 @@
 /// evenly over the features), evict by --dynamic-evict, admit by
 /// --dynamic-admit; the progress lines add the tables' statistics and each
 /// rank's resident memory against the tables' bytes (VmRSS, VmHWM).
-/// Host memory only (DynamicPS): the CUDA build refuses --dynamic.
+/// Under --arch allreduce every rank holds a replica of every table
+/// (AllGatherv), elsewhere its shard (DynamicPS). Host memory only: the CUDA
+/// build refuses --dynamic.
 
+#include "../common/backend.hpp"
 #include "../common/layers.hpp"
 #include "../common/options.hpp"
 #include "../common/progress.hpp"
@@ -44,6 +47,7 @@ struct Args {
   std::size_t features = 8;            ///< categorical features, a table each
   std::size_t capacity = 200000;       ///< rows per rank over all tables
   std::string evict = "lru";           ///< lru | lfu
+  double evict_fraction = 0.01;        ///< of a full table's rows evicted at once
   std::string admit = "always";        ///< always | count-min | probability
   std::uint32_t sightings = 2;         ///< count-min: sightings before a key takes a row
   double probability = 0.5;            ///< probability: admission chance per sighting
@@ -51,6 +55,10 @@ struct Args {
   std::size_t growth = 1000;           ///< head ids added per step
   double head_fraction = 0.6;          ///< ids drawn from the head; the rest are seen once
   double zipf = 1.1;                   ///< the head's Zipf exponent
+  /// Fixed tables instead (the baseline of docs/benchmarks.md, "02_ctr
+  /// --dynamic against fixed tables"): a sparse Variable per feature of
+  /// the dynamic tables' live rows over all ranks, each key hashed into it.
+  bool fixed = false;
 };
 
 inline void add_options(po::options_description& desc, Args& a) {
@@ -61,6 +69,8 @@ inline void add_options(po::options_description& desc, Args& a) {
     ("dynamic-capacity", po::value(&a.capacity)->default_value(a.capacity),
      "rows per rank over all tables (each table holds its even share)")
     ("dynamic-evict", po::value(&a.evict)->default_value(a.evict), "eviction when a table is full: lru or lfu")
+    ("dynamic-evict-fraction", po::value(&a.evict_fraction)->default_value(a.evict_fraction),
+     "the fraction of a full table's rows evicted at once (each eviction scans the table)")
     ("dynamic-admit", po::value(&a.admit)->default_value(a.admit),
      "admission: always, count-min (a key takes a row at its --dynamic-sightings-th sighting) or probability")
     ("dynamic-sightings", po::value(&a.sightings)->default_value(a.sightings), "count-min admission's sightings")
@@ -70,7 +80,10 @@ inline void add_options(po::options_description& desc, Args& a) {
     ("dynamic-growth", po::value(&a.growth)->default_value(a.growth), "new popular ids per step (per feature)")
     ("dynamic-head-fraction", po::value(&a.head_fraction)->default_value(a.head_fraction),
      "fraction of ids drawn from the popular pool; the rest are seen once")
-    ("dynamic-zipf", po::value(&a.zipf)->default_value(a.zipf), "the popular pool's Zipf exponent (not 1)");
+    ("dynamic-zipf", po::value(&a.zipf)->default_value(a.zipf), "the popular pool's Zipf exponent (not 1)")
+    ("dynamic-fixed", po::bool_switch(&a.fixed),
+     "the same model and stream with fixed sparse tables of --dynamic-capacity x ranks rows in all, each key "
+     "hashed into its table (key mod rows): the baseline of the dynamic tables' speed");
   desc.add(d);
 }
 
@@ -81,6 +94,7 @@ inline std::string check(const Args& a) {
   if (a.features == 0 || a.features > features) return "--dynamic-features must be 1-" + std::to_string(features);
   if (a.capacity < a.features) return "--dynamic-capacity must be at least --dynamic-features (a row per table)";
   if (a.evict != "lru" && a.evict != "lfu") return "--dynamic-evict must be lru or lfu, not '" + a.evict + "'";
+  if (!(a.evict_fraction > 0 && a.evict_fraction <= 1)) return "--dynamic-evict-fraction must be in (0, 1]";
   if (a.admit != "always" && a.admit != "count-min" && a.admit != "probability")
     return "--dynamic-admit must be always, count-min or probability, not '" + a.admit + "'";
   if (a.sightings == 0) return "--dynamic-sightings must be at least 1";
@@ -98,6 +112,7 @@ inline px::dynamic::Options table_options(const Args& a, std::size_t dim, std::u
   o.cols = dim;
   o.init = px::init::Uniform{-0.05f, 0.05f, seed};
   o.evict = a.evict == "lfu" ? px::dynamic::Evict::lfu : px::dynamic::Evict::lru;
+  o.evict_fraction = a.evict_fraction;
   if (a.admit == "count-min") {
     px::dynamic::admit::CountMin cm;
     cm.sightings = a.sightings;
@@ -182,22 +197,30 @@ inline std::pair<double, double> resident_bytes() {
   return {rss, hwm};
 }
 
-/// The model: a dynamic table per feature, the bottom and top MLPs.
-class Model {
+/// The model: a table per feature, the bottom and top MLPs. Tables are
+/// DynamicVariables, or with V a fixed sparse Variable (--dynamic-fixed) of
+/// the dynamic tables' live rows over all ranks, each key hashed into it.
+template <class V = px::DynamicVariable<float>>
+class ModelOf {
  public:
   using T = float;
-  using Var = px::DynamicVariable<T>;
+  using Var = V;
   using Dense = DenseLayer<px::HostSpace, T>;
+  static constexpr bool dynamic = px::dynamic::is_dynamic_v<V>;
 
-  Model(const px::Context& ctx, const Config& cfg, const Args& a)
+  ModelOf(const px::Context& ctx, const Config& cfg, const Args& a)
       : bottom1(ctx, "bottom1", dense_features, cfg.bottom, Activation::relu, cfg.seed),
         bottom2(ctx, "bottom2", cfg.bottom, cfg.dim, Activation::relu, cfg.seed),
         top1(ctx, "top1", (a.features + 1) * cfg.dim, cfg.top, Activation::relu, cfg.seed),
         top2(ctx, "top2", cfg.top, 1, Activation::none, cfg.seed),
         mlp{bottom1.w, bottom1.b, bottom2.w, bottom2.b, top1.w, top1.b, top2.w, top2.b}, dim_(cfg.dim) {
-    for (std::size_t f = 0; f < a.features; ++f)
-      tables.emplace_back(ctx, std::string("dyn") + (f < 10 ? "0" : "") + std::to_string(f),
-                          table_options(a, cfg.dim, cfg.seed));
+    const auto o = table_options(a, cfg.dim, cfg.seed);
+    rows_ = o.capacity * static_cast<std::size_t>(ctx.size());
+    for (std::size_t f = 0; f < a.features; ++f) {
+      const std::string name = std::string("dyn") + (f < 10 ? "0" : "") + std::to_string(f);
+      if constexpr (dynamic) tables.emplace_back(ctx, name, o);
+      else tables.emplace_back(ctx, name, px::Shape{rows_, cfg.dim}, o.init);
+    }
   }
 
   /// One training step on this rank's share; returns its mean loss. Collective.
@@ -214,8 +237,10 @@ class Model {
     for (std::size_t f = 0; f < tables.size(); ++f) targets.push_back(grad_rows_.data() + f * rows * dim_);
     px::for_each_rows(ex, rows * (tables.size() + 1), dim_,
                       SplitBlocks<T>{grad_concat_.data(), targets.data(), tables.size() + 1, dim_});
-    for (std::size_t f = 0; f < tables.size(); ++f)
-      tables[f].grad().add(batch.keys[f].data(), grad_rows_.data() + f * rows * dim_, rows);
+    for (std::size_t f = 0; f < tables.size(); ++f) {
+      if constexpr (dynamic) tables[f].grad().add(batch.keys[f].data(), grad_rows_.data() + f * rows * dim_, rows);
+      else tables[f].grad().add(ids_[f].data(), grad_rows_.data() + f * rows * dim_, rows);
+    }
     bottom2.backward(ex, bottom1.output(), rows, bottom1.output_grad());
     bottom1.backward(ex, batch.dense.data(), rows, nullptr);
     ex.synchronize();
@@ -242,8 +267,16 @@ class Model {
     const std::size_t rows = batch.rows, width = (tables.size() + 1) * dim_;
     const T* b = bottom2.forward(ex, bottom1.forward(ex, batch.dense.data(), rows), rows);
     std::vector<px::Lookup<Var>> lookups;  // every table in one batched lookup
-    for (std::size_t f = 0; f < tables.size(); ++f)
-      lookups.emplace_back(tables[f], reinterpret_cast<const px::index_t*>(batch.keys[f].data()), rows);
+    ids_.resize(tables.size());
+    for (std::size_t f = 0; f < tables.size(); ++f) {
+      if constexpr (dynamic) {
+        lookups.emplace_back(tables[f], reinterpret_cast<const px::index_t*>(batch.keys[f].data()), rows);
+      } else {
+        ids_[f].resize(rows);
+        for (std::size_t i = 0; i < rows; ++i) ids_[f][i] = static_cast<px::index_t>(batch.keys[f][i] % rows_);
+        lookups.emplace_back(tables[f], ids_[f].data(), rows);
+      }
+    }
     const auto looked_up = timed(ex, Part::parallax, [&] { return trainer.lookup(lookups); });
     std::vector<const T*> sources{b};
     for (const auto& r : looked_up) sources.push_back(r.data);
@@ -265,14 +298,25 @@ class Model {
   }
 
   std::size_t dim_;
+  std::size_t rows_ = 0;                       // a fixed table's rows
+  std::vector<std::vector<px::index_t>> ids_;  // a fixed table's ids: the keys mod rows_
   std::vector<T> concat_, grad_concat_, grad_rows_, loss_, hits_;
 };
+using Model = ModelOf<>;
 
-/// Prints (rank 0) the tables' statistics summed over them and the ranks,
-/// and each rank's resident memory against its tables' bytes. Collective.
+/// The synchronizer of the tables: DynamicPS's shards, or under --arch
+/// allreduce AllGatherv's replicas.
+template <class Trainer>
+auto& tables_sync(Trainer& trainer) {
+  return trainer.template synchronizer<px::policy_for_t<typename Trainer::arch, Model::Var>>();
+}
+
+/// Prints (rank 0) the tables' statistics summed over them and the ranks
+/// (a replica's, which every rank holds alike, under AllGatherv), and each
+/// rank's resident memory against its tables' bytes. Collective.
 template <class Trainer>
 void print_tables(Trainer& trainer, Model& model, std::uint64_t step, double baseline_rss) {
-  auto& sync = trainer.template synchronizer<px::DynamicPS>();
+  auto& sync = tables_sync(trainer);
   px::dynamic::Stats t;
   double table_bytes = 0;
   for (auto& v : model.tables) {
@@ -307,7 +351,7 @@ void print_tables(Trainer& trainer, Model& model, std::uint64_t step, double bas
 /// Trains the --dynamic model under Arch (a synchronous architecture), then
 /// checks held-out predictions against a constant one. Collective; returns
 /// the exit code.
-template <class Arch>
+template <class Arch, class Model = ModelOf<>>
 int train(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Args& a, std::size_t eval_examples,
           double pass_ratio) {
   const double before = resident_bytes().first;  // the process before the tables exist
@@ -317,10 +361,16 @@ int train(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Arg
   px::TrainerOptions to = o.trainer_options();
   to.overlap = false;  // the model marks no gradient ready
   to.update_when_ready = false;
-  px::Trainer<Arch, px::optim::Adagrad, px::engine::Mpi> trainer(ctx, to, px::optim::Adagrad{o.lr}, model.tables,
+  px::Trainer<Arch, px::optim::Adagrad, HostEngine> trainer(ctx, to, px::optim::Adagrad{o.lr}, model.tables,
                                                                  model.mlp);
-  if (ctx.is_root()) {
-    const auto& t = trainer.template synchronizer<px::DynamicPS>().table(model.tables[0]);
+  if (!Model::dynamic && ctx.is_root()) {
+    std::printf("02_ctr --dynamic --dynamic-fixed: %zu fixed sparse tables of %zu rows (the keys mod rows), width "
+                "%zu; architecture %s on %d ranks, batch %zu per rank, %zu steps\n",
+                model.tables.size(), model.tables[0].shape().rows, cfg.dim, Arch::name, ctx.size(), o.batch, o.steps);
+    std::fflush(stdout);
+  }
+  if constexpr (Model::dynamic) if (ctx.is_root()) {
+    const auto& t = tables_sync(trainer).table(model.tables[0]);
     std::printf("02_ctr --dynamic: %zu dynamic tables of %zu rows per rank each (%s a rank for them all, %zu bytes a "
                 "row), width %zu, eviction %s, admission %s; stream: %.0f%% of ids from a Zipf(%.2f) pool of %zu + %zu "
                 "per step, the rest seen once; architecture %s on %d ranks, batch %zu per rank, %zu steps\n",
@@ -338,8 +388,9 @@ int train(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Arg
           [&] { once += static_cast<double>(stream.batch(step, global, first, o.batch, batch)); });
     progress.record(model.train_step(trainer, batch));
     const std::uint64_t done = step + 1;
-    if (done == 1 || done % std::max<std::size_t>(o.log_every, 1) == 0 || done == o.steps)
-      print_tables(trainer, model, done, before);
+    if constexpr (Model::dynamic)
+      if (done == 1 || done % std::max<std::size_t>(o.log_every, 1) == 0 || done == o.steps)
+        print_tables(trainer, model, done, before);
   }
   const Summary s = progress.finish();
   once = ctx.sum(once);
@@ -371,8 +422,9 @@ int train(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Arg
   return verdict(ctx, passed, why);
 }
 
-/// train() under --arch: hybrid, allreduce or ps (DynamicPS serves each;
-/// the asynchronous architectures take no dynamic variables). A template so
+/// train() under --arch: an architecture of px::arch::all: hybrid or ps
+/// (DynamicPS shards the tables) or allreduce (AllGatherv replicates them on
+/// every rank); the asynchronous architectures take no dynamic variables. A template so
 /// that the CUDA build, which refuses --dynamic, never instantiates it.
 template <class Space = DefaultSpace>
 int run(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Args& a, std::size_t eval_examples,
@@ -381,10 +433,12 @@ int run(px::Context& ctx, const CommonOptions& o, const Config& cfg, const Args&
     throw px::error("--dynamic needs the host build (dynamic tables live in host memory)");
   } else {
   if (o.sync != "sync") throw px::error("--dynamic trains synchronously: --sync async takes no dynamic variables");
-  if (o.arch == "hybrid" || o.arch == "auto") return train<px::arch::Hybrid>(ctx, o, cfg, a, eval_examples, pass_ratio);
-  if (o.arch == "allreduce") return train<px::arch::AllReduce>(ctx, o, cfg, a, eval_examples, pass_ratio);
-  if (o.arch == "ps") return train<px::arch::PS>(ctx, o, cfg, a, eval_examples, pass_ratio);
-  throw px::error("--dynamic runs under --arch hybrid, allreduce or ps, not '" + o.arch + "'");
+  // auto plans no dynamic tables: the hybrid serves them.
+  return px::with_arch(o.arch == "auto" ? std::string(px::arch::Hybrid::name) : o.arch, [&](auto arch) {
+    using Arch = decltype(arch);
+    if (a.fixed) return train<Arch, ModelOf<px::Variable<px::Sparse, float>>>(ctx, o, cfg, a, eval_examples, pass_ratio);
+    return train<Arch>(ctx, o, cfg, a, eval_examples, pass_ratio);
+  });
   }
 }
 

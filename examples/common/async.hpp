@@ -29,7 +29,7 @@ namespace examples {
 /// Calls f with the architecture --arch and --sync name (px::with_arch).
 template <class F>
 decltype(auto) with_arch(const CommonOptions& o, F&& f) {
-  if constexpr (std::is_same_v<DefaultEngine, px::engine::Mpi>) {
+  if constexpr (std::is_same_v<DefaultSpace, px::HostSpace>) {
     return px::with_arch(o.arch, o.sync, std::forward<F>(f));
   } else {
     if (o.sync != "sync") throw px::error("--sync async needs the host build (AsyncPS shards live in host shared memory)");

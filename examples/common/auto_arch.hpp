@@ -14,7 +14,7 @@
 /// under every architecture and left out; the local costs are
 /// plan::LocalCosts' defaults (docs/cluster.md, "Calibration").
 
-#include <parallax/detail/link_emulation.hpp>
+#include <parallax/link/emulation.hpp>
 #include <parallax/parallax.hpp>
 #include <parallax/plan/model.hpp>
 
@@ -35,7 +35,7 @@ inline px::plan::Cluster job_cluster(const px::Context& ctx) {
   c.hosts = ctx.topology().num_hosts();
   c.ranks_per_host = ctx.max(ctx.topology().local_size());
   const char* planned = std::getenv("PARALLAX_PLAN_LINK");
-  const auto link = px::detail::parse_link(planned && *planned ? std::string(planned)
+  const auto link = px::link::parse_link(planned && *planned ? std::string(planned)
                                                                : px::engine::Options{}.from_environment().link);
   if (link.enabled()) c.inter = {link.bytes_per_second, link.latency_s};
   return c;

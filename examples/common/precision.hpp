@@ -72,7 +72,8 @@ int with_table_type(const Precision& p, F&& f) {
       return f(stored);
     } else {
       throw px::error(std::string("--table-type ") + p.table_type + ": the " + Arch::name +
-                      " architecture cannot store its tables in 16 bits (use --arch hybrid, ps or allreduce)");
+                      " architecture cannot store its tables in 16 bits (use --arch hybrid, ps or allreduce, or "
+                      "--sync async)");
     }
   };
   if (p.table_type == "bf16") return with(px::bf16{});

@@ -1,7 +1,8 @@
 #!/bin/sh
 # 02_ctr --dynamic at several rank counts on the same global batch: the
 # tables' last statistics (inserts, evictions, admissions refused, hit
-# rate: DynamicPS sends every key to its owner, so they are one process's)
+# rate: DynamicPS sends every key to its owner, and AllGatherv every key to
+# every replica, so they are one process's)
 # are identical, and the final and held-out losses within a relative
 # tolerance of the first run's (the MLPs' gradients are summed in another
 # order at each rank count).

@@ -109,22 +109,28 @@ struct policy_for {
   using type = std::conditional_t<std::is_same_v<typename V::policy, use_arch>,
                                   typename Arch::template policy<typename V::sparsity>, typename V::policy>;
 };
-/// Dynamic variables: DynamicPS under every synchronous architecture.
+/// Dynamic variables: replicated by AllGatherv where the architecture gathers
+/// sparse variables, else sharded by DynamicPS.
 template <class Arch, class V>
 struct policy_for<Arch, V, true> {
-  static_assert(!std::is_same_v<typename Arch::template policy<Sparse>, AsyncPS>,
-                "parallax: a DynamicVariable needs a synchronous architecture (hybrid, allreduce or ps: DynamicPS); "
+  using sparse = typename Arch::template policy<Sparse>;
+  static_assert(!std::is_same_v<sparse, AsyncPS>,
+                "parallax: a DynamicVariable needs a synchronous architecture (hybrid, allreduce or ps); "
                 "the asynchronous ones (AsyncPS) do not hold dynamic tables");
-  static_assert(std::is_same_v<typename V::policy, use_arch> || std::is_same_v<typename V::policy, DynamicPS>,
-                "parallax: a DynamicVariable is synchronised by DynamicPS only (AllGatherv, ShardedPS and AsyncPS "
+  static_assert(std::is_same_v<typename V::policy, use_arch> || std::is_same_v<typename V::policy, DynamicPS> ||
+                    std::is_same_v<typename V::policy, AllGatherv>,
+                "parallax: a DynamicVariable is synchronised by DynamicPS or AllGatherv only (ShardedPS and AsyncPS "
                 "hold fixed tables); leave its Policy argument as use_arch");
-  using type = DynamicPS;
+  using type = std::conditional_t<std::is_same_v<typename V::policy, use_arch>,
+                                  std::conditional_t<std::is_same_v<sparse, AllGatherv>, AllGatherv, DynamicPS>,
+                                  typename V::policy>;
 };
 }  // namespace detail
 
 /// The policy that synchronises variable type V under architecture Arch: V's
 /// own policy if it names one, else the architecture's choice for its
-/// sparsity; a DynamicVariable's is DynamicPS.
+/// sparsity; a DynamicVariable's is AllGatherv under an architecture that
+/// gathers sparse variables (allreduce), else DynamicPS.
 template <class Arch, class V>
 using policy_for_t = typename detail::policy_for<Arch, V>::type;
 

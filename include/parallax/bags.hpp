@@ -132,10 +132,11 @@ namespace detail {
 /// weights[k] * rows.row(k) (no weights: 1), from zero, in k order; divided
 /// by divide[b + 1] - divide[b] when `divide` is given and that is not 0.
 /// Pools a bag's rows (segments: its offsets), an owner's rows of each
-/// (bag, owner) pair, and a bag's partial sums from its owners.
-template <class T>
+/// (bag, owner) pair, and a bag's partial sums from its owners. Rows of R
+/// (an owner's 16-bit shard) are widened to T, exactly, as they are read.
+template <class T, class R = T>
 struct PoolBags {
-  RowsAt<T> rows;
+  RowsAt<R> rows;
   const index_t* segments;
   const T* weights;
   const index_t* divide;
@@ -144,7 +145,7 @@ struct PoolBags {
   PARALLAX_HOST_DEVICE void operator()(std::size_t b, std::size_t c) const {
     T acc = T(0);
     for (index_t k = segments[b]; k < segments[b + 1]; ++k) {
-      const T x = rows.row(static_cast<std::size_t>(k), cols)[c];
+      const T x = static_cast<T>(rows.row(static_cast<std::size_t>(k), cols)[c]);
       acc += weights ? weights[k] * x : x;
     }
     if (divide) {
@@ -158,21 +159,21 @@ struct PoolBags {
 /// PoolBags by whole bags, for the host: a task per bag adds its rows one
 /// at a time, each a loop along the row that vectorises; the same additions
 /// in the same order as PoolBags, so the same bits.
-template <class T>
-struct PoolBagRows : PoolBags<T> {
+template <class T, class R = T>
+struct PoolBagRows : PoolBags<T, R> {
   void operator()(std::size_t b) const {
     const std::size_t width = this->cols;
     T* o = this->out + b * width;
     for (std::size_t c = 0; c < width; ++c) o[c] = T(0);
     for (index_t k = this->segments[b]; k < this->segments[b + 1]; ++k) {
-      const T* x = this->rows.row(static_cast<std::size_t>(k), width);
+      const R* x = this->rows.row(static_cast<std::size_t>(k), width);
       if (this->weights) {
         const T w = this->weights[k];
 #pragma omp simd
-        for (std::size_t c = 0; c < width; ++c) o[c] += w * x[c];
+        for (std::size_t c = 0; c < width; ++c) o[c] += w * static_cast<T>(x[c]);
       } else {
 #pragma omp simd
-        for (std::size_t c = 0; c < width; ++c) o[c] += x[c];
+        for (std::size_t c = 0; c < width; ++c) o[c] += static_cast<T>(x[c]);
       }
     }
     if (this->divide) {
@@ -185,13 +186,13 @@ struct PoolBagRows : PoolBags<T> {
 
 /// Runs PoolBags over m bags: a thread per element on a device, a task per
 /// bag on the host (PoolBagRows).
-template <class T, class Space>
-void pool_segments(const Exec<Space>& ex, const PoolBags<T>& f, std::size_t m) {
+template <class T, class R, class Space>
+void pool_segments(const Exec<Space>& ex, const PoolBags<T, R>& f, std::size_t m) {
   if (m) for_each_rows(ex, m, f.cols, f);
 }
-template <class T>
-void pool_segments(const Exec<HostSpace>& ex, const PoolBags<T>& f, std::size_t m) {
-  if (m && f.cols) for_each(ex, m, PoolBagRows<T>{f}, Cost{f.cols * 4});
+template <class T, class R>
+void pool_segments(const Exec<HostSpace>& ex, const PoolBags<T, R>& f, std::size_t m) {
+  if (m && f.cols) for_each(ex, m, PoolBagRows<T, R>{f}, Cost{f.cols * 4});
 }
 
 /// A pooled gradient as rows: for each bag b and k in [segments[b],

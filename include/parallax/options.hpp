@@ -1,11 +1,15 @@
 #pragma once
 /// @file
-/// Every setting of a Trainer, with the settings of the built-in policies it
-/// carries to them. Every field has a working default;
+/// Every setting of a Trainer: the common ones every synchronizer receives
+/// (policy::Common), and the built-in policies' own, kept in their folders
+/// (policy/*/options.hpp) and carried here. Every field has a working default;
 /// TrainerOptions::resolve() is where the environment is read.
 
 #include <parallax/context.hpp>
 #include <parallax/engine/engine.hpp>
+#include <parallax/policy/async_ps/options.hpp>
+#include <parallax/policy/ring_allreduce/options.hpp>
+#include <parallax/policy/sharded_ps/options.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -54,83 +58,6 @@ constexpr const char* to_string(NonFinite n) noexcept {
   return "?";
 }
 
-/// Settings of RingAllReduce. The defaults follow docs/benchmarks.md,
-/// "Collectives".
-struct RingOptions {
-  /// ring, native (the engine's all-reduce), hierarchical, or automatic:
-  /// native with one rank, below `native_below_bytes`, on an oversubscribed
-  /// host (see `adapt_to_oversubscription`) and for engines over device
-  /// memory (NCCL, MpiStaged); otherwise hierarchical where there is more
-  /// than one host and every host runs the same number (> 1) of ranks, the
-  /// flat ring elsewhere. hierarchical (Horovod's
-  /// HOROVOD_HIERARCHICAL_ALLREDUCE): a reduce-scatter inside each host, a
-  /// ring all-reduce of each local rank's 1/L share between the hosts, an
-  /// all-gather inside each host (docs/design.md, "Hierarchical
-  /// all-reduce"); forced, it runs wherever every host has the same number
-  /// of ranks and falls back to the flat ring where they differ. ring forces
-  /// the flat ring (hierarchical off); RingAllReducer::hierarchical() says
-  /// which ring runs.
-  engine::Algorithm algorithm = engine::Algorithm::automatic;
-  /// Buffers smaller than this go to the engine's all-reduce under automatic:
-  /// 4 KiB is the smallest size the ring has been benchmarked at
-  /// (docs/benchmarks.md, "Collectives"), and nothing below it speaks for it.
-  std::size_t native_below_bytes = std::size_t{4} << 10;
-  /// The ring moves each chunk in segments of at most this many bytes, two
-  /// in flight, so a segment is reduced while the next one travels and
-  /// landing and packing buffers stay in cache. Ignored on an oversubscribed
-  /// host (see `adapt_to_oversubscription`).
-  std::size_t segment_bytes = std::size_t{128} << 10;
-  /// Tensor fusion: consecutive gradients are packed into buckets of at most
-  /// this many bytes (a larger gradient is reduced in place, alone).
-  std::size_t bucket_bytes = std::size_t{32} << 20;
-  /// When a host runs more ranks than it has hardware threads, waiting ranks
-  /// take turns on the cores and every wait for a descheduled neighbour costs
-  /// a scheduler time slice. Then automatic picks the engine's all-reduce
-  /// (fewer dependent steps than the ring's 2(N-1)), and the ring, if forced,
-  /// sends each chunk whole instead of in segments. False: behave as on a
-  /// host with a core per rank (tests use it to exercise segments).
-  bool adapt_to_oversubscription = true;
-};
-
-/// Settings of ShardedPS.
-struct ShardedOptions {
-  /// Partitions per sharded variable; 0 means one per rank.
-  int partitions = 0;
-  /// Sum the sparse gradients of the ranks on one host before they cross to
-  /// another host (needs more than one host with several ranks; see Context).
-  bool local_aggregation = true;
-  /// When every rank runs on one machine (host-memory engine), keep each
-  /// shard in an MPI shared-memory window and let a lookup read its rows
-  /// straight from their owners' shards: no owner gathers them, no reply
-  /// carries them, and they land in the caller's order. The environment
-  /// variable PARALLAX_SHARED_SHARDS=0 turns it off (for comparisons; read by
-  /// TrainerOptions::resolve()).
-  bool shared_memory = true;
-  /// Store and exchange the sparse variables of one element type and width
-  /// as one group (one shard buffer, one key space): a batched lookup then
-  /// makes one sort pass, route and reply per group, and a step one push
-  /// and one optimizer update per group, whatever the number of tables.
-  /// Rows, errors, bytes and checkpoints stay per variable, and so does
-  /// each variable's partitioning.
-  bool group_tables = true;
-};
-
-/// Settings of asynchronous training (the AsyncPS policy, arch::Async and
-/// arch::AsyncHybrid; see async.hpp). Synchronous policies ignore them.
-struct AsyncOptions {
-  /// Stale synchronous parallel: a rank starts a step only while it has
-  /// completed at most this many steps more than the slowest rank. 0: every
-  /// rank waits for every other at every step; -1: unbounded.
-  int staleness = 4;
-  /// How ranks reach the shards and clocks (docs/async.md, "Two routes").
-  enum class Route {
-    automatic,      ///< shared memory where every rank maps it (one machine), else rma
-    shared_memory,  ///< loads and stores in an MPI-3 shared-memory window (one machine only)
-    rma,            ///< MPI one-sided calls: works across hosts; PARALLAX_ASYNC_ROUTE=rma forces it
-  };
-  Route route = Route::automatic;
-};
-
 /// When and where a Trainer saves on its own (during step()).
 struct CheckpointOptions {
   /// Directory of the checkpoints (on a file system every rank sees). Empty:
@@ -152,14 +79,48 @@ struct CheckpointOptions {
 /// Sums are taken in float and rounded to 16 bits at each combination.
 enum class Compression : std::uint8_t { none, bf16, fp16 };
 
-/// Settings of a Trainer. Every synchronizer it creates reads its own part
-/// (`ring`, `sharded`, `partitions`).
-struct TrainerOptions {
+namespace policy {
+/// The settings of a Trainer that every synchronizer receives (a policy's
+/// own settings come beside them: policy::ring::Options, sharded::Options,
+/// async::Options; policy/policy.hpp, "own_options"). TrainerOptions
+/// derives from it, so users write these fields on their TrainerOptions.
+struct Common {
   Reduction reduction = Reduction::mean;
+  /// Partition count per variable name, for the policies that partition a
+  /// variable (ShardedPS, AsyncPS), overriding sharded.partitions.
+  std::map<std::string, int> partitions;
+  /// Apply the optimizer to a variable as soon as its gradient is summed
+  /// after Trainer::ready() (a RingAllReduce fusion bucket's all-reduce), on
+  /// the communication thread or in the caller, instead of in step(): the
+  /// update then overlaps the rest of the backward pass too, as PyTorch's
+  /// optimizer-in-backward does. The same arithmetic on the same sums, so
+  /// the model is the same bit for bit; what changes is when: a variable's
+  /// value may change, and its gradient be zeroed for the next step, at any
+  /// moment between ready() and the end of step(), so the backward pass
+  /// must not read either after marking it ready. Other
+  /// policies' variables are updated in step(). Needs clip_norm 0 and
+  /// on_non_finite ignore or automatic (both others need every gradient
+  /// before any update); set the
+  /// learning rate before a step's first ready(). A step that fails after
+  /// such an update (a bad id, a failed collective) leaves the model part
+  /// way through it: the trainer then refuses work until restore().
+  bool update_when_ready = false;
+  /// Float gradients travel in 16 bits (bf16 or fp16) when set: dense ones
+  /// all-reduced by RingAllReduce (half the bytes, each sum rounded to 16
+  /// bits) and sparse rows pushed to their ShardedPS owners (rounded where
+  /// they leave, summed in float at the owner). docs/design.md, "Half
+  /// precision". PARALLAX_COMPRESS=none|bf16|fp16 sets it for a job when it
+  /// is none (resolve()).
+  Compression compress = Compression::none;
+};
+}  // namespace policy
+
+/// Settings of a Trainer: the common ones every synchronizer receives
+/// (policy::Common), each built-in policy's own (`ring`, `sharded`,
+/// `async`), and the trainer's.
+struct TrainerOptions : policy::Common {
   RingOptions ring;        ///< RingAllReduce: algorithm, segments, fusion buckets
   ShardedOptions sharded;  ///< ShardedPS: default partition count, local aggregation, groups
-  /// Partition count per variable name, overriding sharded.partitions.
-  std::map<std::string, int> partitions;
   engine::Options engine;  ///< deadline of every collective
   CheckpointOptions checkpoint;  ///< automatic saves during step()
   AsyncOptions async;            ///< AsyncPS: the staleness bound
@@ -198,22 +159,6 @@ struct TrainerOptions {
   /// its own an automatic engine yields in its waits (engine::Options::
   /// yield). Trainer::overlapping() says which was chosen.
   bool overlap_needs_spare_core = true;
-  /// Apply the optimizer to a variable as soon as its gradient is summed
-  /// after Trainer::ready() (a RingAllReduce fusion bucket's all-reduce), on
-  /// the communication thread or in the caller, instead of in step(): the
-  /// update then overlaps the rest of the backward pass too, as PyTorch's
-  /// optimizer-in-backward does. The same arithmetic on the same sums, so
-  /// the model is the same bit for bit; what changes is when: a variable's
-  /// value may change, and its gradient be zeroed for the next step, at any
-  /// moment between ready() and the end of step(), so the backward pass
-  /// must not read either after marking it ready. Other
-  /// policies' variables are updated in step(). Needs clip_norm 0 and
-  /// on_non_finite ignore or automatic (both others need every gradient
-  /// before any update); set the
-  /// learning rate before a step's first ready(). A step that fails after
-  /// such an update (a bad id, a failed collective) leaves the model part
-  /// way through it: the trainer then refuses work until restore().
-  bool update_when_ready = false;
   /// What a step does when a gradient holds NaN or an infinity (NonFinite).
   /// Unless it is ignore, each rank looks through the gradients it gave
   /// before the step's exchange (one read of them; the verdict rides on the
@@ -224,13 +169,18 @@ struct TrainerOptions {
   /// before the step sees every gradient, so it needs ignore (automatic
   /// resolves to it there).
   NonFinite on_non_finite = NonFinite::automatic;
-  /// Float gradients travel in 16 bits (bf16 or fp16) when set: dense ones
-  /// all-reduced by RingAllReduce (half the bytes, each sum rounded to 16
-  /// bits) and sparse rows pushed to their ShardedPS owners (rounded where
-  /// they leave, summed in float at the owner). docs/design.md, "Half
-  /// precision". PARALLAX_COMPRESS=none|bf16|fp16 sets it for a job when it
-  /// is none (resolve()).
-  Compression compress = Compression::none;
+
+  /// The settings of a built-in policy kept here: `ring`, `sharded` or
+  /// `async`, by type (what a policy tag's `options` list names).
+  template <class Own>
+  const Own& own() const noexcept {
+    static_assert(std::is_same_v<Own, RingOptions> || std::is_same_v<Own, ShardedOptions> ||
+                      std::is_same_v<Own, AsyncOptions>,
+                  "TrainerOptions carries the settings of RingAllReduce, ShardedPS and AsyncPS only");
+    if constexpr (std::is_same_v<Own, RingOptions>) return ring;
+    else if constexpr (std::is_same_v<Own, ShardedOptions>) return sharded;
+    else return async;
+  }
 
   /// These options as a Trainer over `Space` on `ctx` runs them: the one
   /// place that reads the environment for a trainer (docs/tutorial.md,

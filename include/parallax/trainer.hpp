@@ -59,16 +59,14 @@ class Trainer {
   /// The rows of a sparse variable of type V, as lookups return them.
   template <class V>
   using RowsOf = Rows<typename V::value_type, space>;
-  /// Whether prefetch() and rows() serve variables of type V here (their
-  /// policy looks up ahead; an asynchronous one does not): code written for
-  /// any architecture tests it with `if constexpr`.
+  /// Whether prefetch() and rows() serve variables of type V here (their policy looks up ahead; an
+  /// asynchronous one does not): code written for any architecture tests it with `if constexpr`.
   template <class V>
   static constexpr bool can_prefetch = policy::looks_up_ahead_v<policy_for_t<Arch, V>, V, Engine, Optimizer>;
 
-  /// Registers the variables (each argument a variable or a collection of
-  /// one kind: px::Variables<V>, a std::vector) and places them. Collective;
-  /// every rank must pass the same variables in the same order, or every rank
-  /// throws naming the first difference. The options are resolve()d first.
+  /// Registers the variables (each argument a variable or a collection of one kind: px::Variables<V>, a
+  /// std::vector) and places them. Collective; every rank must pass the same variables in the same order,
+  /// or every rank throws naming the first difference. The options are resolve()d first.
   template <class... Args>
   Trainer(const Context& ctx, Optimizer opt, Args&... vars) : Trainer(ctx, TrainerOptions{}, opt, vars...) {}
   template <class... Args>
@@ -138,8 +136,7 @@ class Trainer {
   std::vector<RowsOf<V>> lookup(const Bags<V>* batch, std::size_t count) {
     static_assert(policy::looks_up_bags_v<policy_for_t<Arch, V>, V, Engine, Optimizer>,
                   "lookup() of bags: this variable's policy does not pool (ShardedPS and AllGatherv do; under "
-                  "AsyncPS, and under ShardedPS for a table stored in 16 bits, look the ids up and pool them with "
-                  "pool_bags())");
+                  "AsyncPS look the ids up and pool them with pool_bags())");
     return serve<V>("lookup", batch, count, [&](auto& s) { return s.lookup_bags(batch, count); });
   }
   template <class V>
@@ -178,9 +175,8 @@ class Trainer {
   template <class V>
   Prefetched<V> prefetch(std::initializer_list<Lookup<V>> batch) { return prefetch(batch.begin(), batch.size()); }
 
-  /// The rows of a prefetch, `result[i]` for its `batch[i]`: what lookup()
-  /// of its batch would return now, valid until step(). Takes the prefetch
-  /// (once), whether it returns or throws. Collective.
+  /// The rows of a prefetch, `result[i]` for its `batch[i]`: what lookup() of its batch would return now,
+  /// valid until step(). Takes the prefetch (once), whether it returns or throws. Collective.
   template <class V>
   std::vector<RowsOf<V>> rows(Prefetched<V>& p) {
     steps_.ensure_usable();
@@ -247,9 +243,8 @@ class Trainer {
   /// Restores the newest complete checkpoint under `dir`; false if none. Collective.
   bool restore_latest(const std::string& dir) {
     const auto step = saves_->checkpoints().latest(dir);
-    if (!step) return false;
-    restore(dir + "/" + detail::checkpoint_dir_name(*step));
-    return true;
+    if (step) restore(dir + "/" + detail::checkpoint_dir_name(*step));
+    return step.has_value();
   }
 
   std::uint64_t steps() const noexcept { return steps_.done(); }  ///< steps completed
@@ -323,9 +318,8 @@ class Trainer {
   std::string describe() const { return registry_.describe(engine_->rank()); }
 
  private:
-  /// The one place that hands a batch of sparse variables of type V to their
-  /// policy's synchronizer, `f(synchronizer)`, once the trainer is usable, the
-  /// work ready() started has finished, and the batch is checked. Collective.
+  /// The one place that hands a batch of sparse variables of type V to their policy's synchronizer,
+  /// `f(synchronizer)`, once the trainer is usable, ready()'s work is done and the batch checked. Collective.
   template <class V, class Request, class Serve>
   decltype(auto) serve(const char* call, const Request* batch, std::size_t count, Serve&& f) {
     steps_.ensure_usable();
@@ -335,8 +329,8 @@ class Trainer {
     registry_.check_batch(batch, count, call);
     return f(registry_.template synchronizer_of<policy_for_t<Arch, V>>());
   }
-  /// Waits for the work ready() started; if it failed, the step is
-  /// abandoned on every rank alike (an engine's failure names itself on every rank).
+  /// Waits for the work ready() started; if it failed, the step is abandoned on every rank alike (an
+  /// engine's failure names itself on every rank).
   void finish_background() { comm_.drain([&] { steps_.abandon(); }); }
 
   const Context* ctx_;

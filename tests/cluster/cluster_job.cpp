@@ -122,10 +122,9 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "job: rank %d (%s) pid %d\n", ctx.rank(), host, static_cast<int>(getpid()));
   int status = 0;
   try {
-    if (arch == "hybrid") status = train<px::arch::Hybrid>(ctx, steps, dir, save_every, restore, step_ms, timeout_ms);
-    else if (arch == "allreduce") status = train<px::arch::AllReduce>(ctx, steps, dir, save_every, restore, step_ms, timeout_ms);
-    else if (arch == "ps") status = train<px::arch::PS>(ctx, steps, dir, save_every, restore, step_ms, timeout_ms);
-    else PARALLAX_EXPECTS(false, "--arch ", arch, ": expected hybrid, allreduce or ps");
+    status = px::with_arch(arch, [&](auto a) {
+      return train<decltype(a)>(ctx, steps, dir, save_every, restore, step_ms, timeout_ms);
+    });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "job: rank %d (%s) gave up: %s\n", ctx.rank(), host, e.what());
     return 3;  // ~Context ends the job (MPI_Abort, or its own exit if the launcher is out of reach)

@@ -4,9 +4,13 @@
 // traits.
 #include "support.hpp"
 
+#include <parallax/policy/members.hpp>
+
 #include <cmath>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -30,14 +34,11 @@ class EngineSumSynchronizer final : public px::policy::Synchronizer<Engine> {
  public:
   using space = px::engine::space_of_t<Engine>;
 
-  EngineSumSynchronizer(Engine& engine, const Optimizer& opt, const px::TrainerOptions&) : engine_(&engine), opt_(opt) {}
+  EngineSumSynchronizer(Engine& engine, const Optimizer& opt, const px::policy::Common&) : engine_(&engine), opt_(opt) {}
 
   template <class Var>
   px::policy::Member& add(Var var) {
-    auto m = std::make_unique<Of<Var>>(std::move(var), *engine_, opt_);
-    Of<Var>& ref = *m;
-    members_.push_back(std::move(m));
-    return ref;
+    return members_.template add<Of<Var>>(std::move(var), *engine_, opt_);
   }
   std::optional<std::string> problem() override {
     for (auto& m : members_)
@@ -60,18 +61,14 @@ class EngineSumSynchronizer final : public px::policy::Synchronizer<Engine> {
   }
   template <class V>
   std::vector<px::Rows<typename V::value_type, space>> lookup(const px::Lookup<V>* batch, std::size_t n) {
-    return px::policy::lookup_replicas<V, space>(*engine_, batch, n, [&](V& var) -> Of<V>& {
-      for (auto& m : members_)
-        if (m->identity() == &var.state()) return static_cast<Of<V>&>(*m);
-      throw px::error("not mine");
-    });
+    return px::policy::lookup_replicas<V, space>(
+        *engine_, batch, n, [&](V& var) -> Of<V>& { return members_.template of<Of<V>>(var, EngineSum::name); });
   }
 
  private:
   class Entry {
    public:
     virtual ~Entry() = default;
-    virtual const void* identity() const = 0;
     virtual std::optional<std::string> problem() = 0;
     virtual bool has_gradient() const = 0;
     virtual void sum() = 0;
@@ -89,7 +86,6 @@ class EngineSumSynchronizer final : public px::policy::Synchronizer<Engine> {
     Of(Var var, Engine& engine, const Optimizer& opt) : Replica<Var>(std::move(var), engine, opt, EngineSum::name) {
       if constexpr (Var::is_sparse()) dense_.resize_discard(this->var_.shape().elements());
     }
-    const void* identity() const override { return Replica<Var>::identity(); }
     std::optional<std::string> problem() override {
       if constexpr (Var::is_sparse()) return Replica<Var>::problem();
       else return std::nullopt;
@@ -129,7 +125,7 @@ class EngineSumSynchronizer final : public px::policy::Synchronizer<Engine> {
 
   Engine* engine_;
   Optimizer opt_;
-  std::vector<std::unique_ptr<Entry>> members_;
+  px::policy::Members<Entry> members_;
 };
 
 constexpr std::size_t kRows = 24, kDim = 3, kBatch = 12, kSteps = 4;
@@ -234,7 +230,7 @@ struct NotASynchronizer {
 template <class Engine, class Optimizer>
 class DenseOnlySynchronizer : public px::policy::Synchronizer<Engine> {
  public:
-  DenseOnlySynchronizer(Engine&, const Optimizer&, const px::TrainerOptions&) {}
+  DenseOnlySynchronizer(Engine&, const Optimizer&, const px::policy::Common&) {}
   template <class Var>
   px::policy::Member& add(Var);
   std::optional<std::string> problem() override { return std::nullopt; }
@@ -247,6 +243,26 @@ struct DenseOnly {
   static constexpr const char* name = "DenseOnly";
   template <class Engine, class Optimizer>
   using synchronizer = DenseOnlySynchronizer<Engine, Optimizer>;
+};
+/// A tag that lists settings of its own: its synchronizer must take them
+/// after the common ones, in the listed order.
+struct WantsRingOptions {
+  static constexpr const char* name = "WantsRingOptions";
+  using options = std::tuple<px::policy::ring::Options>;
+  template <class Engine, class Optimizer>
+  using synchronizer = DenseOnlySynchronizer<Engine, Optimizer>;  // takes (Engine&, const Optimizer&, const Common&)
+};
+template <class Engine, class Optimizer>
+class RingOptionsSynchronizer : public DenseOnlySynchronizer<Engine, Optimizer> {
+ public:
+  RingOptionsSynchronizer(Engine& e, const Optimizer& o, const px::policy::Common& c, const px::policy::ring::Options&)
+      : DenseOnlySynchronizer<Engine, Optimizer>(e, o, c) {}
+};
+struct TakesRingOptions {
+  static constexpr const char* name = "TakesRingOptions";
+  using options = std::tuple<px::policy::ring::Options>;
+  template <class Engine, class Optimizer>
+  using synchronizer = RingOptionsSynchronizer<Engine, Optimizer>;
 };
 
 /// An engine that has only some of the contract.
@@ -294,6 +310,12 @@ TEST_CASE("the contracts of policies, engines and optimizers are traits", "[poli
   STATIC_REQUIRE_FALSE(px::policy::is_policy_for_v<NotASynchronizer, DenseDefault, M, Sgd>);
   STATIC_REQUIRE(px::policy::is_policy_for_v<DenseOnly, DenseDefault, M, Sgd>);
   STATIC_REQUIRE_FALSE(px::policy::is_policy_for_v<DenseOnly, SparseDefault, M, Sgd>);  // no lookup()
+  // A synchronizer receives the common settings and those its tag lists.
+  STATIC_REQUIRE(px::policy::is_policy_for_v<TakesRingOptions, DenseDefault, M, Sgd>);
+  STATIC_REQUIRE_FALSE(px::policy::is_policy_for_v<WantsRingOptions, DenseDefault, M, Sgd>);
+  STATIC_REQUIRE(std::is_same_v<px::policy::own_options_t<DenseOnly>, std::tuple<>>);
+  STATIC_REQUIRE(std::is_same_v<px::policy::own_options_t<px::AsyncPS>,
+                                std::tuple<px::policy::async::Options, px::policy::sharded::Options>>);
 
   STATIC_REQUIRE(px::engine::is_engine_v<px::engine::Mpi>);
   STATIC_REQUIRE_FALSE(px::engine::is_engine_v<HalfEngine>);

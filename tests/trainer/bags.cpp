@@ -1,7 +1,9 @@
 // trainer.hpp, lookup() of bags and bag_gradients(): N ranks training on
 // pooled multi-hot lookups reach the model one process reaches with plain
 // lookups pooled by hand, for every combiner and every architecture whose
-// policy pools, and reruns are bit-identical.
+// policy pools, and reruns are bit-identical. Tables stored in 16 bits pool
+// at their owners too: bit for bit as by hand with exchanges in float, and
+// within 16-bit rounding with compressed ones.
 #include "support.hpp"
 
 #include <algorithm>
@@ -23,10 +25,13 @@ float target(std::size_t s, std::size_t b, std::size_t d) { return std::sin(0.4f
 /// mean over the local batch) for kSteps steps on this rank's share of each
 /// global batch of kBags bags: with lookup() of bags when `pooled`, else with
 /// plain lookups pooled here, by hand.
-template <class Arch>
-std::vector<float> train(px::Context& ctx, px::Combiner combiner, bool pooled, px::Pooling where) {
-  px::Variable<px::Sparse, float> emb(ctx, "emb", {kRows, kDim}, px::init::Uniform{-0.5f, 0.5f, 11});
-  px::Trainer<Arch, px::optim::Sgd> trainer(ctx, px::optim::Sgd{0.5f}, emb);
+template <class Arch, class Stored = float>
+std::vector<float> train(px::Context& ctx, px::Combiner combiner, bool pooled, px::Pooling where,
+                         px::Compression compress = px::Compression::none) {
+  px::Variable<px::Sparse, Stored> emb(ctx, "emb", {kRows, kDim}, px::init::Uniform{-0.5f, 0.5f, 11});
+  px::TrainerOptions o;
+  o.compress = compress;
+  px::Trainer<Arch, px::optim::Sgd> trainer(ctx, o, px::optim::Sgd{0.5f}, emb);
   const std::size_t n = static_cast<std::size_t>(ctx.size()), r = static_cast<std::size_t>(ctx.rank());
   const std::size_t local = kBags / n, first = r * local;
   for (std::size_t s = 0; s < kSteps; ++s) {
@@ -118,4 +123,45 @@ TEST_CASE("bags looked up through the trainer train as plain lookups pooled by h
   check_arch<px::arch::Hybrid>(px::Pooling::automatic);
   check_arch<px::arch::PS>(px::Pooling::owner);
   check_arch<px::arch::AllReduce>(px::Pooling::automatic);
+}
+
+namespace {
+
+double max_abs_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(double(a[i]) - b[i]));
+  return worst;
+}
+
+}  // namespace
+
+// The owners widen their 16-bit rows and pool them in float. A sum of a
+// few rows of 8 (bf16) or 11 (fp16) significant bits, times weights of 3,
+// is exact in float whatever its grouping while the values lie within 8
+// binades of each other (24 bits hold 11 + 3 + 2 of carries; as this
+// data's do), so pooling by owner
+// gives one process's hand-pooled rows bit for bit, and the updates
+// (rounded to 16 bits) follow. Compressed, each owner's partial sum and each bag's
+// gradient row cross in 16 bits: within their rounding of the float run.
+TEMPLATE_TEST_CASE("bags of a 16-bit table pool at the owners as one process pools them by hand",
+                   "[trainer][bags][half]", px::bf16, px::fp16) {
+  using Stored = TestType;
+  px::Context single(MPI_COMM_SELF);
+  for (auto combiner : {px::Combiner::sum, px::Combiner::mean, px::Combiner::weighted_sum}) {
+    INFO("combiner " << px::to_string(combiner));
+    const auto want = train<px::arch::Hybrid, Stored>(single, combiner, false, px::Pooling::owner);
+    const auto got = train<px::arch::Hybrid, Stored>(test::world(), combiner, true, px::Pooling::owner);
+    CHECK(got == want);
+    CHECK(std::all_of(got.begin(), got.end(), [](float x) { return static_cast<float>(Stored(x)) == x; }));
+    for (auto compress : {px::Compression::bf16, px::Compression::fp16}) {
+      INFO("compress " << (compress == px::Compression::bf16 ? "bf16" : "fp16"));
+      const auto packed = train<px::arch::Hybrid, Stored>(test::world(), combiner, true, px::Pooling::owner, compress);
+      // A partial sum (|x| < 2.5) rounded by 2^-9 (bf16) relative moves the
+      // loss gradient by that over the local batch; SGD at 0.5 over three
+      // steps, a few bags per row.
+      CHECK(max_abs_difference(packed, want) <= 0.03);
+      CHECK(max_abs_difference(packed, want) > 0);  // the partial sums were rounded
+      CHECK(packed == train<px::arch::Hybrid, Stored>(test::world(), combiner, true, px::Pooling::owner, compress));
+    }
+  }
 }

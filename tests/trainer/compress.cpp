@@ -1,7 +1,9 @@
 // TrainerOptions::compress: dense float gradients cross the wire in 16 bits
 // (bf16 or fp16) under RingAllReduce. The bytes booked are exactly half the
 // uncompressed run's, and the model stays within what 16-bit sums allow of
-// the float one.
+// the float one. ShardedPS's pushed rows and lookup replies travel in 16
+// bits too, with their ids as 4-byte offsets: the bytes saved are counted
+// exactly, block by block.
 #include "support.hpp"
 
 #include <algorithm>
@@ -80,7 +82,9 @@ TEST_CASE("PARALLAX_COMPRESS sets compression for a job and names a bad value", 
 
 namespace {
 
-constexpr std::size_t kRows = 50, kCols = 4;  // a row on the wire: 8 + 16 bytes, or 8 + 8 (no padding)
+constexpr std::size_t kRows = 50, kCols = 4;  // a row on the wire: 8 + 16 bytes, or 4 + 8 compressed
+
+std::uint64_t pad8(std::uint64_t x) { return (x + 7) / 8 * 8; }
 
 /// Rank r's gradient rows at step s: ids (r + 3 j + s) % kRows, unique.
 std::vector<px::index_t> push_ids(std::size_t r, std::size_t s) {
@@ -114,17 +118,27 @@ Run push(px::Compression compress) {
 TEST_CASE("compressed pushes send rows in 16 bits to their owners and sum them in float", "[trainer][compress][sparse]") {
   auto& ctx = test::world();
   const Run plain = push(px::Compression::none);
-  // The rows this rank sends to other owners (one partition per rank).
+  // The rows this rank sends to other owners (one partition per rank), and
+  // the bytes compression saves: a block of k rows per owner and step takes
+  // k (8 + 4 kCols) bytes, or k (4 + 2 kCols) padded to 8.
   const px::PartitionMap map(kRows, ctx.size(), ctx.size());
-  std::uint64_t rows_out = 0;
-  for (std::size_t s = 0; s < kSteps; ++s)
-    for (px::index_t id : push_ids(static_cast<std::size_t>(ctx.rank()), s)) rows_out += map.owner(id) != ctx.rank();
+  std::uint64_t rows_out = 0, saved = 0;
+  for (std::size_t s = 0; s < kSteps; ++s) {
+    std::vector<std::uint64_t> to(static_cast<std::size_t>(ctx.size()), 0);
+    for (px::index_t id : push_ids(static_cast<std::size_t>(ctx.rank()), s))
+      if (map.owner(id) != ctx.rank()) ++to[static_cast<std::size_t>(map.owner(id))];
+    for (std::uint64_t k : to) {
+      rows_out += k;
+      saved += k * (8 + 4 * kCols) - pad8(k * (4 + 2 * kCols));
+    }
+  }
   for (auto c : {px::Compression::bf16, px::Compression::fp16}) {
     const bool is_bf16 = c == px::Compression::bf16;
     INFO((is_bf16 ? "bf16" : "fp16"));
     const Run packed = push(c);
-    // The same headers and rows; each row's values in 2 bytes instead of 4.
-    CHECK(plain.bytes - packed.bytes == rows_out * kCols * 2);
+    // The same headers and rows; each row's values in 2 bytes instead of 4,
+    // its id in 4 instead of 8.
+    CHECK(plain.bytes - packed.bytes == saved);
     if (ctx.size() > 1) CHECK(plain.bytes > rows_out * (8 + kCols * 4));
     // Each pushed value (|g| <= 1.05) is rounded once where it leaves: SGD
     // at 0.1 moves a row by at most 0.1 x ranks x that rounding a step.
@@ -156,17 +170,22 @@ TEST_CASE("compressed lookups reply with rows in 16 bits", "[trainer][compress][
   };
   const Run plain = lookup(px::Compression::none);
   // The rows this rank serves to other ranks: each asks each of its unique
-  // ids of the owner once.
+  // ids of the owner once; and the ids this rank asks of each other owner,
+  // a block of 8 bytes each, or of 4 padded to 8.
   const px::PartitionMap map(kRows, ctx.size(), ctx.size());
-  std::uint64_t served = 0;
+  std::uint64_t served = 0, ids_saved = 0;
   for (int q = 0; q < ctx.size(); ++q)
     if (q != ctx.rank())
       for (px::index_t id : push_ids(static_cast<std::size_t>(q), 1)) served += map.owner(id) == ctx.rank();
+  std::vector<std::uint64_t> asked(static_cast<std::size_t>(ctx.size()), 0);
+  for (px::index_t id : push_ids(r, 1))
+    if (map.owner(id) != ctx.rank()) ++asked[static_cast<std::size_t>(map.owner(id))];
+  for (std::uint64_t k : asked) ids_saved += 8 * k - pad8(4 * k);
   for (auto c : {px::Compression::bf16, px::Compression::fp16}) {
     const bool is_bf16 = c == px::Compression::bf16;
     INFO((is_bf16 ? "bf16" : "fp16"));
     const Run packed = lookup(c);
-    CHECK(plain.bytes - packed.bytes == served * kCols * 2);
+    CHECK(plain.bytes - packed.bytes == served * kCols * 2 + ids_saved);
     REQUIRE(packed.w.size() == plain.w.size());
     // Every row is its float row rounded to nearest even (a rank's own rows
     // too: they take the same reply, to itself); one rank reads its shard

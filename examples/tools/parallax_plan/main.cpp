@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
     if (hosts) cluster.hosts = hosts;
     if (per_host) cluster.ranks_per_host = per_host;
     auto override_link = [](const std::string& text, const char* what) {
-      const auto s = parallax::detail::parse_link(text);
+      const auto s = parallax::link::parse_link(text);
       if (!s.enabled()) throw plan_files::bad_input(std::string("--") + what + ": a link needs a bandwidth above zero");
       return parallax::plan::Link{s.bytes_per_second, s.latency_s};
     };
@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
     }
     const auto c = counts.empty() ? m.candidates() : m.candidates(counts);
     const auto& hybrid = c.front();
-    const auto& allreduce = *std::find_if(c.begin(), c.end(), [](const auto& e) { return e.arch == "allreduce"; });
+    const auto& allreduce = *std::find_if(c.begin(), c.end(), [](const auto& e) { return e.arch == parallax::arch::AllReduce::name; });
     std::cout << cluster.hosts << " hosts x " << cluster.ranks_per_host << " ranks; inter-host "
               << cluster.inter.bytes_per_second * 8 / 1e9 << " Gbit/s, " << cluster.inter.latency_s * 1e6
               << " us; intra-host " << cluster.intra.bytes_per_second / 1e9 << " GB/s; sparse all-gather "

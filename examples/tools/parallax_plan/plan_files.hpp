@@ -21,7 +21,7 @@
 ///                                        cols = 512
 ///                                        touched = 1200
 
-#include <parallax/detail/link_emulation.hpp>
+#include <parallax/link/emulation.hpp>
 #include <parallax/plan/model.hpp>
 
 #include <boost/program_options.hpp>
@@ -112,7 +112,7 @@ class Fields {
 };
 
 inline px::plan::Link link_of(const Fields& f, const std::string& key) {
-  const auto s = f.with_units(key, [](const std::string& t) { return px::detail::parse_link(t); });
+  const auto s = f.with_units(key, [](const std::string& t) { return px::link::parse_link(t); });
   if (!s.enabled()) throw bad_input(f.file() + ": " + key + ": a link needs a bandwidth above zero");
   return {s.bytes_per_second, s.latency_s};
 }
@@ -126,7 +126,7 @@ inline double per_byte(const Fields& f, const std::string& key) {
 inline double seconds(const Fields& f, const std::string& key) {
   return f.with_units(key, [](const std::string& t) {
     static const std::pair<const char*, double> units[] = {{"s", 1.0}, {"ms", 1e-3}, {"us", 1e-6}, {"ns", 1e-9}};
-    return px::detail::parse_quantity(t, "time", t, units);
+    return px::link::parse_quantity(t, "time", t, units);
   });
 }
 

@@ -59,6 +59,14 @@ std::size_t coalesce_rows(const Exec<Space>& ex, const index_t* ids, identity_t<
     return coalesce_rows_thrust(ex, ids, values, n, cols, out_ids, out_values, scratch);
 }
 
+/// out[i] = base + narrow[i]: ids that crossed the wire as 32-bit offsets.
+struct WidenIds {
+  const std::uint32_t* narrow;
+  index_t base;
+  index_t* out;
+  PARALLAX_HOST_DEVICE void operator()(std::size_t i) const { out[i] = base + static_cast<index_t>(narrow[i]); }
+};
+
 /// Rows that arrived as RowBlocks, one per source at byte offsets of a
 /// receive buffer: their ids copied out end to end (a coalesce sorts them),
 /// their values read where they landed on the host (values(), a RowsAt) and
@@ -70,9 +78,10 @@ class ReceivedRows {
   static constexpr bool in_place = std::is_same_v<Space, HostSpace>;
 
   /// Takes rows[p] rows of `cols` values from each source p < sources, in
-  /// source order, from the RowBlock at recv + offsets[p] (bytes).
+  /// source order, from the RowBlock at recv + offsets[p] (bytes). Ids of
+  /// `id_bytes` 4 arrived as offsets from `id_base` (RowBlock).
   void unpack(const Exec<Space>& ex, const std::byte* recv, const std::size_t* offsets, const std::size_t* rows,
-              std::size_t sources, std::size_t cols) {
+              std::size_t sources, std::size_t cols, std::size_t id_bytes = sizeof(index_t), index_t id_base = 0) {
     std::size_t total = 0;
     for (std::size_t p = 0; p < sources; ++p) total += rows[p];
     ids_.resize_discard(total);
@@ -83,15 +92,19 @@ class ReceivedRows {
       const std::size_t r = rows[p];
       if (!r) continue;
       std::byte* block = const_cast<std::byte*>(recv) + offsets[p];
-      ex.copy(ids_.data() + first, RowBlock<T>::ids(block), r * sizeof(index_t));
+      if (id_bytes == sizeof(index_t))
+        ex.copy(ids_.data() + first, RowBlock<T>::ids(block), r * sizeof(index_t));
+      else
+        for_each(ex, r, WidenIds{RowBlock<T>::narrow_ids(block), id_base, ids_.data() + first});
       if (cols) {
         if constexpr (in_place) {
-          // RowBlocks start at multiples of 8 bytes and hold 8-byte ids, so
-          // the values start at a whole number of T from the buffer.
-          const std::size_t at = (offsets[p] + r * sizeof(index_t)) / sizeof(T);
+          // RowBlocks start at multiples of 8 bytes and hold 8-byte ids (or
+          // 4-byte ones before values of at most 4 bytes), so the values
+          // start at a whole number of T from the buffer.
+          const std::size_t at = (offsets[p] + r * id_bytes) / sizeof(T);
           for (std::size_t i = 0; i < r; ++i) at_.data()[first + i] = static_cast<index_t>(at + i * cols);
         } else {
-          ex.copy(values_.data() + first * cols, RowBlock<T>::values(block, r), r * cols * sizeof(T));
+          ex.copy(values_.data() + first * cols, RowBlock<T>::values(block, r, id_bytes), r * cols * sizeof(T));
         }
       }
       first += r;

@@ -22,19 +22,25 @@
 
 namespace parallax::detail {
 
-/// Rows on the wire: a block of k rows is k ids (int64) followed by k*cols
-/// values, padded to a multiple of 8 bytes so the next block's ids stay
-/// aligned. One message per block instead of two halves the calls.
+/// Rows on the wire: a block of k rows is k ids followed by k*cols values,
+/// padded to a multiple of 8 bytes so the next block's ids stay aligned. One
+/// message per block instead of two halves the calls. The ids are int64, or
+/// with `id_bytes` 4 uint32 offsets from a base both ends know
+/// (RowExchange::narrow_ids); values then need at most 4-byte alignment.
 template <class T>
 struct RowBlock {
   static_assert(alignof(T) <= alignof(index_t), "row values must not need more alignment than the ids");
-  PARALLAX_HOST_DEVICE static std::size_t bytes(std::size_t k, std::size_t cols) {
-    const std::size_t raw = k * (sizeof(index_t) + cols * sizeof(T));
+  PARALLAX_HOST_DEVICE static std::size_t bytes(std::size_t k, std::size_t cols,
+                                                std::size_t id_bytes = sizeof(index_t)) {
+    const std::size_t raw = k * (id_bytes + cols * sizeof(T));
     return (raw + 7) / 8 * 8;
   }
   PARALLAX_HOST_DEVICE static index_t* ids(std::byte* block) { return reinterpret_cast<index_t*>(block); }
-  PARALLAX_HOST_DEVICE static T* values(std::byte* block, std::size_t k) {
-    return reinterpret_cast<T*>(block + k * sizeof(index_t));
+  PARALLAX_HOST_DEVICE static std::uint32_t* narrow_ids(std::byte* block) {
+    return reinterpret_cast<std::uint32_t*>(block);
+  }
+  PARALLAX_HOST_DEVICE static T* values(std::byte* block, std::size_t k, std::size_t id_bytes = sizeof(index_t)) {
+    return reinterpret_cast<T*>(block + k * id_bytes);
   }
 };
 

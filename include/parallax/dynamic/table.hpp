@@ -109,6 +109,50 @@ struct Snapshot {
   std::size_t size() const noexcept { return keys.size(); }
 };
 
+/// Throws parallax::error naming what is wrong with `op`; `what` starts the
+/// message (the table's kind and name).
+inline void check_options(const Options& op, const std::string& what) {
+  if (op.capacity == 0 || op.capacity >= UINT32_MAX)
+    throw error(what + "capacity must be in [1, 2^32 - 1) rows, got " + std::to_string(op.capacity));
+  if (op.cols == 0) throw error(what + "cols must be positive");
+  if (op.slots < 0 || op.slots > optim::max_slots)
+    throw error(what + "slots must be 0, 1 or 2, got " + std::to_string(op.slots));
+  if (!(op.max_load > 0.0 && op.max_load < 1.0))
+    throw error(what + "max_load must be in (0, 1), got " + std::to_string(op.max_load));
+  if (!(op.evict_fraction > 0.0 && op.evict_fraction <= 1.0))
+    throw error(what + "evict_fraction must be in (0, 1], got " + std::to_string(op.evict_fraction));
+  if (op.evict == Evict::score && !op.score) throw error(what + "Evict::score needs a score function");
+  if (std::holds_alternative<init::Glorot>(op.init))
+    throw error(what + "Glorot needs a row count, which a dynamic table has not; give init::Uniform its limit");
+  if (const auto* p = std::get_if<admit::Probability>(&op.admission); p && !(p->p > 0.0 && p->p <= 1.0))
+    throw error(what + "the admission probability must be in (0, 1], got " + std::to_string(p->p));
+  if (const auto* c = std::get_if<admit::CountMin>(&op.admission)) {
+    if (c->sightings < 1) throw error(what + "CountMin needs at least one sighting");
+    if (c->width == 0 || c->depth < 1 || c->depth > 16)
+      throw error(what + "CountMin needs a positive width and a depth in [1, 16], got width " +
+                  std::to_string(c->width) + ", depth " + std::to_string(c->depth));
+  }
+}
+
+/// Rank `rank` of `ranks`' share of a snapshot: the keys owner() gives it.
+template <class T>
+Snapshot<T> owned_share(const Snapshot<T>& all, int rank, int ranks) {
+  Snapshot<T> out;
+  out.cols = all.cols;
+  out.slots = all.slots;
+  const std::size_t cols = all.cols;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (owner(all.keys[i], ranks) != rank) continue;
+    out.keys.push_back(all.keys[i]);
+    out.rows.insert(out.rows.end(), all.rows.begin() + i * cols, all.rows.begin() + (i + 1) * cols);
+    for (int k = 0; k < all.slots; ++k)
+      out.state[k].insert(out.state[k].end(), all.state[k].begin() + i * cols, all.state[k].begin() + (i + 1) * cols);
+    out.counts.push_back(all.counts[i]);
+    out.last_steps.push_back(all.last_steps[i]);
+  }
+  return out;
+}
+
 /// One shard's dynamic table of T (float or double) values.
 template <class T = float>
 class Table {
@@ -119,25 +163,8 @@ class Table {
 
   explicit Table(Options o) : options_(std::move(o)) {
     const Options& op = options_;
-    const std::string what = "parallax::dynamic::Table \"" + op.name + "\": ";
-    if (op.capacity == 0 || op.capacity >= none)
-      throw error(what + "capacity must be in [1, 2^32 - 1) rows, got " + std::to_string(op.capacity));
-    if (op.cols == 0) throw error(what + "cols must be positive");
-    if (op.slots < 0 || op.slots > optim::max_slots)
-      throw error(what + "slots must be 0, 1 or 2, got " + std::to_string(op.slots));
-    if (!(op.max_load > 0.0 && op.max_load < 1.0))
-      throw error(what + "max_load must be in (0, 1), got " + std::to_string(op.max_load));
-    if (!(op.evict_fraction > 0.0 && op.evict_fraction <= 1.0))
-      throw error(what + "evict_fraction must be in (0, 1], got " + std::to_string(op.evict_fraction));
-    if (op.evict == Evict::score && !op.score) throw error(what + "Evict::score needs a score function");
-    if (std::holds_alternative<init::Glorot>(op.init))
-      throw error(what + "Glorot needs a row count, which a dynamic table has not; give init::Uniform its limit");
-    if (const auto* p = std::get_if<admit::Probability>(&op.admission); p && !(p->p > 0.0 && p->p <= 1.0))
-      throw error(what + "the admission probability must be in (0, 1], got " + std::to_string(p->p));
-    if (const auto* c = std::get_if<admit::CountMin>(&op.admission)) {
-      if (c->sightings < 1) throw error(what + "CountMin needs at least one sighting");
-      sketch_ = CountMinSketch(*c);
-    }
+    check_options(op, "parallax::dynamic::Table \"" + op.name + "\": ");
+    if (const auto* c = std::get_if<admit::CountMin>(&op.admission)) sketch_ = CountMinSketch(*c);
     rule_ = parallax::detail::make_init_rule(op.init, op.name, Shape{op.capacity, op.cols});
     buckets_ = std::max<std::size_t>(op.capacity + 1,
                                      static_cast<std::size_t>(std::ceil(static_cast<double>(op.capacity) / op.max_load)));

@@ -4,7 +4,8 @@
 /// one dynamic::Table per rank (the owner of a key is dynamic::owner(key,
 /// ranks)), created on first lookup, up to a capacity per rank, evicted by
 /// score (docs/design.md, "Dynamic tables"). A trainer routes it to the
-/// DynamicPS policy under every synchronous architecture.
+/// AllGatherv policy (a replica of the table on every rank) under
+/// arch::AllReduce, to DynamicPS under the other synchronous architectures.
 
 #include <parallax/context.hpp>
 #include <parallax/dynamic/table.hpp>
@@ -114,8 +115,8 @@ struct VariableState {
 ///
 /// @tparam T      element type (float or double)
 /// @tparam Space  px::HostSpace (a CUDA table is not built)
-/// @tparam Policy use_arch (DynamicPS under every synchronous architecture),
-///                or DynamicPS itself
+/// @tparam Policy use_arch (AllGatherv under arch::AllReduce, DynamicPS
+///                under the other synchronous architectures), or either one
 template <class T = float, class Space = HostSpace, class Policy = use_arch>
 class DynamicVariable {
   static_assert(std::is_floating_point_v<T>, "parallax::DynamicVariable: T must be float or double");

@@ -5,7 +5,8 @@
 /// every call shares lives here: the call count and check_calls mode, byte
 /// booking (docs/design.md, "Byte accounting"), the deadline of every wait
 /// and the diagnosis the ranks share when one passes (detail/fault.hpp),
-/// and emulated links between hosts. engine::Mpi, engine::MpiStaged and
+/// and an optional pacing hook for backends that slow calls between hosts
+/// down (link::Emulated, tools/link: emulated links). engine::Mpi, engine::MpiStaged and
 /// engine::Nccl are Comm over backend::Mpi, backend::MpiStaged and
 /// backend::Nccl.
 ///
@@ -32,11 +33,13 @@
 /// * optional, with supports<B, op_alltoallv_unsized>: `prepare`,
 ///   `send_bytes`, `probe`, `recv_probed` (see backend::Mpi), which also
 ///   give recv_sized().
+/// * optional, the pacing hook (backend::paces_v<B>): `inter_host(sent,
+///   received)`, told the inter-host bytes the facade books for each call,
+///   and `completed()`, called after every wait, which may hold it back.
 
 #include <parallax/comm_stats.hpp>
 #include <parallax/context.hpp>
 #include <parallax/detail/fault.hpp>
-#include <parallax/detail/link_emulation.hpp>
 #include <parallax/detail/mpi.hpp>
 #include <parallax/detail/ring.hpp>
 #include <parallax/engine/backend/backend.hpp>
@@ -90,9 +93,10 @@ class Comm {
         backend_(ctx, comm_.get(), options_, site_, std::forward<Args>(args)...) {
     yield_ = options_.yield == Options::Yield::always ||
              (options_.yield == Options::Yield::automatic && topology_.oversubscribed());
-    // Emulated links only matter between hosts; every rank parses the same text.
-    const detail::LinkSpec link = detail::parse_link(options_.link);
-    if (link.enabled() && topology_.num_hosts() > 1) link_.start(link, ctx.host_comm());
+    if constexpr (!backend::paces_v<Backend>)
+      PARALLAX_EXPECTS(topology_.num_hosts() == 1 || options_.link.empty() || options_.link == "off", "engine::",
+                       name, ": the link '", options_.link, "' (engine::Options::link, PARALLAX_LINK) is emulated by ",
+                       "an engine over link::Emulated<backend> (tools/link, docs/cluster.md), not by this one");
   }
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
@@ -115,9 +119,6 @@ class Comm {
   void set_step(std::int64_t step) noexcept { site_.step = step; }
   /// Engine calls made so far.
   std::int64_t calls() const noexcept { return site_.calls; }
-  /// The emulated link between hosts (Options::link), disabled when off or
-  /// when the job has one host.
-  const detail::LinkSpec& link() const noexcept { return link_.spec(); }
   /// The backend, for what only it has (engine::Nccl: its NCCL communicator).
   Backend& backend() noexcept { return backend_; }
   const Backend& backend() const noexcept { return backend_; }
@@ -401,8 +402,7 @@ class Comm {
     }
   }
 
-  /// Waits for `x`, then, with emulated links, until the inter-host bytes
-  /// booked since the last completion could have crossed them.
+  /// Waits for `x` (then a pacing backend's completed()).
   void complete(Exchange& x, const char* op, bool point_to_point) {
     finish(op, point_to_point, [&] { return backend_.test(x); }, [&] { return backend_.cancel(x); });
   }
@@ -429,10 +429,7 @@ class Comm {
       const std::string note = backend_.give_up();
       fail(op, note.empty() ? waited : detail::concat(waited, " (", note, ")"));
     }
-    if (link_.enabled() && (link_sent_ || link_received_)) {
-      link_.hold(link_start_, link_sent_, link_received_);
-      link_sent_ = link_received_ = 0;
-    }
+    if constexpr (backend::paces_v<Backend>) backend_.completed();
   }
 
   /// A collective cannot complete: compare notes with the other ranks, mark
@@ -491,18 +488,13 @@ class Comm {
 
   void book_send(int peer, std::size_t bytes) {
     site_.stats.add_sent(bytes, topology_.same_host(peer));
-    if (!topology_.same_host(peer)) note_link(link_sent_, bytes);
+    if constexpr (backend::paces_v<Backend>)
+      if (!topology_.same_host(peer)) backend_.inter_host(bytes, 0);
   }
   void book_recv(int peer, std::size_t bytes) {
     site_.stats.add_received(bytes, topology_.same_host(peer));
-    if (!topology_.same_host(peer)) note_link(link_received_, bytes);
-  }
-  /// Emulated links: the inter-host bytes of the calls in flight, held back
-  /// when they complete; the clock starts with the first of them.
-  void note_link(std::uint64_t& pending, std::size_t bytes) {
-    if (!link_.enabled() || bytes == 0) return;
-    if (link_sent_ == 0 && link_received_ == 0) link_start_ = std::chrono::steady_clock::now();
-    pending += bytes;
+    if constexpr (backend::paces_v<Backend>)
+      if (!topology_.same_host(peer)) backend_.inter_host(0, bytes);
   }
   /// A ring collective: sends go to the right neighbour, receipts come from the left.
   void book_ring(std::size_t sent_elems, std::size_t recv_elems, DataType t) {
@@ -541,9 +533,6 @@ class Comm {
   Backend backend_;
   Exchange call_;                // the blocking calls' request, reused
   std::deque<Exchange> started_;  // start_alltoallv() in flight
-  detail::LinkEmulator link_;
-  std::uint64_t link_sent_ = 0, link_received_ = 0;  // inter-host bytes since the last completion
-  std::chrono::steady_clock::time_point link_start_;
   // The tag of alltoallv_unsized's messages, apart from those of send/recv
   // (small tags) and the fault channel (7117, 7118).
   static constexpr int unsized_tag = 7119;

@@ -63,10 +63,12 @@ struct Options {
   /// shares the rank's with the user's thread); no otherwise (a core per
   /// thread: spinning answers soonest).
   enum class Yield { automatic, always, never } yield = Yield::automatic;
-  /// Emulated links between hosts (every engine): "10Gbit/s,20us" holds back
-  /// every call that moves bytes between hosts until a link of that
-  /// bandwidth and latency, shared by the host's ranks, could have carried
-  /// them (docs/cluster.md, "Emulated links"). Empty or "off": none.
+  /// Emulated links between hosts, for an engine over link::Emulated<B>
+  /// (tools/link; tests and benchmarks): "10Gbit/s,20us" holds back every
+  /// call that moves bytes between hosts until a link of that bandwidth and
+  /// latency, shared by the host's ranks, could have carried them
+  /// (docs/cluster.md, "Emulated links"). Empty or "off": none. Other
+  /// engines refuse a link when the job has more than one host.
   std::string link;
 
   /// This with the environment's overrides applied (PARALLAX_TIMEOUT_MS,

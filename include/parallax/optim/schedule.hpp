@@ -14,7 +14,7 @@
 #include <cmath>
 #include <cstdint>
 
-namespace parallax::schedule {
+namespace parallax::optim::schedule {
 
 /// The base learning rate throughout.
 struct Constant {
@@ -62,4 +62,8 @@ struct Warmup {
   }
 };
 
-}  // namespace parallax::schedule
+}  // namespace parallax::optim::schedule
+
+namespace parallax {
+namespace schedule = optim::schedule;  ///< as the tutorial writes it: px::schedule::Cosine
+}  // namespace parallax

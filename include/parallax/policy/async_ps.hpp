@@ -7,7 +7,11 @@
 /// variable to it. AsyncStats, what the staleness bound did, is in
 /// asynchronous.hpp, with the interface a trainer detects.
 
+#include <parallax/policy/async_ps/options.hpp>
 #include <parallax/policy/asynchronous.hpp>
+#include <parallax/policy/sharded_ps/options.hpp>
+
+#include <tuple>
 
 namespace parallax {
 
@@ -28,6 +32,10 @@ class AsyncSynchronizer;
 /// replica (`value()`) is refreshed from the shards after each step.
 struct AsyncPS {
   static constexpr const char* name = "AsyncPS";
+  static constexpr bool stores_half = true;  // shards of Var::storage_type rows, updated in float
+  /// Its synchronizer's own settings (TrainerOptions::async), and ShardedPS's
+  /// default partition count (TrainerOptions::sharded), which it shards by.
+  using options = std::tuple<policy::async::Options, policy::sharded::Options>;
   template <class Engine, class Optimizer>
   using synchronizer = policy::AsyncSynchronizer<Engine, Optimizer>;
 };

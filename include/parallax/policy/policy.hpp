@@ -15,12 +15,18 @@
 /// it every such variable, in registration order. The synchronizer derives
 /// from policy::Synchronizer<Engine> (the phases of a step, below) and has
 ///
-///     MySynchronizer(Engine&, const Optimizer&, const TrainerOptions&);  // keep a reference to
+///     MySynchronizer(Engine&, const Optimizer&, const policy::Common&);  // keep a reference to
 ///                                                                        // the optimizer: its
 ///                                                                        // learning rate changes
 ///     template <class Var> policy::Member& add(Var var);   // the variable, placed
 ///
-/// and, if it takes sparse variables,
+/// A built-in policy's tag also lists the settings of its own that its
+/// synchronizer receives after the common ones (RingAllReduce:
+/// `using options = std::tuple<ring::Options>;`, so its synchronizer takes
+/// `(Engine&, const Optimizer&, const Common&, const ring::Options&)`); a
+/// TrainerOptions carries each of them (`ring`, `sharded`, `async`).
+///
+/// A synchronizer that takes sparse variables also has
 ///
 ///     template <class V>
 ///     std::vector<Rows<typename V::value_type, space>> lookup(const Lookup<V>* batch, std::size_t n);
@@ -82,8 +88,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -261,6 +269,35 @@ class Synchronizer {
 template <class Policy, class Engine, class Optimizer>
 using synchronizer_t = typename Policy::template synchronizer<Engine, Optimizer>;
 
+/// The settings Policy's synchronizer receives beside policy::Common: the
+/// types its tag lists as `using options = std::tuple<...>;` (none without
+/// one), each one a TrainerOptions carries (TrainerOptions::own).
+template <class Policy, class = void>
+struct own_options {
+  using type = std::tuple<>;
+};
+template <class Policy>
+struct own_options<Policy, std::void_t<typename Policy::options>> {
+  using type = typename Policy::options;
+};
+template <class Policy>
+using own_options_t = typename own_options<Policy>::type;
+
+template <class S, class Engine, class Optimizer, class... Own>
+std::unique_ptr<S> make_synchronizer_with(Engine& engine, const Optimizer& opt, const TrainerOptions& options,
+                                          std::tuple<Own...>*) {
+  return std::make_unique<S>(engine, opt, static_cast<const Common&>(options), options.template own<Own>()...);
+}
+
+/// Policy's synchronizer, made from the common settings and its own
+/// (own_options_t<Policy>), which outlive it.
+template <class Policy, class Engine, class Optimizer>
+std::unique_ptr<synchronizer_t<Policy, Engine, Optimizer>> make_synchronizer(Engine& engine, const Optimizer& opt,
+                                                                             const TrainerOptions& options) {
+  return make_synchronizer_with<synchronizer_t<Policy, Engine, Optimizer>>(
+      engine, opt, options, static_cast<own_options_t<Policy>*>(nullptr));
+}
+
 namespace contract {
 template <class P, class = void>
 struct named : std::false_type {};
@@ -270,12 +307,11 @@ template <class P, class E, class O, class = void>
 struct names_synchronizer : std::false_type {};
 template <class P, class E, class O>
 struct names_synchronizer<P, E, O, std::void_t<synchronizer_t<P, E, O>>> : std::true_type {};
-template <class S, class E, class O, class = void>
+template <class S, class E, class O, class Own>
 struct constructible : std::false_type {};
-template <class S, class E, class O>
-struct constructible<S, E, O,
-                     std::void_t<decltype(S(std::declval<E&>(), std::declval<const O&>(),
-                                            std::declval<const TrainerOptions&>()))>> : std::true_type {};
+template <class S, class E, class O, class... Own>
+struct constructible<S, E, O, std::tuple<Own...>>
+    : std::is_constructible<S, E&, const O&, const Common&, const Own&...> {};
 template <class S, class V, class = void>
 struct adds : std::false_type {};
 template <class S, class V>
@@ -309,7 +345,7 @@ template <class P, class E, class O>
 constexpr bool synchronizer_ok() {
   if constexpr (names_synchronizer<P, E, O>::value) {
     using S = synchronizer_t<P, E, O>;
-    return std::is_base_of_v<Synchronizer<E>, S> && constructible<S, E, O>::value;
+    return std::is_base_of_v<Synchronizer<E>, S> && constructible<S, E, O, own_options_t<P>>::value;
   } else {
     return false;
   }
@@ -360,7 +396,8 @@ constexpr bool check() {
                 "parallax policy: the tag needs `template <class Engine, class Optimizer> using synchronizer = ...;`");
   static_assert(contract::synchronizer_ok<Policy, Engine, Optimizer>(),
                 "parallax policy: the synchronizer must derive from policy::Synchronizer<Engine> and be constructible "
-                "from (Engine&, const Optimizer&, const TrainerOptions&)");
+                "from (Engine&, const Optimizer&, const policy::Common&, const Own&...) for the settings its tag's "
+                "`options` lists (none without one)");
   static_assert(!stores_half_v<Var> || stores_half<Policy>::value,
                 "parallax policy: this policy does not store 16-bit (bf16, fp16) tables; use ShardedPS or AllGatherv "
                 "(the Hybrid, PS and AllReduce architectures), or a float table");

@@ -4,6 +4,10 @@
 /// the ring (reducer.hpp), tensor fusion (fusion.hpp), and the synchronizer
 /// a trainer runs (synchronizer.hpp).
 
+#include <parallax/policy/ring_allreduce/options.hpp>
+
+#include <tuple>
+
 namespace parallax {
 
 namespace policy {
@@ -19,6 +23,7 @@ class RingSynchronizer;
 /// dense" baseline of docs/design.md).
 struct RingAllReduce {
   static constexpr const char* name = "RingAllReduce";
+  using options = std::tuple<policy::ring::Options>;  // its synchronizer's own settings (TrainerOptions::ring)
   template <class Engine, class Optimizer>
   using synchronizer = policy::RingSynchronizer<Engine, Optimizer>;
 };

@@ -7,6 +7,10 @@
 /// bags pooled at the owners (bag_pool.hpp), and the synchronizer a trainer
 /// runs (synchronizer.hpp, which includes its parts).
 
+#include <parallax/policy/sharded_ps/options.hpp>
+
+#include <tuple>
+
 namespace parallax {
 
 namespace policy {
@@ -21,6 +25,7 @@ class ShardedSynchronizer;
 struct ShardedPS {
   static constexpr const char* name = "ShardedPS";
   static constexpr bool stores_half = true;  // shards of Var::storage_type rows, exchanged and updated in float
+  using options = std::tuple<policy::sharded::Options>;  // its synchronizer's own settings (TrainerOptions::sharded)
   template <class Engine, class Optimizer>
   using synchronizer = policy::ShardedSynchronizer<Engine, Optimizer>;
 };

@@ -193,7 +193,7 @@ class Registry {
     auto it = synchronizers_.begin();
     while (it != synchronizers_.end() && it->first != key) ++it;
     if (it == synchronizers_.end()) {
-      synchronizers_.emplace_back(key, std::make_unique<synchronizer_t<Policy>>(engine, opt, options));
+      synchronizers_.emplace_back(key, policy::make_synchronizer<Policy>(engine, opt, options));
       policy_names_.push_back(Policy::name);
       it = synchronizers_.end() - 1;
     }

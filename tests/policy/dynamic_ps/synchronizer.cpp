@@ -12,6 +12,7 @@
 // 1-N, training goes on as one process's; another model and a torn file
 // are refused by name); clipping by the
 // global norm and a NaN gradient act alike at every rank count.
+#include "policy/dynamic_stream.hpp"
 #include "support.hpp"
 
 #include <algorithm>
@@ -27,48 +28,7 @@
 
 namespace {
 
-using Var = px::DynamicVariable<float>;
-constexpr std::size_t C = 3;   // columns
-constexpr std::size_t G = 24;  // keys in a step's global batch (divisible by 1-4)
-constexpr std::uint64_t steps = 6;
-
-// Global position j of step s: a popular head (every third key), keys that
-// come back across steps, and keys new at every step (each twice in it, so
-// count-min admission admits them).
-std::uint64_t key_at(std::uint64_t s, std::size_t j) {
-  if (j % 3 == 0) return 1000 + (j / 3) % 2;  // each 4 times a step: sums of 4 rows
-  if (j % 3 == 1) return px::detail::splitmix64((s + j) % 29 + 17);
-  return px::detail::splitmix64(s * 1000 + j / 6);
-}
-// The gradient of position j's row: depends on the row looked up.
-float grad_of(std::uint64_t s, std::size_t j, std::size_t c, float row) {
-  return 0.25f * row + 0.01f * static_cast<float>((s * 7 + j * 3 + c) % 11) - 0.05f;
-}
-
-// Rank r's share of the global batch: a contiguous block, so the ranks'
-// shares in rank order are the global batch.
-std::pair<std::size_t, std::size_t> block(int rank, int ranks) {
-  const std::size_t n = G / static_cast<std::size_t>(ranks);
-  return {static_cast<std::size_t>(rank) * n, (static_cast<std::size_t>(rank) + 1) * n};
-}
-
-px::dynamic::Options options(std::size_t capacity, bool small) {
-  px::dynamic::Options o;
-  o.capacity = capacity;
-  o.cols = C;
-  o.init = px::init::Uniform{-0.5f, 0.5f, 11};
-  if (small) {
-    o.evict = px::dynamic::Evict::lfu;
-    o.evict_fraction = 0.1;
-    px::dynamic::admit::CountMin cm;
-    cm.sightings = 2;
-    o.admission = cm;
-    o.unadmitted = px::dynamic::Unadmitted::initial;
-  } else {
-    o.admission = px::dynamic::admit::Probability{0.7};
-  }
-  return o;
-}
+using namespace dynamic_test;
 
 struct Run {
   std::vector<float> looked_up;        // this rank's rows, every step, in order
@@ -87,21 +47,9 @@ Run train(const px::Context& ctx, const Opt& opt, std::size_t capacity, bool sma
   Var emb(ctx, "emb", options(capacity, small));
   px::Variable<px::Dense, float> w(ctx, "w", {2, 2});
   px::Trainer<px::arch::Hybrid, Opt> trainer(ctx, to, opt, emb, w);
-  const auto [first, last] = block(ctx.rank(), ctx.size());
   Run run;
   for (std::uint64_t s = 1; s <= steps; ++s) {
-    std::vector<std::uint64_t> keys;
-    for (std::size_t j = first; j < last; ++j) keys.push_back(key_at(s, j));
-    const auto rows = trainer.lookup(emb, keys);
-    REQUIRE(rows.rows == keys.size());
-    REQUIRE(rows.cols == C);
-    std::vector<float> grads(keys.size() * C);
-    for (std::size_t i = 0; i < keys.size(); ++i)
-      for (std::size_t c = 0; c < C; ++c) {
-        run.looked_up.push_back(rows.row(i)[c]);
-        grads[i * C + c] = grad_of(s, first + i, c, rows.row(i)[c]);
-      }
-    emb.grad().add(keys, grads);
+    look_up_and_push(trainer, emb, s, run.looked_up);
     std::fill(w.grad().data(), w.grad().data() + 4, ctx.rank() == 0 ? 0.01f : 0.0f);  // summed: one process's
     trainer.step();
     if (norms) norms->push_back(trainer.gradient_norm());
@@ -162,36 +110,6 @@ Run replay(const Opt& opt, int ranks, int me, std::size_t capacity, bool small) 
   return run;
 }
 
-// Rank `me`'s share of a snapshot of the whole model.
-px::dynamic::Snapshot<float> owned_by(const px::dynamic::Snapshot<float>& all, int me, int ranks) {
-  px::dynamic::Snapshot<float> out;
-  out.cols = all.cols;
-  out.slots = all.slots;
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    if (px::dynamic::owner(all.keys[i], ranks) != me) continue;
-    out.keys.push_back(all.keys[i]);
-    out.rows.insert(out.rows.end(), all.rows.begin() + i * all.cols, all.rows.begin() + (i + 1) * all.cols);
-    for (int k = 0; k < all.slots; ++k)
-      out.state[k].insert(out.state[k].end(), all.state[k].begin() + i * all.cols,
-                          all.state[k].begin() + (i + 1) * all.cols);
-    out.counts.push_back(all.counts[i]);
-    out.last_steps.push_back(all.last_steps[i]);
-  }
-  return out;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-void check_same(const px::dynamic::Snapshot<float>& got, const px::dynamic::Snapshot<float>& want) {
-  CHECK(got.keys == want.keys);
-  CHECK(same_bits(got.rows, want.rows));
-  for (int k = 0; k < want.slots; ++k) CHECK(same_bits(got.state[k], want.state[k]));
-  CHECK(got.counts == want.counts);
-  CHECK(got.last_steps == want.last_steps);
-}
-
 template <class Opt>
 void check_one_process(const Opt& opt) {
   const auto& ctx = test::world();
@@ -206,7 +124,7 @@ void check_one_process(const Opt& opt) {
     want_mine.insert(want_mine.end(), mine.begin() + static_cast<std::ptrdiff_t>((s * G + first) * C),
                      mine.begin() + static_cast<std::ptrdiff_t>((s * G + last) * C));
   CHECK(same_bits(got.looked_up, want_mine));
-  check_same(got.table, owned_by(want.table, ctx.rank(), ctx.size()));
+  check_same(got.table, px::dynamic::owned_share(want.table, ctx.rank(), ctx.size()));
   // The tables moved, and the admission filter refused some keys.
   CHECK(got.stats.total.admissions_refused > 0);
   CHECK(got.stats.total.size == want.table.size());
@@ -253,26 +171,7 @@ TEST_CASE("with eviction and admission on, N ranks equal a serial replay of thei
 }
 
 TEST_CASE("a wrong-width dynamic gradient throws on every rank", "[dynamic_ps]") {
-  const auto& ctx = test::world();
-  Var emb(ctx, "emb", options(100, false));
-  px::Trainer<px::arch::PS, px::optim::Sgd> trainer(ctx, px::optim::Sgd{0.1f}, emb);
-  const std::vector<std::uint64_t> keys{1, 2};
-  (void)trainer.lookup(emb, keys);
-  if (ctx.rank() == 0) emb.grad().add(keys, std::vector<float>(5, 1.0f));
-  else emb.grad().add(keys, std::vector<float>(keys.size() * C, 1.0f));
-  std::string what;
-  try {
-    trainer.step();
-  } catch (const px::error& e) {
-    what = e.what();
-  }
-  INFO(what);
-  CHECK(what.find("gradient of dynamic variable 'emb' has 5 values for 2 keys") != std::string::npos);
-  CHECK(test::same_on_every_rank(what));
-  // The trainer goes on.
-  (void)trainer.lookup(emb, keys);
-  emb.grad().add(keys, std::vector<float>(keys.size() * C, 1.0f));
-  CHECK_NOTHROW(trainer.step());
+  check_wrong_width<px::arch::PS>();
 }
 
 TEST_CASE("a lookup beyond an owner's capacity throws on every rank", "[dynamic_ps]") {
@@ -297,36 +196,14 @@ TEST_CASE("a lookup beyond an owner's capacity throws on every rank", "[dynamic_
 
 namespace {
 
-// Rank `me` of `ranks`' share of the rows one process read over the
-// global batch of some steps: its block of each step.
-std::vector<float> rows_of_block(const std::vector<float>& global, int me, int ranks) {
-  const auto [first, last] = block(me, ranks);
-  std::vector<float> out;
-  for (std::size_t s = 0; s < global.size() / (G * C); ++s)
-    out.insert(out.end(), global.begin() + static_cast<std::ptrdiff_t>((s * G + first) * C),
-               global.begin() + static_cast<std::ptrdiff_t>((s * G + last) * C));
-  return out;
-}
-
 // Steps [from, to] of the global batch on `trainer` (this rank's block of
 // it), `more(s)` giving the step's other gradients; returns the rows this
 // rank read.
 template <class Trainer, class More>
 std::vector<float> run_steps(Trainer& trainer, Var& emb, std::uint64_t from, std::uint64_t to, More&& more) {
-  const auto& ctx = trainer.context();
-  const auto [first, last] = block(ctx.rank(), ctx.size());
   std::vector<float> read;
   for (std::uint64_t s = from; s <= to; ++s) {
-    std::vector<std::uint64_t> keys;
-    for (std::size_t j = first; j < last; ++j) keys.push_back(key_at(s, j));
-    const auto rows = trainer.lookup(emb, keys);
-    std::vector<float> grads(keys.size() * C);
-    for (std::size_t i = 0; i < keys.size(); ++i)
-      for (std::size_t c = 0; c < C; ++c) {
-        read.push_back(rows.row(i)[c]);
-        grads[i * C + c] = grad_of(s, first + i, c, rows.row(i)[c]);
-      }
-    emb.grad().add(keys, grads);
+    look_up_and_push(trainer, emb, s, read);
     more(s);
     trainer.step();
   }
@@ -378,7 +255,7 @@ TEST_CASE("a dynamic table saved at N ranks restores at 1-N ranks bit for bit, a
   {
     Model<px::optim::Adagrad> a(world, opt);
     a.run(1, 3);
-    check_same(a.sync().table(a.emb).export_rows(), owned_by(at3, me, n));
+    check_same(a.sync().table(a.emb).export_rows(), px::dynamic::owned_share(at3, me, n));
     a.sync().save(a.emb, dir);
   }
   for (int m = 1; m <= n; ++m) {
@@ -391,10 +268,10 @@ TEST_CASE("a dynamic table saved at N ranks restores at 1-N ranks bit for bit, a
       Model<px::optim::Adagrad> b(ctx, opt);
       b.run(1, 1);  // rows that the restore replaces
       b.sync().restore(b.emb, dir);
-      check_same(b.sync().table(b.emb).export_rows(), owned_by(at3, me, m));
+      check_same(b.sync().table(b.emb).export_rows(), px::dynamic::owned_share(at3, me, m));
       const auto read = b.run(4, 5);
       CHECK(same_bits(read, rows_of_block(read_after, me, m)));
-      check_same(b.sync().table(b.emb).export_rows(), owned_by(at5, me, m));
+      check_same(b.sync().table(b.emb).export_rows(), px::dynamic::owned_share(at5, me, m));
     }
     MPI_Comm_free(&sub);
   }
@@ -440,20 +317,6 @@ struct Mixed {
   }
   px::dynamic::Snapshot<float> table() { return trainer.template synchronizer<px::DynamicPS>().table(emb).export_rows(); }
 };
-
-// Runs f on a communicator of the first m world ranks (the others skip it).
-template <class F>
-void on_first(int m, F&& f) {
-  const int me = test::world().rank();
-  MPI_Comm sub;
-  MPI_Comm_split(MPI_COMM_WORLD, me < m ? 0 : MPI_UNDEFINED, me, &sub);
-  if (me >= m) return;
-  {
-    px::Context ctx(sub);
-    f(ctx);
-  }
-  MPI_Comm_free(&sub);
-}
 
 }  // namespace
 
@@ -508,10 +371,10 @@ TEST_CASE("Trainer::save holds dynamic tables: saved at 2 ranks, restored at 1-N
       Mixed b(ctx, opt);
       b.run(1, 1);  // rows that the restore replaces
       b.trainer.restore(saved->path);
-      check_same(b.table(), owned_by(at3, me, m));
+      check_same(b.table(), px::dynamic::owned_share(at3, me, m));
       const auto read = b.run(4, 5);
       CHECK(same_bits(read, rows_of_block(read_after, me, m)));
-      check_same(b.table(), owned_by(at5, me, m));
+      check_same(b.table(), px::dynamic::owned_share(at5, me, m));
       CHECK(same_bits(b.trainer.fetch(b.w), w5));
     });
 
@@ -615,7 +478,7 @@ TEST_CASE("clipping by the global norm counts each summed dynamic row once, at a
     CHECK(want_norms[s] > 0.05);  // every step clips
     CHECK(std::abs(got_norms[s] - want_norms[s]) <= 1e-9 * want_norms[s]);
   }
-  const auto mine = owned_by(want.table, ctx.rank(), ctx.size());
+  const auto mine = px::dynamic::owned_share(want.table, ctx.rank(), ctx.size());
   REQUIRE(got.table.keys == mine.keys);
   double worst = 0;
   for (std::size_t i = 0; i < mine.rows.size(); ++i)

@@ -250,22 +250,30 @@ TEST_CASE("ShardedPS: several tables and requests in one batch, pooled at the ow
   CHECK(test::all_ranks(worst <= 1e-5));
 }
 
-TEST_CASE("ShardedPS: a bag lookup carries one row per (bag, owner) each way, with exact bytes",
-          "[policy][sharded_ps][bags]") {
+// Tables stored in float or bf16 (rows pooled in float either way), with
+// exchanges compressed or not: compressed, the replies and gradient rows
+// travel in 2 bytes a value and the ids and counts in 4 bytes.
+TEMPLATE_TEST_CASE("ShardedPS: a bag lookup carries one row per (bag, owner) each way, with exact bytes",
+                   "[policy][sharded_ps][bags]", float, px::bf16) {
+  using Table = px::Variable<px::Sparse, TestType>;
   auto& ctx = test::world();
   Engine mpi(ctx);
   const px::optim::Sgd opt{lr};
-  Sharded sync(mpi, opt, px::TrainerOptions{});
-  Var emb(ctx, "emb", {R, C}, px::init::Uniform{-1.f, 1.f, 7});
+  const auto compress = GENERATE(px::Compression::none, px::Compression::bf16);
+  px::TrainerOptions o;
+  o.compress = compress;
+  Sharded sync(mpi, opt, o);
+  Table emb(ctx, "emb", {R, C}, px::init::Uniform{-1.f, 1.f, 7});
   sync.add(emb);
   sync.prepare();
   const int n = mpi.size(), me = mpi.rank();
   const bool weighted = GENERATE(false, true);
+  INFO("compress " << (compress == px::Compression::none ? "none" : "bf16") << ", weighted " << weighted);
   const px::PartitionMap map(R, n, n);
   const Share s = share_of(me, n);
   const std::vector<float> none;
-  px::Bags<Var> request(emb, s.offsets, s.ids, weighted ? px::Combiner::weighted_sum : px::Combiner::sum,
-                        weighted ? s.weights : none);
+  px::Bags<Table> request(emb, s.offsets, s.ids, weighted ? px::Combiner::weighted_sum : px::Combiner::sum,
+                          weighted ? s.weights : none);
   request.pooled_at(px::Pooling::owner);
   // Ids and (bag, owner) pairs rank r sends rank p.
   auto counts = [&](int r, int p, std::uint64_t& ids, std::uint64_t& pairs) {
@@ -281,7 +289,9 @@ TEST_CASE("ShardedPS: a bag lookup carries one row per (bag, owner) each way, wi
     }
   };
   auto pad8 = [](std::uint64_t x) { return (x + 7) / 8 * 8; };
-  const std::uint64_t id_bytes = weighted ? 12 : 8;
+  const bool packed = compress != px::Compression::none;
+  const std::uint64_t id = packed ? 4 : 8, value = packed ? 2 : 4;  // an id or count, a row's value
+  const std::uint64_t id_bytes = id + (weighted ? 4 : 0);  // the weight is a float either way
   std::uint64_t sent = 0, recv = 0, push_sent = 0, push_recv = 0;
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
@@ -290,11 +300,11 @@ TEST_CASE("ShardedPS: a bag lookup carries one row per (bag, owner) each way, wi
     counts(p, me, ids_from, pairs_from);
     // The route: a header of 4 words (shape, rest, a count per lane), the
     // ids (and weights), a count per pair; the reply: a row per pair.
-    sent += 32 + pad8(id_bytes * ids_to) + 8 * pairs_to + 4 * C * pairs_from;
-    recv += 32 + pad8(id_bytes * ids_from) + 8 * pairs_from + 4 * C * pairs_to;
+    sent += 32 + pad8(id_bytes * ids_to) + pad8(id * pairs_to) + value * C * pairs_from;
+    recv += 32 + pad8(id_bytes * ids_from) + pad8(id * pairs_from) + value * C * pairs_to;
     // The gradients: a header of 3 words and a row (and its count) per pair.
-    push_sent += 24 + pad8((8 + 4 * C) * pairs_to);
-    push_recv += 24 + pad8((8 + 4 * C) * pairs_from);
+    push_sent += 24 + pad8((id + value * C) * pairs_to);
+    push_recv += 24 + pad8((id + value * C) * pairs_from);
   }
   mpi.stats().reset();
   sync.lookup_bags(&request, 1);
@@ -303,7 +313,7 @@ TEST_CASE("ShardedPS: a bag lookup carries one row per (bag, owner) each way, wi
   CHECK(t.received() == recv);
   CHECK(mpi.stats().total().calls == 3);  // the check's agreement, the route, the reply
   mpi.stats().reset();
-  const px::BagGradient<Var> grad(emb, s.grads);
+  const px::BagGradient<Table> grad(emb, s.grads);
   sync.bag_gradients(&grad, 1);
   const auto g = mpi.stats().policy("ShardedPS");
   CHECK(g.sent() == push_sent);

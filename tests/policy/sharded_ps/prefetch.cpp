@@ -29,6 +29,7 @@ std::vector<px::index_t> ids_of(std::size_t t, std::size_t s, int rank, std::siz
 struct Run {
   std::vector<std::vector<float>> rows;   // every batch's rows, as the model read them
   std::vector<std::vector<float>> model;  // every variable at the end
+  std::uint64_t calls = 0;                 // the trainer's engine calls
 };
 
 /// Three tables (e and f of width 4: one group; g of width 2: another) and
@@ -87,6 +88,7 @@ Run train(px::Context& ctx, bool ahead, px::TrainerOptions o, bool mark, std::si
       }
     }
   }
+  run.calls = trainer.stats().total().calls;
   run.model = {trainer.fetch(e), trainer.fetch(f), trainer.fetch(g), trainer.fetch(w)};
   return run;
 }
@@ -120,6 +122,32 @@ TEMPLATE_TEST_CASE("training on prefetched rows equals training on lookups, bit 
   SECTION("rows asked of their owners") { check_same_training<Arch>(false, true); }
   SECTION("rows read in place where shared") { check_same_training<Arch>(true, true); }
   SECTION("one group per table") { check_same_training<Arch>(false, false); }
+}
+
+TEST_CASE("ready() pushes every group in one route with push_together: the same training, fewer calls",
+          "[prefetch][push_together][np2+]") {
+  // One rank: a push moves no rows, and a route makes no engine call.
+  if (test::skip_below_ranks(2)) return;
+  auto& ctx = test::world();
+  for (bool group_tables : {true, false})
+    for (bool overlap : {true, false}) {
+      px::TrainerOptions o;
+      o.overlap = overlap;
+      o.overlap_needs_spare_core = false;
+      o.sharded.shared_memory = false;
+      o.sharded.group_tables = group_tables;
+      // Grouped: {e, f} and {g}; one group per table: three.
+      const std::uint64_t groups = group_tables ? 2 : 3, steps = 4;
+      INFO("overlap " << overlap << ", grouped " << group_tables << ", " << ctx.size() << " ranks");
+      o.sharded.push_together = false;
+      const Run each = train<px::arch::Hybrid>(ctx, true, o, true, steps);
+      o.sharded.push_together = true;
+      const Run together = train<px::arch::Hybrid>(ctx, true, o, true, steps);
+      CHECK(test::all_ranks(together.rows == each.rows));
+      CHECK(test::all_ranks(together.model == each.model));
+      // One push route a step instead of one per group.
+      CHECK(each.calls - together.calls == steps * (groups - 1) * test::route_calls<px::engine::Mpi>);
+    }
 }
 
 namespace {

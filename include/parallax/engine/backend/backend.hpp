@@ -3,14 +3,17 @@
 /// What a backend and the engine facade (engine::Comm, engine/comm.hpp)
 /// share. A backend only starts and tests raw operations; the facade does
 /// everything the calls have in common (call checks, byte booking,
-/// deadlines and diagnosis, emulated links). The contract a backend meets
+/// deadlines and diagnosis, the optional pacing hook). The contract a backend meets
 /// is written out in engine/comm.hpp.
 
 #include <parallax/comm_stats.hpp>
 #include <parallax/detail/fault.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 namespace parallax::engine::backend {
 
@@ -35,5 +38,16 @@ struct Site {
   /// "op #call (variable 'w') at step s".
   std::string where(const char* op) const { return position(op).describe(); }
 };
+
+/// Whether backend B paces calls between hosts (the facade's optional hook:
+/// `inter_host(sent, received)` for the inter-host bytes it books, then
+/// `completed()` after each wait; link::Emulated, tools/link, has it).
+template <class B, class = void>
+struct paces : std::false_type {};
+template <class B>
+struct paces<B, std::void_t<decltype(std::declval<B&>().inter_host(std::size_t{}, std::size_t{})),
+                            decltype(std::declval<B&>().completed())>> : std::true_type {};
+template <class B>
+inline constexpr bool paces_v = paces<B>::value;
 
 }  // namespace parallax::engine::backend

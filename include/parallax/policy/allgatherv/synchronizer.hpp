@@ -2,21 +2,28 @@
 /// @file
 /// AllGatherv's part of a trainer: sparse variables replicated on every
 /// rank; each step every rank gathers every rank's gradient rows and applies
-/// the same lazy update to its replica.
+/// the same lazy update to its replica. Dynamic variables keep a replica of
+/// their table on every rank (allgatherv/dynamic.hpp).
 
 #include <parallax/bags.hpp>
 #include <parallax/error.hpp>
 #include <parallax/options.hpp>
+#include <parallax/dynamic/variable.hpp>
 #include <parallax/policy/allgatherv.hpp>
+#include <parallax/policy/allgatherv/dynamic.hpp>
 #include <parallax/policy/allgatherv/gatherer.hpp>
+#include <parallax/policy/dynamic_ps/member.hpp>
 #include <parallax/policy/policy.hpp>
 #include <parallax/policy/replicas.hpp>
 #include <parallax/space.hpp>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace parallax::policy {
@@ -26,51 +33,108 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
  public:
   using space = engine::space_of_t<Engine>;
 
-  GatherSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions&) : engine_(&engine), opt_(&opt) {}
+  GatherSynchronizer(Engine& engine, const Optimizer& opt, const Common&) : engine_(&engine), opt_(&opt) {}
 
   template <class Var>
   Member& add(Var var) {
     static_assert(Var::is_sparse(),
                   "parallax: AllGatherv synchronises sparse gradients (rows); a dense variable has none to gather. "
                   "Use RingAllReduce or ShardedPS for dense variables.");
+    if constexpr (dynamic::is_dynamic_v<Var>) {
+      static_assert(std::is_same_v<space, HostSpace>,
+                    "parallax AllGatherv: dynamic tables live in host memory; use a HostSpace engine (engine::Mpi)");
+      dynamic_.push_back(std::make_unique<allgatherv::DynamicReplica<Engine, Optimizer, Var>>(std::move(var), *opt_,
+                                                                                              *engine_, step_));
+      return *dynamic_.back();
+    } else {
+      return add_fixed(std::move(var));
+    }
+  }
+
+  std::optional<std::string> problem() override {
+    for (auto& m : members_)
+      if (auto p = m->problem()) return p;
+    for (auto& d : dynamic_)
+      if (auto p = d->problem()) return p;
+    return std::nullopt;
+  }
+  bool has_gradient() const override {
+    for (const auto& m : members_)
+      if (m->has_gradient()) return true;
+    for (const auto& d : dynamic_)
+      if (d->has_gradient()) return true;
+    return false;
+  }
+  void finish_exchange(const StepInfo&) override {
+    for (auto& m : members_) m->gather();
+    for (auto& d : dynamic_) d->push(*engine_);
+  }
+  /// Every rank holds the same gathered sums: rank 0 counts them.
+  std::optional<double> gradient_square_sum() override {
+    double sum = 0;
+    if (engine_->rank() == 0) {
+      for (auto& m : members_) sum += m->square_sum();
+      for (auto& d : dynamic_) sum += d->square_sum();
+    }
+    return sum;
+  }
+  void update(const StepInfo& info) override {
+    for (auto& m : members_) m->apply(info);
+    for (auto& d : dynamic_) d->apply(*opt_, info);
+    ++step_;
+  }
+  void clear() override {
+    for (auto& m : members_) m->clear();
+    for (auto& d : dynamic_) d->clear();
+    bags_.clear();
+  }
+  void restored(std::uint64_t step) override { step_ = std::max(step_, step + 1); }
+
+  /// A batch of dynamic variables' lookups: each request's rows, aligned to
+  /// its keys (the ids' bits are the keys). Collective; valid until the step.
+  template <class V, std::enable_if_t<dynamic::is_dynamic_v<V>, int> = 0>
+  std::vector<Rows<typename V::value_type, HostSpace>> lookup(const Lookup<V>* batch, std::size_t n) {
+    std::vector<Rows<typename V::value_type, HostSpace>> out(n);
+    for (std::size_t i = 0; i < n; ++i)
+      out[i] = replica_of(*batch[i].var).lookup(*engine_, reinterpret_cast<const std::uint64_t*>(batch[i].ids),
+                                                batch[i].n, step_);
+    return out;
+  }
+  /// This rank's replica of dynamic variable `var` (export_rows() is the serving export).
+  template <class V, std::enable_if_t<dynamic::is_dynamic_v<V>, int> = 0>
+  dynamic::Table<typename V::value_type>& table(const V& var) { return replica_of(var).table(); }
+  /// `var`'s statistics: the replica's, which every rank holds alike.
+  template <class V, std::enable_if_t<dynamic::is_dynamic_v<V>, int> = 0>
+  DynamicStats stats(const V& var) {
+    const dynamic::Stats& s = replica_of(var).local_stats();
+    return DynamicStats{s, s};
+  }
+  /// Saves dynamic variable `var` alone under `dir`, in the files DynamicPS
+  /// writes (each rank the keys dynamic::owner gives it), so either policy
+  /// restores them at any rank count. Collective.
+  template <class V, std::enable_if_t<dynamic::is_dynamic_v<V>, int> = 0>
+  void save(const V& var, const std::string& dir) { dynamic_ps::save_alone(*engine_, replica_of(var), dir); }
+  /// Replaces `var`'s replica on every rank with every key a save under
+  /// `dir` holds. Collective; what fails the checks throws on every rank
+  /// before any rank's table changes.
+  template <class V, std::enable_if_t<dynamic::is_dynamic_v<V>, int> = 0>
+  void restore(V& var, const std::string& dir) { replica_of(var).load_files(dir); }
+
+ private:
+  template <class Var>
+  Member& add_fixed(Var var) {
     auto m = std::make_unique<Of<Var>>(std::move(var), *engine_, *opt_);
     Of<Var>& ref = *m;
     members_.push_back(std::move(m));
     return ref;
   }
 
-  std::optional<std::string> problem() override {
-    for (auto& m : members_)
-      if (auto p = m->problem()) return p;
-    return std::nullopt;
-  }
-  bool has_gradient() const override {
-    for (const auto& m : members_)
-      if (m->has_gradient()) return true;
-    return false;
-  }
-  void finish_exchange(const StepInfo&) override {
-    for (auto& m : members_) m->gather();
-  }
-  /// Every rank holds the same gathered sums: rank 0 counts them.
-  std::optional<double> gradient_square_sum() override {
-    double sum = 0;
-    if (engine_->rank() == 0)
-      for (auto& m : members_) sum += m->square_sum();
-    return sum;
-  }
-  void update(const StepInfo& info) override {
-    for (auto& m : members_) m->apply(info);
-  }
-  void clear() override {
-    for (auto& m : members_) m->clear();
-    bags_.clear();
-  }
+ public:
 
   /// A batch of bag lookups (docs/design.md, "Bags"): every rank holds every
   /// row, so each rank pools the rows of its own bags. A bad request throws
   /// on every rank. Collective (one small all-reduce).
-  template <class V>
+  template <class V, std::enable_if_t<!dynamic::is_dynamic_v<V>, int> = 0>
   std::vector<Rows<typename V::value_type, space>> lookup_bags(const Bags<V>* batch, std::size_t n) {
     return bags_.template of<typename V::value_type>().lookup(*engine_, batch, n, [&] {
       std::vector<Lookup<V>> plain;
@@ -82,22 +146,22 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
   /// bag's row (times its weight; divided by the bag's ids for mean) in its
   /// variable's sparse gradient, gathered at the step like any other.
   /// Collective (one small all-reduce).
-  template <class V>
+  template <class V, std::enable_if_t<!dynamic::is_dynamic_v<V>, int> = 0>
   void bag_gradients(const BagGradient<V>* grads, std::size_t n) {
     bags_.template of<typename V::value_type>().gradients(*engine_, grads, n);
   }
 
-  template <class V>
+  template <class V, std::enable_if_t<!dynamic::is_dynamic_v<V>, int> = 0>
   std::vector<Rows<typename V::value_type, space>> lookup(const Lookup<V>* batch, std::size_t n) {
     return lookup_replicas<V, space>(*engine_, batch, n, [&](V& var) -> Of<V>& { return member_of(var); });
   }
   /// Trainer::prefetch: replicas have nothing to route; the ids are kept
   /// and the rows gathered by finish_lookup().
-  template <class V>
+  template <class V, std::enable_if_t<!dynamic::is_dynamic_v<V>, int> = 0>
   void start_lookup(const Lookup<V>* batch, std::size_t n, Background&) {
     ahead_.start(batch, n);
   }
-  template <class V>
+  template <class V, std::enable_if_t<!dynamic::is_dynamic_v<V>, int> = 0>
   std::vector<Rows<typename V::value_type, space>> finish_lookup() {
     return ahead_.template finish<V>(*engine_, [&](V& var) -> Of<V>& { return member_of(var); });
   }
@@ -150,10 +214,18 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
       if (m->identity() == &var.state()) return static_cast<Of<V>&>(*m);
     throw error(detail::concat("variable '", var.name(), "' is not synchronised by AllGatherv"));
   }
+  template <class V>
+  allgatherv::DynamicReplica<Engine, Optimizer, V>& replica_of(const V& var) {
+    for (auto& d : dynamic_)
+      if (d->identity() == &var.state()) return static_cast<allgatherv::DynamicReplica<Engine, Optimizer, V>&>(*d);
+    throw error(detail::concat("dynamic variable '", var.name(), "' is not synchronised by AllGatherv"));
+  }
 
   Engine* engine_;
   const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
   std::vector<std::unique_ptr<Entry>> members_;
+  std::vector<std::unique_ptr<dynamic_ps::Shard<Engine, Optimizer>>> dynamic_;  // replicated dynamic tables
+  std::uint64_t step_ = 1;  // the step dynamic lookups insert at: the trainer's next
   ReplicaLookupsAhead<space> ahead_;  // start_lookup() to finish_lookup()
   LocalBagsOfEachType<space> bags_;   // this step's bag lookups, for their gradients
 };

@@ -15,6 +15,12 @@
 /// several rows is not atomic across rows (another rank's push may land
 /// between two of them), as in every asynchronous parameter server.
 ///
+/// A table stored in 16 bits (bf16, fp16) keeps its rows so in the shard,
+/// with its optimizer state in float beside them: a lookup widens the rows
+/// it reads, a push applies the optimizer in float and stores each value
+/// with the table's rounding (optim's store_rounded: the draws hash the
+/// step, the row's id and the column).
+///
 /// Across hosts (the RMA route, rma.hpp) the shards live in one-sided
 /// windows instead, and the owner's passive-target lock takes the row
 /// locks' place: a lookup reads each owner's rows under its shared lock, a
@@ -63,10 +69,11 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
                 "AsyncPS applies one optimizer's rule to every row it owns: it does not take optim::Groups (use a "
                 "synchronous architecture, or one optimizer)");
 
-  AsyncSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions& options)
-      : engine_(&engine), opt_(&opt), options_(options) {
-    PARALLAX_EXPECTS(options.async.staleness >= -1, "TrainerOptions::async.staleness must be >= 0, or -1 for "
-                                                    "unbounded; got ", options.async.staleness);
+  AsyncSynchronizer(Engine& engine, const Optimizer& opt, const Common& common, const async::Options& async,
+                    const sharded::Options& sharded)
+      : engine_(&engine), opt_(&opt), options_{common, sharded, async} {
+    PARALLAX_EXPECTS(async.staleness >= -1, "TrainerOptions::async.staleness must be >= 0, or -1 for "
+                                            "unbounded; got ", async.staleness);
   }
 
   template <class Var>
@@ -168,6 +175,7 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
   template <class Var>
   class Table final : public MemberOf<Var>, public TableBase {
     using T = typename Var::value_type;
+    using S = storage_type_t<Var>;  // what the shard stores its rows as
     static constexpr int slots = Optimizer::slots;
 
    public:
@@ -177,21 +185,22 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
 
     void build() override {
       const std::size_t n = map_.shard_rows(rank_);
+      const std::size_t bytes = rows_bytes(n) + n * cols_ * slots * sizeof(T);
       if (sync_->rma_) {
-        rma_ = async::RmaWindow::create(sync_->engine_->comm(), n * cols_ * (1 + slots) * sizeof(T), false);
+        rma_ = async::RmaWindow::create(sync_->engine_->comm(), bytes, false);
       } else {
-        values_ = detail::SharedWindow<T>::create(sync_->engine_->comm(), n * cols_ * (1 + slots));
+        values_ = detail::SharedWindow<std::byte>::create(sync_->engine_->comm(), bytes);
         locks_ = detail::SharedWindow<async::RowLock>::create(sync_->engine_->comm(), n);
         PARALLAX_EXPECTS(values_ && locks_, "AsyncPS: variable '", this->var_.name(),
                          "': its shards need shared memory that every rank maps (one machine, room in /dev/shm)");
       }
-      T* shard = local();
+      S* shard = rows_of(local());
       for (std::size_t t = 0; t < map_.partitions_on(rank_); ++t) {
         const int p = rank_ + static_cast<int>(t) * map_.ranks;
         this->var_.fill_initial(exec_, shard + map_.shard_offset(p) * cols_, map_.begin(p), map_.size(p));
       }
       for (int k = 0; k < slots; ++k)
-        std::fill(shard + (k + 1) * n * cols_, shard + (k + 2) * n * cols_, sync_->opt_->template slot_initial<T>(k));
+        std::fill(slot_of(local(), n, k), slot_of(local(), n, k) + n * cols_, sync_->opt_->template slot_initial<T>(k));
       if (sync_->rma_) {
         rma_.sync();
         return;
@@ -228,9 +237,9 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
       if constexpr (Var::is_sparse()) {
         auto& g = this->var_.state().sparse_grad;
         g.coalesce(exec_);
-        apply_rows(rule, g.indices(), g.values(), g.size(), scale);
+        apply_rows(rule, g.indices(), g.values(), g.size(), scale, info.step);
       } else {
-        apply_rows(rule, all_ids().data(), this->var_.state().grad.data(), this->var_.rows(), scale);
+        apply_rows(rule, all_ids().data(), this->var_.state().grad.data(), this->var_.rows(), scale, info.step);
       }
     }
     /// Dense: the replica every rank reads, from the shards.
@@ -252,16 +261,17 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
     void fetch(void* out) override { read_all(static_cast<T*>(out)); }
     int saved_partitions() const override { return map_.parts; }
     void save(detail::AtomicFile& out) override {
-      const std::size_t n = map_.shard_rows(rank_) * cols_;
+      const std::size_t rows = map_.shard_rows(rank_);
       std::vector<T*> s;
-      for (int k = 0; k < slots; ++k) s.push_back(local() + (k + 1) * n);
-      save_state<T, space>(out, local(), s.data(), slots, n);
+      for (int k = 0; k < slots; ++k) s.push_back(slot_of(local(), rows, k));
+      save_stored<T, S, space>(exec_, out, rows_of(local()), s.data(), slots, rows * cols_);
     }
     void load(detail::CheckpointReader& in, std::size_t index) override {
-      const std::size_t n = map_.shard_rows(rank_) * cols_;
+      const std::size_t rows = map_.shard_rows(rank_);
       std::vector<T*> s;
-      for (int k = 0; k < slots; ++k) s.push_back(local() + (k + 1) * n);
-      load_state<T, space>(in, index, &map_, rank_, this->var_.rows(), cols_, local(), s.data(), slots);
+      for (int k = 0; k < slots; ++k) s.push_back(slot_of(local(), rows, k));
+      load_stored<T, S, space>(exec_, in, index, &map_, rank_, this->var_.rows(), cols_, rows_of(local()), s.data(),
+                               slots, rows * cols_);
       values_.sync();
       rma_.sync();
       if constexpr (!Var::is_sparse())
@@ -269,8 +279,17 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
     }
 
    private:
+    // A shard of n rows, in bytes: its rows as S (padded to 8 bytes), then
+    // each optimizer slot's n rows as T.
+    std::size_t rows_bytes(std::size_t n) const { return (n * cols_ * sizeof(S) + 7) / 8 * 8; }
+    std::size_t slot_bytes(std::size_t n, int k, std::size_t row) const {
+      return rows_bytes(n) + (static_cast<std::size_t>(k) * n + row) * cols_ * sizeof(T);
+    }
+    static S* rows_of(std::byte* shard) { return reinterpret_cast<S*>(shard); }
+    T* slot_of(std::byte* shard, std::size_t n, int k) const { return reinterpret_cast<T*>(shard + slot_bytes(n, k, 0)); }
+
     struct Where {
-      T* row;
+      S* row;
       T* slot[2];
       async::RowLock* lock;
     };
@@ -278,20 +297,26 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
       const int owner = map_.owner(id);
       const std::size_t local = map_.local_row(id);
       const std::size_t n = map_.shard_rows(owner);
-      T* base = const_cast<T*>(values_.bases()[owner]);
-      Where w{base + local * cols_, {nullptr, nullptr}, const_cast<async::RowLock*>(locks_.bases()[owner]) + local};
-      for (int k = 0; k < slots; ++k) w.slot[k] = base + ((k + 1) * n + local) * cols_;
+      std::byte* base = const_cast<std::byte*>(values_.bases()[owner]);
+      Where w{rows_of(base) + local * cols_, {nullptr, nullptr}, const_cast<async::RowLock*>(locks_.bases()[owner]) + local};
+      for (int k = 0; k < slots; ++k) w.slot[k] = reinterpret_cast<T*>(base + slot_bytes(n, k, local));
       return w;
+    }
+    /// A row as the shard stores it, widened to T (exactly).
+    void widen(const S* row, T* out) const {
+      if constexpr (std::is_same_v<S, T>) std::memcpy(out, row, cols_ * sizeof(T));
+      else
+        for (std::size_t c = 0; c < cols_; ++c) out[c] = static_cast<T>(row[c]);
     }
     void read_row(index_t id, T* out) const {
       const Where w = where(id);
       async::lock_row(w.lock, rank_, sync_->timeout(), this->var_.name().c_str());
-      std::memcpy(out, w.row, cols_ * sizeof(T));
+      widen(w.row, out);
       async::unlock_row(w.lock);
     }
     void read_all(T* out) { read_rows(all_ids().data(), this->var_.rows(), out); }
-    /// This rank's shard: values, then each optimizer slot.
-    T* local() const { return sync_->rma_ ? rma_.local<T>() : values_.local(); }
+    /// This rank's shard (rows_bytes(), slot_bytes()).
+    std::byte* local() const { return sync_->rma_ ? rma_.local<std::byte>() : values_.local(); }
     /// 0 .. rows - 1 (what a dense variable reads and pushes).
     const std::vector<index_t>& all_ids() {
       if (all_ids_.size() != this->var_.rows()) {
@@ -306,18 +331,17 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
         return;
       }
       by_owner(ids, n);
-      const std::size_t row_bytes = cols_ * sizeof(T);
+      const std::size_t row_bytes = cols_ * sizeof(S);
       for (int o = 0; o < map_.ranks; ++o) {
         const std::vector<std::size_t>& mine = owned_[static_cast<std::size_t>(o)];
         if (mine.empty()) continue;
         async::Blocks where;
         for (std::size_t i : mine) where.add(static_cast<MPI_Aint>(map_.local_row(ids[i]) * row_bytes), row_bytes);
-        buffer_.resize(mine.size() * cols_);
+        stored_.resize(mine.size() * cols_);
         async::Access access(rma_, o, false, *sync_->watchdog_, this->var_.name());
-        access.get(buffer_.data(), where);
+        access.get(stored_.data(), where);
         access.end();
-        for (std::size_t j = 0; j < mine.size(); ++j)
-          std::memcpy(out + mine[j] * cols_, buffer_.data() + j * cols_, row_bytes);
+        for (std::size_t j = 0; j < mine.size(); ++j) widen(stored_.data() + j * cols_, out + mine[j] * cols_);
       }
     }
     /// Sorts the entries of `ids` by owner (owned_[o]: their indices).
@@ -329,47 +353,63 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
     /// The optimizer on rows `ids` (distinct) with gradients `g` (row i at
     /// g + i * cols), each row under its lock (RMA: its owner's).
     template <class Rule>
-    void apply_rows(const Rule& rule, const index_t* ids, const T* g, std::size_t n, T scale) {
+    void apply_rows(const Rule& rule, const index_t* ids, const T* g, std::size_t n, T scale, std::uint64_t step) {
       if (!sync_->rma_) {
-        for (std::size_t j = 0; j < n; ++j) apply_row(rule, ids[j], g + j * cols_, scale);
+        for (std::size_t j = 0; j < n; ++j) apply_row(rule, ids[j], g + j * cols_, scale, step);
         return;
       }
       by_owner(ids, n);
-      const std::size_t row_bytes = cols_ * sizeof(T), parts = 1 + static_cast<std::size_t>(slots);
-      T unused0 = T(0), unused1 = T(0);
+      const std::size_t row_bytes = cols_ * sizeof(S), state_bytes = cols_ * sizeof(T);
       for (int o = 0; o < map_.ranks; ++o) {
         const std::vector<std::size_t>& mine = owned_[static_cast<std::size_t>(o)];
         if (mine.empty()) continue;
-        // The rows, then each slot of them, as they lie in the owner's
-        // segment (part k of the j-th row at buffer_[(k * m + j) * cols]).
+        // The rows (stored_[j * cols]), then each slot of them (slot k of
+        // the j-th row at buffer_[(k * m + j) * cols]), as they lie in the
+        // owner's segment.
         const std::size_t shard = map_.shard_rows(o), m = mine.size();
-        async::Blocks where;
-        for (std::size_t k = 0; k < parts; ++k)
+        async::Blocks rows_at, state_at;
+        for (std::size_t i : mine) rows_at.add(static_cast<MPI_Aint>(map_.local_row(ids[i]) * row_bytes), row_bytes);
+        for (int k = 0; k < slots; ++k)
           for (std::size_t i : mine)
-            where.add(static_cast<MPI_Aint>((k * shard + map_.local_row(ids[i])) * row_bytes), row_bytes);
-        buffer_.resize(m * parts * cols_);
+            state_at.add(static_cast<MPI_Aint>(slot_bytes(shard, k, map_.local_row(ids[i]))), state_bytes);
+        stored_.resize(m * cols_);
+        buffer_.resize(m * static_cast<std::size_t>(slots) * cols_);
         async::Access access(rma_, o, true, *sync_->watchdog_, this->var_.name());
-        access.get(buffer_.data(), where);
+        access.get(stored_.data(), rows_at);
+        if (slots) access.get(buffer_.data(), state_at);
         for (std::size_t j = 0; j < m; ++j) {
-          T* row = buffer_.data() + j * cols_;
-          T* s0 = row + m * cols_;
-          T* s1 = row + 2 * m * cols_;
-          const T* grad = g + mine[j] * cols_;
-          for (std::size_t c = 0; c < cols_; ++c)
-            rule(row[c], grad[c] * scale, slots > 0 ? s0[c] : unused0, slots > 1 ? s1[c] : unused1);
+          T* s[2] = {nullptr, nullptr};
+          for (int k = 0; k < slots; ++k) s[k] = buffer_.data() + (static_cast<std::size_t>(k) * m + j) * cols_;
+          update_row(rule, ids[mine[j]], stored_.data() + j * cols_, s, g + mine[j] * cols_, scale, step);
         }
-        access.put(buffer_.data(), where);
+        access.put(stored_.data(), rows_at);
+        if (slots) access.put(buffer_.data(), state_at);
         access.end();
       }
     }
     template <class Rule>
-    void apply_row(const Rule& rule, index_t id, const T* g, T scale) {
+    void apply_row(const Rule& rule, index_t id, const T* g, T scale, std::uint64_t step) {
       const Where w = where(id);
-      T unused0 = T(0), unused1 = T(0);
       async::lock_row(w.lock, rank_, sync_->timeout(), this->var_.name().c_str());
-      for (std::size_t c = 0; c < cols_; ++c)
-        rule(w.row[c], g[c] * scale, slots > 0 ? w.slot[0][c] : unused0, slots > 1 ? w.slot[1][c] : unused1);
+      update_row(rule, id, w.row, w.slot, g, scale, step);
       async::unlock_row(w.lock);
+    }
+    /// The optimizer on one row (global id `id`) stored as S and its state:
+    /// in T, each value stored back with the table's rounding.
+    template <class Rule>
+    void update_row(const Rule& rule, index_t id, S* row, T* const* s, const T* g, T scale, std::uint64_t step) const {
+      T unused0 = T(0), unused1 = T(0);
+      for (std::size_t c = 0; c < cols_; ++c) {
+        T& s0 = slots > 0 ? s[0][c] : unused0;
+        T& s1 = slots > 1 ? s[1][c] : unused1;
+        if constexpr (std::is_same_v<S, T>) {
+          rule(row[c], g[c] * scale, s0, s1);
+        } else {
+          T value = static_cast<T>(row[c]);
+          rule(value, g[c] * scale, s0, s1);
+          row[c] = optim::detail::store_rounded<S>(value, this->var_.state().rounding, step, id, c);
+        }
+      }
     }
 
     AsyncSynchronizer* sync_;
@@ -377,11 +417,12 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
     std::size_t cols_;
     int rank_;
     Exec<space> exec_;
-    detail::SharedWindow<T> values_;  // this rank's shard: values, then each optimizer slot
+    detail::SharedWindow<std::byte> values_;  // this rank's shard: rows, then each optimizer slot
     detail::SharedWindow<async::RowLock> locks_;  // one per row of the shard
     async::RmaWindow rma_;                        // RMA route: the shard, as values_
     std::vector<std::vector<std::size_t>> owned_;  // RMA route: a call's entries by owner
-    std::vector<T> buffer_;                       // RMA route: one owner's rows in transit
+    std::vector<S> stored_;                       // RMA route: one owner's rows in transit
+    std::vector<T> buffer_;                       // RMA route: their optimizer state in transit
     std::vector<index_t> all_ids_;
     std::vector<std::vector<T>> looked_up_;  // this step's lookups' rows
   };
@@ -395,7 +436,11 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
 
   Engine* engine_;
   const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
-  TrainerOptions options_;
+  struct Settings : Common {
+    sharded::Options sharded;
+    async::Options async;
+  };
+  Settings options_;  // the settings it was made with
   std::unique_ptr<async::Clock> clock_;
   bool rma_ = false;  // the route across hosts (rma.hpp)
   std::unique_ptr<async::Watchdog> watchdog_;  // RMA route: the deadline of one-sided calls

@@ -17,7 +17,6 @@
 ///     row (a key never looked up, refused or evicted pushes nothing).
 
 #include <parallax/detail/agreement.hpp>
-#include <parallax/detail/checkpoint_io.hpp>
 #include <parallax/dynamic/table.hpp>
 #include <parallax/dynamic/variable.hpp>
 #include <parallax/engine/engine.hpp>
@@ -25,20 +24,17 @@
 #include <parallax/options.hpp>
 #include <parallax/optim/optimizer.hpp>
 #include <parallax/policy/dynamic_ps.hpp>
+#include <parallax/policy/dynamic_ps/member.hpp>
 #include <parallax/policy/dynamic_ps/saves.hpp>
 #include <parallax/policy/policy.hpp>
 #include <parallax/space.hpp>
 #include <parallax/types.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <deque>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -165,168 +161,17 @@ struct Route {
   }
 };
 
-/// A dynamic variable as the synchronizer holds it, whatever its element type.
-template <class Engine, class Optimizer>
-class Shard : public Member {
- public:
-  virtual std::optional<std::string> problem() const = 0;
-  virtual bool has_gradient() const = 0;
-  /// Routes this rank's gradient rows to their owners and sums them there. Collective.
-  virtual void push(Engine& engine) = 0;
-  virtual double square_sum() const = 0;
-  /// Applies the optimizer to the summed rows. The one place the optimizer is used.
-  virtual void apply(const Optimizer& opt, const StepInfo& info) = 0;
-  virtual void clear() = 0;
-  virtual const dynamic::Stats& local_stats() const = 0;
-};
-
+/// A dynamic variable's shard on this rank: its keys' rows, lookups and pushes
+/// routed to their owners.
 template <class Engine, class Optimizer, class Var>
-class ShardOf final : public Shard<Engine, Optimizer> {
+class ShardOf final : public TableMember<Engine, Optimizer, Var> {
+  using Base = TableMember<Engine, Optimizer, Var>;
+
  public:
   using T = typename Var::value_type;
 
-  /// `step`: the synchronizer's lookup step, which a save records and a
-  /// restore carries on.
   ShardOf(Var var, const Optimizer& opt, Engine& engine, std::uint64_t& step)
-      : var_(std::move(var)), table_(table_options(var_, opt)), engine_(&engine), step_(&step) {
-    var_.state().table = &table_;
-  }
-  ~ShardOf() override { var_.state().table = nullptr; }
-
-  // ---- Member
-  const void* identity() const override { return &var_.state(); }
-  const std::string& name() const override { return var_.name(); }
-  const char* policy() const override { return DynamicPS::name; }
-  detail::VarRecord record() const override {
-    return detail::VarRecord::make(var_.name(), var_.shape(), data_type_of_v<T>, true, DynamicPS::name);
-  }
-  std::size_t stored_rows() const override { return table_.size(); }
-  void fetch(void*) override {
-    throw error(detail::concat("dynamic variable '", var_.name(), "' has no row-major whole to fetch; ",
-                               "read its rows with Trainer::lookup"));
-  }
-  std::optional<std::string> non_finite_gradient() override {
-    const auto& g = var_.state().grad;
-    const std::size_t cols = g.cols();
-    for (std::size_t i = 0; i < g.size() * cols; ++i)
-      if (!std::isfinite(g.values()[i]))
-        return detail::concat("gradient of dynamic variable '", var_.name(), "' holds ",
-                              std::isnan(g.values()[i]) ? "NaN" : g.values()[i] > 0 ? "+Inf" : "-Inf",
-                              " in the row for key ", g.keys()[i / cols], " (row ", i / cols, " of the ", g.size(),
-                              " added this step), column ", i % cols);
-    return std::nullopt;
-  }
-  // Checkpoints: no fixed row layout, so files of its own
-  // (policy/dynamic_ps/saves.hpp), which Trainer::save, Checkpoints and
-  // DynamicSynchronizer::save all write.
-  int saved_partitions() const override { throw fixed_layout(); }
-  void save(detail::AtomicFile&) override { throw fixed_layout(); }
-  void load(detail::CheckpointReader&, std::size_t) override { throw fixed_layout(); }
-  bool saves_files() const override { return true; }
-
-  /// Writes this rank's shard (live keys in key order, counts, last steps,
-  /// rows and optimizer state) into `dir`, then rank 0 the description
-  /// naming each file's size and CRC-32C; returns them all on rank 0.
-  /// Collective; a failure on any rank throws on every rank.
-  std::vector<detail::ManifestFile> save_files(const std::string& dir) override {
-    Engine& engine = *engine_;
-    const int me = engine.rank(), n = engine.size();
-    std::optional<std::string> problem;
-    std::uint64_t mine[2] = {0, 0};
-    try {
-      const auto f = dynamic_ps::write_shard(dynamic_ps::shard_path(dir, var_.name(), me), table_.export_rows());
-      mine[0] = f.first;
-      mine[1] = f.second;
-    } catch (const std::exception& e) {
-      problem = e.what();
-    }
-    detail::agree(engine, problem);
-    std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(n));
-    engine.allgather(mine, all.data(), 2, DataType::i64);
-    std::vector<detail::ManifestFile> files;
-    if (me == 0) {
-      try {
-        dynamic_ps::SavedTable m;
-        m.name = var_.name();
-        m.ranks = n;
-        m.step = *step_;
-        m.cols = var_.cols();
-        m.slots = Optimizer::slots;
-        m.value_bytes = sizeof(T);
-        for (int r = 0; r < n; ++r) {
-          const std::size_t at = 2 * static_cast<std::size_t>(r);
-          m.files.emplace_back(all[at], static_cast<std::uint32_t>(all[at + 1]));
-          files.push_back({file_name(dynamic_ps::shard_path(dir, var_.name(), r)), all[at],
-                           static_cast<std::uint32_t>(all[at + 1])});
-        }
-        const std::string text = m.serialize();
-        const std::string path = dynamic_ps::manifest_path(dir, var_.name());
-        detail::AtomicFile f(path);
-        f.write(text.data(), text.size());
-        f.commit();
-        detail::fsync_directory(dir);
-        files.push_back({file_name(path), f.size(), f.crc()});
-      } catch (const std::exception& e) {
-        problem = e.what();
-      }
-    }
-    detail::agree(engine, problem);
-    return files;
-  }
-
-  /// Replaces the table on every rank with what save_files() wrote into
-  /// `dir`, whatever rank count wrote it: each rank reads every file and
-  /// keeps the keys dynamic::owner gives it here; lookups then insert at
-  /// the saved step or later. Collective; a missing or corrupt file,
-  /// another variable's save, or more saved keys than a rank's capacity
-  /// throws on every rank, before any rank's table changes.
-  void load_files(const std::string& dir) override {
-    Engine& engine = *engine_;
-    const int me = engine.rank(), n = engine.size();
-    std::optional<std::string> problem;
-    std::uint64_t saved_step = 0;
-    std::vector<dynamic::Snapshot<T>> shards;
-    const auto fail = [&](const std::exception& e) {
-      problem = detail::concat("restoring dynamic variable '", var_.name(), "': ", e.what());
-    };
-    try {
-      const std::string mpath = dynamic_ps::manifest_path(dir, var_.name());
-      std::ifstream in(mpath, std::ios::binary);
-      if (!in) throw error(detail::concat("dynamic table manifest ", mpath, " cannot be opened"));
-      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      const auto m = dynamic_ps::SavedTable::parse(mpath, text);
-      if (m.name != var_.name() || m.cols != var_.cols() || m.slots != Optimizer::slots || m.value_bytes != sizeof(T))
-        throw error(detail::concat("dynamic table manifest ", mpath, " holds '", m.name, "' of ", m.cols, " columns, ",
-                                   m.slots, " optimizer slots and ", m.value_bytes, "-byte values; this variable is '",
-                                   var_.name(), "' of ", var_.cols(), ", ", Optimizer::slots, " and ", sizeof(T)));
-      for (int r = 0; r < m.ranks; ++r)
-        shards.push_back(dynamic_ps::read_shard<T>(dynamic_ps::shard_path(dir, var_.name(), r),
-                                                   m.files[static_cast<std::size_t>(r)]));
-      std::size_t keys = 0;
-      for (const auto& sh : shards)
-        for (std::uint64_t k : sh.keys) keys += dynamic::owner(k, n) == me ? 1 : 0;
-      if (keys > table_.capacity())
-        throw error(detail::concat(keys, " saved keys belong to rank ", me, " of ", n, ", whose capacity is ",
-                                   table_.capacity(), " rows"));
-      saved_step = m.step;
-    } catch (const std::exception& e) {
-      fail(e);
-    }
-    detail::agree(engine, problem);  // every file read and fits: now the tables change
-    try {
-      const auto live = table_.export_rows().keys;
-      table_.erase(live.data(), live.size());
-      for (const auto& sh : shards) table_.import_rows(sh, me, n);
-    } catch (const std::exception& e) {
-      fail(e);
-    }
-    detail::agree(engine, problem);
-    *step_ = std::max(*step_, saved_step);
-  }
-
-  // ---- Shard
-  std::optional<std::string> problem() const override { return var_.state().grad.problem(); }
-  bool has_gradient() const override { return var_.state().grad_touched || var_.state().grad.touched(); }
+      : Base(std::move(var), opt, engine, step, DynamicPS::name, Placement::sharded) {}
 
   /// Routes keys to owners and inserts them there; the rows go back in
   /// reply(). Collective (find_or_insert's error is kept for the agreement).
@@ -336,9 +181,9 @@ class ShardOf final : public Shard<Engine, Optimizer> {
     r.build(engine, keys, n);
     slots_.resize(r.received());
     try {
-      table_.find_or_insert(r.recv_keys.data(), r.received(), step, slots_.data());
+      this->table_.find_or_insert(r.recv_keys.data(), r.received(), step, slots_.data());
     } catch (const error& e) {
-      if (!problem) problem = detail::concat("dynamic variable '", var_.name(), "': ", e.what());
+      if (!problem) problem = detail::concat("dynamic variable '", this->var_.name(), "': ", e.what());
     }
     requested_slots_.push_back(slots_);
   }
@@ -346,9 +191,9 @@ class ShardOf final : public Shard<Engine, Optimizer> {
   Rows<T, HostSpace> reply(Engine& engine) {
     const Route& r = lookups_.back();
     const std::vector<index_t>& slots = requested_slots_.back();
-    const std::size_t cols = var_.cols();
+    const std::size_t cols = this->var_.cols();
     std::vector<T> out_rows(r.received() * cols), back(r.send_keys.size() * cols);
-    table_.gather(r.recv_keys.data(), slots.data(), r.received(), out_rows.data());
+    this->table_.gather(r.recv_keys.data(), slots.data(), r.received(), out_rows.data());
     r.move_rows(engine, out_rows.data(), back.data(), cols, true);
     std::vector<T>& rows = results_.emplace_back(back.size());
     for (std::size_t j = 0; j < r.order.size(); ++j)
@@ -364,91 +209,30 @@ class ShardOf final : public Shard<Engine, Optimizer> {
     requested_slots_.pop_back();
   }
 
+  /// The gradient rows go to their owners uncoalesced and are summed there
+  /// in arrival order (source rank, then the order added).
   void push(Engine& engine) override {
-    const auto& g = var_.state().grad;
-    const std::size_t cols = var_.cols();
+    const auto& g = this->var_.state().grad;
     Route r;
     std::vector<T> recv;
-    r.build(engine, g.keys(), g.size(), g.values(), cols, &recv);
-    // Each key's rows summed in arrival order (source rank, then the order
-    // added), gathered by the key's row; a key without a row pushes nothing.
-    arrived_.resize(r.received());
-    table_.find(r.recv_keys.data(), r.received(), arrived_.data());
-    if (at_.size() != table_.capacity()) at_.assign(table_.capacity(), unseen);
-    push_slots_.clear();
-    sums_.clear();
-    for (std::size_t j = 0; j < r.received(); ++j) {
-      if (arrived_[j] < 0) continue;
-      std::uint32_t& k = at_[static_cast<std::size_t>(arrived_[j])];
-      if (k == unseen) {
-        k = static_cast<std::uint32_t>(push_slots_.size());
-        push_slots_.push_back(arrived_[j]);
-        sums_.insert(sums_.end(), recv.begin() + j * cols, recv.begin() + (j + 1) * cols);
-      } else {
-        T* sum = sums_.data() + static_cast<std::size_t>(k) * cols;
-        for (std::size_t c = 0; c < cols; ++c) sum[c] += recv[j * cols + c];
-      }
-    }
-    for (index_t slot : push_slots_) at_[static_cast<std::size_t>(slot)] = unseen;
-  }
-  double square_sum() const override {
-    const std::size_t cols = var_.cols();
-    double s = 0.0;
-    for (std::size_t i = 0; i < push_slots_.size() * cols; ++i) s += static_cast<double>(sums_[i]) * sums_[i];
-    return s;
-  }
-  void apply(const Optimizer& opt, const StepInfo& info) override {
-    table_.apply(opt, info.step, push_slots_.data(), sums_.data(), push_slots_.size(), static_cast<T>(info.scale));
+    r.build(engine, g.keys(), g.size(), g.values(), this->var_.cols(), &recv);
+    this->sum_pushed(r.recv_keys.data(), recv.data(), r.received());
   }
   void clear() override {
-    var_.state().grad.clear();
-    var_.state().grad_touched = false;
+    Base::clear();
     results_.clear();
     lookups_.clear();
     requested_slots_.clear();
-    sums_.clear();
-    push_slots_.clear();
   }
-  const dynamic::Stats& local_stats() const override { return table_.stats(); }
-  dynamic::Table<T>& table() noexcept { return table_; }
 
  private:
-  static dynamic::Options table_options(const Var& var, const Optimizer& opt) {
-    dynamic::Options o = var.options();
-    o.name = var.name();
-    o.with_optimizer(opt);
-    return o;
-  }
-  error fixed_layout() const {
-    return error(detail::concat("dynamic variable '", var_.name(), "' has no fixed row layout; it saves files of its own"));
-  }
-  static std::string file_name(const std::string& path) { return std::filesystem::path(path).filename().string(); }
-
-  Var var_;
-  dynamic::Table<T> table_;
-  Engine* engine_;
-  std::uint64_t* step_;
   std::deque<std::vector<T>> results_;  // this step's looked-up rows, valid until clear()
   std::deque<Route> lookups_;
   std::deque<std::vector<index_t>> requested_slots_;
   std::vector<index_t> slots_;
-  static constexpr std::uint32_t unseen = UINT32_MAX;
-  std::vector<index_t> arrived_;        // the row of each pushed key that arrived here
-  std::vector<std::uint32_t> at_;       // per row: its place in push_slots_ this step, or unseen
-  std::vector<index_t> push_slots_;     // this step's pushed rows here, in first-arrival order
-  std::vector<T> sums_;                 // and their summed gradients
 };
 
 }  // namespace dynamic_ps
-
-/// Statistics of one dynamic variable over every rank: `total` sums each
-/// field (size and capacity too: the rows held and the rows possible in the
-/// job), `max` is each field's largest value on one rank.
-struct DynamicStats {
-  dynamic::Stats total;
-  dynamic::Stats max;
-  double hit_rate() const noexcept { return total.hit_rate(); }
-};
 
 template <class Engine, class Optimizer>
 class DynamicSynchronizer final : public Synchronizer<Engine> {
@@ -459,7 +243,7 @@ class DynamicSynchronizer final : public Synchronizer<Engine> {
  public:
   using space = HostSpace;
 
-  DynamicSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions&) : engine_(engine), opt_(opt) {}
+  DynamicSynchronizer(Engine& engine, const Optimizer& opt, const Common&) : engine_(engine), opt_(opt) {}
 
   template <class Var>
   Member& add(Var var) {
@@ -525,15 +309,7 @@ class DynamicSynchronizer final : public Synchronizer<Engine> {
   /// Collective; a failure on any rank throws on every rank.
   template <class V>
   void save(const V& var, const std::string& dir) {
-    auto& shard = shard_of(var);
-    std::optional<std::string> problem;
-    if (engine_.rank() == 0) {
-      std::error_code ec;
-      std::filesystem::create_directories(dir, ec);
-      if (ec) problem = detail::concat("cannot create directory ", dir, ": ", ec.message());
-    }
-    detail::agree(engine_, problem);
-    shard.save_files(dir);
+    dynamic_ps::save_alone(engine_, shard_of(var), dir);
   }
 
   /// Replaces `var`'s rows on every rank with those a save() under `dir`

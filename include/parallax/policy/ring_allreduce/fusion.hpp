@@ -20,6 +20,7 @@
 #include <vector>
 
 namespace parallax {
+namespace policy::ring {
 
 /// Sums many gradients over the ranks with few collectives: consecutive
 /// tensors of one type are grouped into buckets of at most
@@ -168,5 +169,9 @@ class FusedAllReducer {
   Compression compress_;
   Buffer<std::byte, space> narrow_;  // a compressed bucket's 16-bit values
 };
+
+}  // namespace policy::ring
+
+using policy::ring::FusedAllReducer;  // as tests and benchmarks name it
 
 }  // namespace parallax

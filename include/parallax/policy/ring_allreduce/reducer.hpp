@@ -138,6 +138,8 @@ class PieceView {
 };
 }  // namespace detail
 
+namespace policy::ring {
+
 /// Sums buffers over all ranks of an engine, in place.
 ///
 /// The ring sends 2(N-1)/N of the buffer per rank whatever N is; each
@@ -427,5 +429,9 @@ class RingAllReducer {
   std::optional<detail::HostRings> rings_;  // the hierarchical rings, where they run
   Buffer<std::byte, space> scratch_;
 };
+
+}  // namespace policy::ring
+
+using policy::ring::RingAllReducer;  // as tests and benchmarks name it
 
 }  // namespace parallax

@@ -9,6 +9,7 @@
 #include <parallax/detail/timeline.hpp>
 #include <parallax/error.hpp>
 #include <parallax/options.hpp>
+#include <parallax/policy/members.hpp>
 #include <parallax/policy/policy.hpp>
 #include <parallax/policy/replicas.hpp>
 #include <parallax/policy/ring_allreduce.hpp>
@@ -30,9 +31,9 @@ class RingSynchronizer final : public Synchronizer<Engine> {
  public:
   using space = engine::space_of_t<Engine>;
 
-  RingSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions& options)
-      : engine_(&engine), opt_(&opt), reducer_(engine, options.ring), update_when_ready_(options.update_when_ready),
-        compress_(options.compress) {}
+  RingSynchronizer(Engine& engine, const Optimizer& opt, const Common& common, const ring::Options& ring)
+      : engine_(&engine), opt_(&opt), reducer_(engine, ring), update_when_ready_(common.update_when_ready),
+        compress_(common.compress) {}
   RingSynchronizer(const RingSynchronizer&) = delete;
   RingSynchronizer& operator=(const RingSynchronizer&) = delete;
   /// Gives every dense variable its own gradient back, out of the arena.
@@ -42,16 +43,8 @@ class RingSynchronizer final : public Synchronizer<Engine> {
 
   template <class Var>
   Member& add(Var var) {
-    if constexpr (Var::is_sparse()) {
-      auto m = std::make_unique<SparseOf<Var>>(std::move(var), *engine_, *opt_);
-      sparse_.push_back(m.get());
-      members_.push_back(std::move(m));
-    } else {
-      auto m = std::make_unique<DenseOf<Var>>(std::move(var), *engine_, *opt_);
-      dense_.push_back(m.get());
-      members_.push_back(std::move(m));
-    }
-    return *members_.back();
+    if constexpr (Var::is_sparse()) return sparse_.template add<SparseOf<Var>>(std::move(var), *engine_, *opt_);
+    else return dense_.template add<DenseOf<Var>>(std::move(var), *engine_, *opt_);
   }
 
   /// Moves the dense gradients into one arena, end to end in registration
@@ -93,7 +86,7 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   /// as update() would do, bit for bit.
   void ready(const Member& variable, const StepInfo& info, Background& background) override {
     for (std::size_t k = 0; k < dense_.size(); ++k) {
-      if (dense_[k]->identity() != variable.identity() || ready_[k]) continue;
+      if (dense_.member(k).identity() != variable.identity() || ready_[k]) continue;
       ready_[k] = true;
       --waiting_[fusion_->bucket_of(k)];
       while (started_ < waiting_.size() && waiting_[started_] == 0) {
@@ -189,7 +182,6 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   class Dense {
    public:
     virtual ~Dense() = default;
-    virtual const void* identity() const = 0;
     virtual TensorRef gradient() = 0;
     virtual void move_gradient(void* at) = 0;
     virtual void give_back() noexcept = 0;
@@ -207,7 +199,6 @@ class RingSynchronizer final : public Synchronizer<Engine> {
 
    public:
     DenseOf(Var var, Engine& engine, const Optimizer& opt) : Base(std::move(var), engine, opt, RingAllReduce::name) {}
-    const void* identity() const override { return Base::identity(); }
     TensorRef gradient() override {
       auto& g = this->grad();
       return TensorRef{g.data(), g.size(), data_type_of_v<T>, this->var_.name().c_str()};
@@ -242,7 +233,6 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   class Sparse {
    public:
     virtual ~Sparse() = default;
-    virtual const void* identity() const = 0;
     virtual std::optional<std::string> problem() = 0;
     virtual bool has_gradient() const = 0;
     virtual void sum(RingAllReducer<Engine>& reducer) = 0;
@@ -261,7 +251,6 @@ class RingSynchronizer final : public Synchronizer<Engine> {
    public:
     SparseOf(Var var, Engine& engine, const Optimizer& opt)
         : Base(std::move(var), engine, opt, RingAllReduce::name), dense_grad_(this->value_.size()) {}
-    const void* identity() const override { return Base::identity(); }
     std::optional<std::string> problem() override { return Base::problem(); }
     bool has_gradient() const override { return Base::has_gradient(); }
     void sum(RingAllReducer<Engine>& reducer) override {
@@ -285,25 +274,22 @@ class RingSynchronizer final : public Synchronizer<Engine> {
 
   template <class V>
   SparseOf<V>& sparse_of(V& var) {
-    for (Sparse* s : sparse_)
-      if (s->identity() == &var.state()) return static_cast<SparseOf<V>&>(*s);
-    throw error(detail::concat("variable '", var.name(), "' is not synchronised by RingAllReduce"));
+    return sparse_.template of<SparseOf<V>>(var, RingAllReduce::name);
   }
 
   Engine* engine_;
   const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
   RingAllReducer<Engine> reducer_;
   Buffer<std::byte, space> arena_;  // the dense gradients; outlives the members that borrow it
-  std::vector<std::unique_ptr<Member>> members_;
-  std::vector<Dense*> dense_;
-  std::vector<Sparse*> sparse_;
+  Members<Dense> dense_;  // in registration order (the fusion plan's)
+  Members<Sparse> sparse_;
   std::unique_ptr<FusedAllReducer<Engine>> fusion_;
   std::vector<bool> ready_;            // per dense member: ready() this step
   std::vector<std::size_t> waiting_;   // per bucket: gradients not ready yet
   std::size_t started_ = 0;            // buckets started this step (in order)
   std::size_t updated_ = 0;            // buckets [0, updated_) are updated by the work ready() posted
-  bool update_when_ready_;             // TrainerOptions::update_when_ready
-  Compression compress_;  // TrainerOptions::compress: dense float buckets on the wire in 16 bits
+  bool update_when_ready_;             // Common::update_when_ready
+  Compression compress_;  // Common::compress: dense float buckets on the wire in 16 bits
   ReplicaLookupsAhead<space> ahead_;   // start_lookup() to finish_lookup()
 };
 

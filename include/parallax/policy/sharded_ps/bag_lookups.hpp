@@ -37,11 +37,12 @@ class ShardedSynchronizer<Engine, Optimizer>::BagBatchBase {
   bool given = false;  // its gradient was given
 };
 template <class Engine, class Optimizer>
-template <class T>
+template <class S>
 class ShardedSynchronizer<Engine, Optimizer>::BagBatch final : public BagBatchBase {
  public:
-  std::vector<Group<T>*> groups;  // in the order the batch first names them
-  std::vector<BagPool<T, Engine>*> pools;  // per group
+  using T = compute_t<S>;
+  std::vector<Group<S>*> groups;  // in the order the batch first names them
+  std::vector<BagPool<T, Engine, S>*> pools;  // per group
   std::vector<bool> local;        // per request: pooled here (LocalBags), not at the owners
   std::size_t local_first = 0;    // the LocalBags index of the first request pooled here
   std::vector<const void*> vars;  // per request: its variable's state
@@ -88,13 +89,18 @@ std::vector<bool> ShardedSynchronizer<Engine, Optimizer>::choose_pooling(
       continue;
     }
     automatic.push_back(i);
-    const auto& tables = static_cast<Group<T>&>(t.group()).tables;
+    const auto& tables = static_cast<Group<storage_type_t<V>>&>(t.group()).tables;
     const PartitionMap& map = tables.map(t.index());
     std::vector<index_t> ids(q.n);
     if (q.n) space_traits<space>::copy_to_host(ids.data(), q.ids, q.n * sizeof(index_t));
     const int me = engine_->rank();
-    const std::int64_t row = static_cast<std::int64_t>(tables.cols() * sizeof(T));
-    const std::int64_t per_id = q.combiner == Combiner::weighted_sum ? 12 : 8;
+    // On the wire: rows of T, or of 2 bytes a value compressed, with ids of
+    // 8 bytes or 4 (narrowed); rows read in place as the table stores them.
+    const bool half = tables.compression() != Compression::none;
+    const std::int64_t id = tables.narrows_ids() ? 4 : 8;
+    const std::int64_t row = static_cast<std::int64_t>(tables.cols() * (half ? 2 : sizeof(T)));
+    const std::int64_t read = static_cast<std::int64_t>(tables.cols() * sizeof(storage_type_t<V>));
+    const std::int64_t per_id = id + (q.combiner == Combiner::weighted_sum ? static_cast<std::int64_t>(sizeof(T)) : 0);
     std::int64_t remote = 0, pairs = 0;
     std::vector<std::size_t> seen(static_cast<std::size_t>(engine_->size()), 0);  // the bag + 1 an owner was last seen in
     std::vector<index_t> remote_ids;
@@ -114,8 +120,8 @@ std::vector<bool> ShardedSynchronizer<Engine, Optimizer>::choose_pooling(
     // At the owners: the ids, a count and a row back per pair; a row and its
     // count per pair pushed. Here: a key and a row back per unique id (rows
     // read in place: a row per id, repeats too), and each pushed.
-    cost.push_back(per_id * remote + pairs * (16 + 2 * row));
-    cost.push_back((tables.reads_directly() ? remote * row : unique * (8 + row)) + unique * (8 + row));
+    cost.push_back(per_id * remote + pairs * (2 * id + 2 * row));
+    cost.push_back((tables.reads_directly() ? remote * read : unique * (id + row)) + unique * (id + row));
   }
   if (automatic.empty()) return local;
   std::int64_t agree[2] = {static_cast<std::int64_t>(word.value()), -static_cast<std::int64_t>(word.value())};
@@ -136,13 +142,14 @@ std::vector<bool> ShardedSynchronizer<Engine, Optimizer>::choose_pooling(
 }
 
 template <class Engine, class Optimizer>
-template <class V, std::enable_if_t<!stores_half_v<V>, int>>
+template <class V>
 auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, std::size_t count)
     -> std::vector<Rows<typename V::value_type, space>> {
   using T = typename V::value_type;
+  using S = storage_type_t<V>;
   auto offsets = check_bags(*engine_, batch, count);
-  auto record = std::make_unique<BagBatch<T>>();
-  BagBatch<T>& b = *record;
+  auto record = std::make_unique<BagBatch<S>>();
+  BagBatch<S>& b = *record;
   b.local = choose_pooling(batch, count, offsets);
   b.rows.resize(count);
   b.request_group.assign(count, 0);
@@ -172,14 +179,14 @@ auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, s
       if (b.local[i]) b.rows[i] = pooled[b.request_at[i]];
   }
   // Pooled at the owners.
-  std::vector<std::vector<typename BagPool<T, Engine>::Request>> requests;
+  std::vector<std::vector<typename BagPool<T, Engine, S>::Request>> requests;
   std::vector<std::pair<const std::string*, std::uint64_t>> parts;
   detail::Fingerprint word;
   word.add("bags");
   for (std::size_t i = 0; i < count; ++i) {
     if (b.local[i]) continue;
     TableOf<V>& t = table_of(*batch[i].var);
-    Group<T>& g = static_cast<Group<T>&>(t.group());
+    Group<S>& g = static_cast<Group<S>&>(t.group());
     auto at = std::find(b.groups.begin(), b.groups.end(), &g);
     if (at == b.groups.end()) {
       b.groups.push_back(&g);
@@ -202,7 +209,7 @@ auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, s
     {
       const detail::Span span("bags: plan");
       for (std::size_t gi = 0; gi < b.groups.size(); ++gi) {
-        BagPool<T, Engine>& pool = b.groups[gi]->next_bag_pool();
+        BagPool<T, Engine, S>& pool = b.groups[gi]->next_bag_pool();
         pool.plan(b.groups[gi]->tables, std::move(requests[gi]));
         b.pools.push_back(&pool);
         lanes.push_back(&pool.entry_lane());
@@ -230,12 +237,12 @@ auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, s
 }
 
 template <class Engine, class Optimizer>
-template <class V, std::enable_if_t<!stores_half_v<V>, int>>
+template <class V>
 void ShardedSynchronizer<Engine, Optimizer>::bag_gradients(const BagGradient<V>* grads, std::size_t count) {
   using T = typename V::value_type;
-  BagBatch<T>* b = nullptr;
+  BagBatch<storage_type_t<V>>* b = nullptr;
   for (std::size_t i = bag_batches_.size(); i-- > 0 && !b;)
-    if (!bag_batches_[i]->given) b = dynamic_cast<BagBatch<T>*>(bag_batches_[i].get());
+    if (!bag_batches_[i]->given) b = dynamic_cast<BagBatch<storage_type_t<V>>*>(bag_batches_[i].get());
   std::optional<std::string> problem;
   if (!b) {
     problem = detail::no_bag_lookup(count ? grads[0].var->name() : std::string());

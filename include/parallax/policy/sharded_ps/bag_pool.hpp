@@ -23,11 +23,18 @@
 /// block), 8 per segment and cols x sizeof(T) per segment replied; the
 /// backward 8 + cols x sizeof(T) per segment. A plain lookup sends 8 per
 /// unique id and replies a row per unique id, and pushes one per unique id.
+/// With compression (TableGroup::compression()) the replies and gradient
+/// rows travel in 16 bits and the ids and counts in 4 bytes
+/// (TableGroup::narrows_ids()).
+///
+/// The group's shard may hold S (bf16, fp16): an owner widens its rows to T
+/// as it pools them, and the expanded gradients are T rows like any pushed.
 
 #include <parallax/bags.hpp>
 #include <parallax/detail/algorithms.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/error.hpp>
+#include <parallax/policy/sharded_ps/half_wire.hpp>
 #include <parallax/policy/sharded_ps/row_exchange.hpp>
 #include <parallax/policy/sharded_ps/table_group.hpp>
 #include <parallax/space.hpp>
@@ -75,7 +82,7 @@ struct FirstOfRow {
 
 }  // namespace detail
 
-template <class T, class Engine>
+template <class T, class Engine, class S = T>
 class BagPool {
  public:
   using space = engine::space_of_t<Engine>;
@@ -94,7 +101,8 @@ class BagPool {
     std::size_t bags() const noexcept { return offsets.size() - 1; }
   };
 
-  explicit BagPool(Engine& engine) : engine_(&engine), entries_(engine), segments_(engine), gradients_(engine) {}
+  explicit BagPool(Engine& engine)
+      : engine_(&engine), entries_(engine), segments_(engine), gradients_(engine), half_gradients_(engine) {}
   BagPool(const BagPool&) = delete;
   BagPool& operator=(const BagPool&) = delete;
 
@@ -105,10 +113,20 @@ class BagPool {
   // the engine's wait_started() where it has one, and finish().
 
   /// Splits the requests' bags into segments by owner and plans the lanes.
-  void plan(TableGroup<T, Engine>& tables, std::vector<Request> requests) {
+  void plan(TableGroup<T, Engine, S>& tables, std::vector<Request> requests) {
     requests_ = std::move(requests);
     cols_ = tables.cols();
     const std::size_t span = tables.span();
+    compress_ = tables.compression();
+    // Keys as offsets in their owner's shard, counts as they are (span 0).
+    if (tables.narrows_ids()) {
+      entries_.narrow_ids(span);
+      segments_.narrow_ids(0);
+    } else {
+      entries_.wide_ids();
+      segments_.wide_ids();
+    }
+    half_gradients_.narrow_ids(tables.narrows_ids(), 0);
     weighted_ = false;
     std::size_t total_ids = 0, total_bags = 0;
     for (const Request& q : requests_) {
@@ -128,7 +146,12 @@ class BagPool {
     bag_first_of_.assign(requests_.size() + 1, 0);
     std::vector<index_t> ids;
     std::vector<T> w;
-    std::vector<std::pair<index_t, std::size_t>> bag;  // (key, position) of a bag's ids
+    // A bag's ids ordered by owner, bag order within one: (owner, position)
+    // packed in one word and sorted (std::sort, unlike std::stable_sort,
+    // allocates nothing per bag; the positions, under 2^32 in a bag, keep
+    // it stable).
+    std::vector<std::uint64_t> bag;
+    std::vector<index_t> bag_keys;
     std::size_t global_bag = 0;
     for (std::size_t r = 0; r < requests_.size(); ++r) {
       const Request& q = requests_[r];
@@ -139,24 +162,27 @@ class BagPool {
       if (q.weights && q.n) space_traits<space>::copy_to_host(w.data(), q.weights, q.n * sizeof(T));
       for (std::size_t b = 0; b < q.bags(); ++b, ++global_bag) {
         bag_first.push_back(static_cast<index_t>(counts.size()));
-        bag.clear();
-        for (auto j = static_cast<std::size_t>(q.offsets[b]); j < static_cast<std::size_t>(q.offsets[b + 1]); ++j)
-          bag.emplace_back(tables.key_of(q.table, ids[j]), j);
-        // Owners ascending (keys sort by owner), ids in bag order within one.
-        std::stable_sort(bag.begin(), bag.end(), [span](const auto& a, const auto& c) {
-          return static_cast<std::size_t>(a.first) / span < static_cast<std::size_t>(c.first) / span;
-        });
+        const auto begin = static_cast<std::size_t>(q.offsets[b]), end = static_cast<std::size_t>(q.offsets[b + 1]);
+        bag_keys.resize(end - begin);
+        bag.resize(end - begin);
+        for (std::size_t j = begin; j < end; ++j) {
+          bag_keys[j - begin] = tables.key_of(q.table, ids[j]);
+          bag[j - begin] = (static_cast<std::uint64_t>(static_cast<std::size_t>(bag_keys[j - begin]) / span) << 32) |
+                           static_cast<std::uint64_t>(j - begin);
+        }
+        std::sort(bag.begin(), bag.end());
         for (std::size_t k = 0; k < bag.size(); ++k) {
-          const auto owner = static_cast<std::int32_t>(static_cast<std::size_t>(bag[k].first) / span);
+          const auto owner = static_cast<std::int32_t>(bag[k] >> 32);
+          const auto at = static_cast<std::size_t>(bag[k] & 0xffffffffu);
           if (k == 0 || owner != segment_dest.back()) {
             counts.push_back(0);
             segment_dest.push_back(owner);
             segment_bag.push_back(static_cast<index_t>(global_bag));
           }
           ++counts.back();
-          keys.push_back(bag[k].first);
+          keys.push_back(bag_keys[at]);
           entry_dest.push_back(owner);
-          if (weighted_) weights.push_back(q.weights ? w[bag[k].second] : T(1));
+          if (weighted_) weights.push_back(q.weights ? w[begin + at] : T(1));
         }
       }
     }
@@ -186,7 +212,7 @@ class BagPool {
   /// The owner's half: sums its rows of every segment the route brought,
   /// keeps the segments for the backward pass, and starts the reply.
   /// Collective.
-  void serve(TableGroup<T, Engine>& tables) {
+  void serve(TableGroup<T, Engine, S>& tables) {
     auto& ex = engine_->exec();
     const std::size_t ids = entries_.received(), segments = segments_.received();
     // Where each segment's ids start among the ids received: both lanes come
@@ -208,12 +234,20 @@ class BagPool {
     }
     served_.resize_discard(segments * cols_);
     detail::pool_segments(ex,
-                          detail::PoolBags<T>{detail::RowsAt<T>(tables.shard().data(), owner_at_.data()),
-                                              owner_first_.data(), weighted_ ? owner_weights_.data() : nullptr, nullptr,
-                                              served_.data(), cols_},
+                          detail::PoolBags<T, S>{detail::RowsAt<S>(tables.shard().data(), owner_at_.data()),
+                                                 owner_first_.data(), weighted_ ? owner_weights_.data() : nullptr,
+                                                 nullptr, served_.data(), cols_},
                           segments);
     ex.synchronize();
-    replies_ = segments_.start_reply(served_.data(), cols_);
+    if (compress_ == Compression::none) {
+      replies_ = segments_.start_reply(served_.data(), cols_);
+      return;
+    }
+    half_reply_.start(compress_, segments_, segments, cols_, [&](auto* out) {
+      using W = std::remove_pointer_t<decltype(out)>;
+      if (segments) for_each(ex, segments * cols_, detail::Convert<W, T>{served_.data(), out});
+      ex.synchronize();
+    });
   }
 
   /// The asker's half: each bag's partial sums, owners ascending, into its
@@ -221,6 +255,7 @@ class BagPool {
   void finish() {
     auto& ex = engine_->exec();
     const std::size_t segments = counts_.size();
+    if (compress_ != Compression::none) replies_ = half_reply_.finish(segments, cols_, ex);
     reply_at_.resize_discard(segments);
     if (segments) for_each(ex, segments, detail::ReplyOffsetOfSegment{segments_.sent_order(), cols_, reply_at_.data()});
     for (std::size_t r = 0; r < requests_.size(); ++r) {
@@ -263,21 +298,29 @@ class BagPool {
     std::vector<const T*> rows(segment_bag_.size());
     for (std::size_t s = 0; s < rows.size(); ++s) rows[s] = row_of_bag[static_cast<std::size_t>(segment_bag_[s])];
     gradient_rows_ = Buffer<const T*, space>::from_host(rows);
-    gradients_.plan(counts_.data(), detail::RowsAt<T>(gradient_rows_.data()), segment_dest_.data(), rows.size(), cols_);
+    const detail::RowsAt<T> values(gradient_rows_.data());
+    if (compress_ == Compression::none) {
+      gradients_.plan(counts_.data(), values, segment_dest_.data(), rows.size(), cols_);
+      gradient_lane_ = &gradients_;
+    } else {
+      gradient_lane_ = &half_gradients_.plan(compress_, counts_.data(), values, segment_dest_.data(), rows.size(), cols_);
+    }
   }
-  detail::RouteLane& gradient_lane() noexcept { return gradients_; }
+  detail::RouteLane& gradient_lane() noexcept { return *gradient_lane_; }
 
   /// The owner's half: each segment's gradient row given to the segment's
   /// ids (times their weights), as rows of its shard for the step's push.
-  void expand(TableGroup<T, Engine>& tables) {
+  void expand(TableGroup<T, Engine, S>& tables) {
     auto& ex = engine_->exec();
-    const std::size_t segments = gradients_.received(), ids = owner_keys_.size();
+    const bool half = compress_ != Compression::none;
+    const std::size_t segments = half ? half_gradients_.received() : gradients_.received(), ids = owner_keys_.size();
     PARALLAX_EXPECTS(segments + 1 == owner_first_.size(), "BagPool: ", segments,
                      " gradient rows arrived for the forward's segments of ", owner_first_.size() - 1);
     if (!ids) return;
     auto [keys, values] = tables.add_owned_rows(ids);
     for_each(ex, segments,
-             detail::ExpandBags<T>{gradients_.received_values(), owner_first_.data(),
+             detail::ExpandBags<T>{half ? half_gradients_.received_values() : gradients_.received_values(),
+                                   owner_first_.data(),
                                    weighted_ ? owner_weights_.data() : nullptr, owner_keys_.data(), keys, values, cols_},
              Cost{cols_ * 4});
     ex.synchronize();
@@ -287,6 +330,7 @@ class BagPool {
   Engine* engine_;
   std::size_t cols_ = 0;
   bool weighted_ = false;  // some request weighted: every id travels with a weight (1 where none)
+  Compression compress_ = Compression::none;  // the group's: replies and gradient rows in 16 bits
   std::vector<Request> requests_;
   std::vector<std::size_t> bag_first_of_;  // per request: its first bag among the batch's
   std::vector<index_t> segment_bag_;       // per segment sent: its bag among the batch's
@@ -304,6 +348,10 @@ class BagPool {
   Buffer<index_t, space> owner_keys_, owner_at_, owner_first_;
   Buffer<T, space> owner_weights_, served_;
   detail::RowExchange<T, Engine> entries_, segments_, gradients_;
+  // Compressed: the reply and the gradient rows on a 16-bit wire.
+  detail::HalfReply<T, Engine> half_reply_;
+  detail::HalfLane<T, Engine> half_gradients_;
+  detail::RouteLane* gradient_lane_ = &gradients_;
 };
 
 }  // namespace parallax

@@ -50,8 +50,10 @@ class ShardedSynchronizer<Engine, Optimizer>::GroupBase {
       ready_[t] = true;
       ++ready_count_;
     }
-    return ready_count_ == tables_count();
+    return all_ready();
   }
+  /// Every table of the group was marked ready this step.
+  bool all_ready() const { return ready_count_ == tables_count(); }
   void reset_ready() {
     ready_.assign(ready_.size(), false);
     ready_count_ = 0;
@@ -172,8 +174,8 @@ class ShardedSynchronizer<Engine, Optimizer>::Group final : public GroupBase {
   }
   /// A BagPool for this step's next bag lookup of the group (kept, with
   /// what its owners hold for the backward pass, until clear()).
-  BagPool<T, Engine>& next_bag_pool() {
-    if (bag_pools_used_ == bag_pools_.size()) bag_pools_.push_back(std::make_unique<BagPool<T, Engine>>(*engine_));
+  BagPool<T, Engine, S>& next_bag_pool() {
+    if (bag_pools_used_ == bag_pools_.size()) bag_pools_.push_back(std::make_unique<BagPool<T, Engine, S>>(*engine_));
     return *bag_pools_[bag_pools_used_++];
   }
 
@@ -186,7 +188,7 @@ class ShardedSynchronizer<Engine, Optimizer>::Group final : public GroupBase {
   Engine* engine_;
   optim::Bound<Optimizer> opt_;  // every table's: the trainer's optimizer, whose learning rate changes
   std::vector<typename TableGroup<T, Engine, S>::Push> pushes_;
-  std::vector<std::unique_ptr<BagPool<T, Engine>>> bag_pools_;
+  std::vector<std::unique_ptr<BagPool<T, Engine, S>>> bag_pools_;
   std::size_t bag_pools_used_ = 0;
   Buffer<index_t, space> local_rows_;
   Buffer<T, space> sums_;

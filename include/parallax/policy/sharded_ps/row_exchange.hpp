@@ -24,6 +24,7 @@
 #include <parallax/detail/agreement.hpp>
 #include <parallax/detail/algorithms.hpp>
 #include <parallax/engine/engine.hpp>
+#include <parallax/error.hpp>
 #include <parallax/space.hpp>
 #include <parallax/types.hpp>
 
@@ -61,10 +62,17 @@ struct PackIds {
   const index_t* meta;     // [first row per dest (N+1)][byte offset per dest (N)]
   int ranks;
   std::byte* out;
+  bool narrow = false;  // as 32-bit offsets from dest x span (RowExchange::narrow_ids)
+  std::size_t span = 0;
   PARALLAX_HOST_DEVICE void operator()(std::size_t j) const {
     const int p = dest[j];
     const index_t t = static_cast<index_t>(j) - meta[p];
-    RowBlock<T>::ids(out + meta[ranks + 1 + p])[t] = ids[order[j]];
+    std::byte* block = out + meta[ranks + 1 + p];
+    if (narrow)
+      RowBlock<T>::narrow_ids(block)[t] =
+          static_cast<std::uint32_t>(ids[order[j]] - static_cast<index_t>(static_cast<std::size_t>(p) * span));
+    else
+      RowBlock<T>::ids(block)[t] = ids[order[j]];
   }
 };
 
@@ -77,11 +85,12 @@ struct PackValues {
   int ranks;
   std::size_t cols;
   std::byte* out;
+  std::size_t id_bytes = sizeof(index_t);
   PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
     const int p = dest[j];
     const index_t t = static_cast<index_t>(j) - meta[p];
     const auto count = static_cast<std::size_t>(meta[p + 1] - meta[p]);
-    T* block = RowBlock<T>::values(out + meta[ranks + 1 + p], count);
+    T* block = RowBlock<T>::values(out + meta[ranks + 1 + p], count, id_bytes);
     block[static_cast<std::size_t>(t) * cols + c] = values.row(static_cast<std::size_t>(order[j]), cols)[c];
   }
   void prefetch(std::size_t j) const { prefetch_bytes(values.row(static_cast<std::size_t>(order[j]), cols), cols * sizeof(T)); }
@@ -301,6 +310,21 @@ class RowExchange final : public RouteLane {
 
   explicit RowExchange(Engine& engine) : engine_(&engine) {}
 
+  /// Ids on the wire from now on as 32-bit offsets from their
+  /// destination's first id, dest x span (4 bytes instead of 8): for ids
+  /// that lie in [dest x span, dest x span + 2^32), as a group's keys lie at
+  /// their owner when its shards have fewer than 2^32 rows (span: the
+  /// group's), or counts (span 0). The receiver adds its own rank x span
+  /// back. Every rank's exchange must narrow alike (their shape words say).
+  void narrow_ids(std::size_t span) {
+    PARALLAX_EXPECTS(sizeof(T) <= sizeof(std::uint32_t), "RowExchange: narrowed ids need row values of at most 4 bytes");
+    narrow_ = true;
+    span_ = span;
+  }
+  /// Ids at their full 8 bytes again (the default).
+  void wide_ids() noexcept { narrow_ = false; }
+  std::size_t id_bytes() const noexcept { return narrow_ ? sizeof(std::uint32_t) : sizeof(index_t); }
+
   /// Sends row i (ids[i] and, if cols > 0, values.row(i)) to rank dest[i]. Collective. `bad_id` is this rank's problem to share
   /// (no_problem if none); if any rank has one, no rows move and every rank
   /// gets the lowest such rank's report.
@@ -366,7 +390,7 @@ class RowExchange final : public RouteLane {
   std::size_t rows_to(int p) const override {
     return static_cast<std::size_t>(host_meta_[static_cast<std::size_t>(p) + 1] - host_meta_[static_cast<std::size_t>(p)]);
   }
-  std::size_t bytes_of(std::size_t k) const override { return RowBlock<T>::bytes(k, cols_); }
+  std::size_t bytes_of(std::size_t k) const override { return RowBlock<T>::bytes(k, cols_, id_bytes()); }
   void pack(std::byte* send, const std::vector<std::size_t>& offsets) override {
     const int n = engine_->size();
     const auto un = static_cast<std::size_t>(n);
@@ -374,8 +398,9 @@ class RowExchange final : public RouteLane {
     for (std::size_t p = 0; p < un; ++p) host_meta_[un + 1 + p] = static_cast<index_t>(offsets[p]);
     space_traits<space>::copy_from_host(meta_.data() + un + 1, host_meta_.data() + un + 1, un * sizeof(index_t));
     if (k_) {
-      for_each(ex, k_, PackIds<T>{ids_, order_.data(), keys_.data(), meta_.data(), n, send});
-      for_each_rows(ex, k_, cols_, PackValues<T>{values_, order_.data(), keys_.data(), meta_.data(), n, cols_, send});
+      for_each(ex, k_, PackIds<T>{ids_, order_.data(), keys_.data(), meta_.data(), n, send, narrow_, span_});
+      for_each_rows(ex, k_, cols_,
+                    PackValues<T>{values_, order_.data(), keys_.data(), meta_.data(), n, cols_, send, id_bytes()});
     }
   }
   void unpack(const std::byte* recv, const std::vector<std::size_t>& offsets,
@@ -389,7 +414,8 @@ class RowExchange final : public RouteLane {
       rows_in += rows[p];
     }
     recv_first_[un] = rows_in;
-    received_.unpack(engine_->exec(), recv, offsets.data(), rows.data(), un, cols_);
+    received_.unpack(engine_->exec(), recv, offsets.data(), rows.data(), un, cols_, id_bytes(),
+                     static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * (narrow_ ? span_ : 0)));
   }
 
   /// Rows received by the last route(), concatenated by source rank: their
@@ -475,6 +501,8 @@ class RowExchange final : public RouteLane {
   const index_t* ids_ = nullptr;
   RowsAt<T> values_;
   std::size_t k_ = 0, cols_ = 0;
+  bool narrow_ = false;  // narrow_ids()
+  std::size_t span_ = 0;
   Buffer<std::int32_t, space> keys_;
   Buffer<index_t, space> order_;
   Buffer<index_t, space> meta_;

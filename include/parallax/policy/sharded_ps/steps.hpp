@@ -41,9 +41,10 @@ namespace parallax::policy {
 /// The partition count of a sharded variable: its own (TrainerOptions::
 /// partitions), the configured default, or one per rank (but no more than
 /// the variable has rows).
-inline int partitions_for(const TrainerOptions& o, const std::string& name, std::size_t rows, int ranks) {
-  if (auto it = o.partitions.find(name); it != o.partitions.end()) return it->second;
-  if (o.sharded.partitions > 0) return o.sharded.partitions;
+inline int partitions_for(const Common& common, const sharded::Options& sharded, const std::string& name,
+                          std::size_t rows, int ranks) {
+  if (auto it = common.partitions.find(name); it != common.partitions.end()) return it->second;
+  if (sharded.partitions > 0) return sharded.partitions;
   return static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(ranks), std::max<std::size_t>(rows, 1)));
 }
 
@@ -52,14 +53,14 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
  public:
   using space = engine::space_of_t<Engine>;
 
-  ShardedSynchronizer(Engine& engine, const Optimizer& opt, const TrainerOptions& options)
-      : engine_(&engine), opt_(&opt), options_(options) {}
+  ShardedSynchronizer(Engine& engine, const Optimizer& opt, const Common& common, const sharded::Options& sharded)
+      : engine_(&engine), opt_(&opt), options_{common, sharded} {}
   ShardedSynchronizer(const ShardedSynchronizer&) = delete;
   ShardedSynchronizer& operator=(const ShardedSynchronizer&) = delete;
 
   template <class Var>
   Member& add(Var var) {
-    const PartitionMap map(var.rows(), partitions_for(options_, var.name(), var.rows(), engine_->size()),
+    const PartitionMap map(var.rows(), partitions_for(options_, options_.sharded, var.name(), var.rows(), engine_->size()),
                            engine_->size());
     if constexpr (Var::is_sparse()) {
       using S = storage_type_t<Var>;
@@ -88,13 +89,43 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
 
   /// A group's push starts, on the communication thread, once all its
   /// tables are ready: its own route, so its rows travel while the user
-  /// computes the other gradients. A table whose gradient has a problem
-  /// sends no rows; the step's agreement reports the problem.
+  /// computes the other gradients; or, with ShardedOptions::push_together,
+  /// once every group is ready, all in one route. A table whose gradient
+  /// has a problem sends no rows; the step's agreement reports the problem.
   void ready(const Member& variable, const StepInfo&, Background& background) override {
     for (std::size_t i = 0; i < tables_.size(); ++i) {
       if (members_of_tables_[i]->identity() != variable.identity()) continue;
       GroupBase& g = table_group_[i];
       if (g.pushed || !g.mark_ready(table_index_[i])) return;
+      if (options_.sharded.push_together) {
+        for (auto& h : groups_)
+          if (!h->pushed && !h->all_ready()) return;
+        std::vector<GroupBase*> together;
+        for (auto& h : groups_)
+          if (!h->pushed) {
+            h->pushed = true;
+            together.push_back(h.get());
+          }
+        background.post([this, together] {
+          auto shared = engine_->stats().shared(ShardedPS::name);
+          std::vector<detail::RouteLane*> lanes;
+          detail::Fingerprint word;
+          word.add("push");
+          for (GroupBase* h : together) {
+            lanes.push_back(&h->plan_push(shared, true));
+            word.add(h->identity());
+          }
+          const detail::Span span("push: route (early)");
+          detail::route_lanes(*engine_, lanes.data(), lanes.size(), together_route_, detail::push_shape(word.value()),
+                              [&](bool detailed) {
+                                std::string out = "groups ";
+                                for (std::size_t k = 0; k < together.size(); ++k)
+                                  out += (k ? ", " : "") + together[k]->describe(detailed);
+                                return out + " (ready)";
+                              });
+        });
+        return;
+      }
       g.pushed = true;
       background.post([this, &g] {
         auto shared = engine_->stats().shared(ShardedPS::name);
@@ -186,9 +217,9 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   /// fewer bytes over every rank (two small all-reduces). Returns one row per
   /// bag per request (bags x cols), valid until the step's clear(). A bad
   /// request (offsets, ids, weights) throws on every rank, naming its
-  /// variable, before any row moves. Collective. Not for tables stored in
-  /// 16 bits (yet): their bags are looked up as rows and pooled by the caller.
-  template <class V, std::enable_if_t<!stores_half_v<V>, int> = 0>
+  /// variable, before any row moves. Collective. A table stored in 16 bits
+  /// is pooled in float at its owners, from its rows widened.
+  template <class V>
   std::vector<Rows<typename V::value_type, space>> lookup_bags(const Bags<V>* batch, std::size_t count);
 
   /// The gradient of the pooled rows of the step's last lookup_bags() batch
@@ -200,7 +231,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   /// adds those rows to its variable's gradient here, pushed at the step. A
   /// gradient that does not match its batch throws on every rank.
   /// Collective.
-  template <class V, std::enable_if_t<!stores_half_v<V>, int> = 0>
+  template <class V>
   void bag_gradients(const BagGradient<V>* grads, std::size_t count);
 
   /// The rows of a batch of sparse variables: every group's keys in one
@@ -258,14 +289,17 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
 
   // Lookups of bags (bag_lookups.hpp).
   class BagBatchBase;
-  template <class T>
-  class BagBatch;  // a lookup_bags() batch, kept until clear() for its gradient
+  template <class S>
+  class BagBatch;  // a lookup_bags() batch of tables stored as S, kept until clear() for its gradient
   template <class V>
   std::vector<bool> choose_pooling(const Bags<V>* batch, std::size_t count,
                                    const std::vector<std::vector<index_t>>& offsets);
   Engine* engine_;
   const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
-  TrainerOptions options_;
+  struct Settings : Common {
+    sharded::Options sharded;
+  };
+  Settings options_;  // the settings it was made with
   std::vector<std::unique_ptr<GroupBase>> groups_;
   std::vector<const std::type_info*> group_types_;
   std::vector<std::size_t> group_cols_;
@@ -276,6 +310,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   std::vector<std::size_t> table_index_;                        // per table: its index in the group
   std::vector<Dense*> dense_;
   std::vector<detail::RouteLane*> lanes_;
+  detail::RouteBuffers<space> together_route_;  // ready()'s push of every group (push_together)
   detail::RouteBuffers<space> route_;  // the push's route, and batched lookups'
   detail::RouteBuffers<space> ahead_route_;  // a lookup ahead's route (start_lookup)
   std::unique_ptr<BatchBase> ahead_;         // the lookup ahead, from start_lookup() to finish_lookup()

@@ -22,6 +22,7 @@
 #include <parallax/options.hpp>
 #include <parallax/partition.hpp>
 #include <parallax/policy/sharded_ps/group_routes.hpp>
+#include <parallax/policy/sharded_ps/half_wire.hpp>
 #include <parallax/policy/sharded_ps/row_exchange.hpp>
 #include <parallax/policy/sharded_ps/table_layout.hpp>
 #include <parallax/space.hpp>
@@ -89,15 +90,15 @@ class TableGroup : public TableLayout<T, Engine, S> {
   /// @param aggregate sum per host before crossing hosts, where hosts exist
   /// @param shared    keep the shard in shared memory where every rank can
   ///                  read it (ShardedOptions::shared_memory)
-  /// @param compress  pushed float rows travel in 16 bits (bf16, fp16):
-  ///                  rounded where they leave, summed in float at the owner
-  ///                  (not with local aggregation, whose hops stay in T)
+  /// @param compress  float rows travel in 16 bits (bf16, fp16): pushed
+  ///                  rows (not with local aggregation, whose hops stay in
+  ///                  T) and lookup replies, rounded where they leave, and
+  ///                  the ids with them as 32-bit offsets (narrows_ids())
   TableGroup(Engine& engine, std::size_t cols, bool aggregate = true, bool shared = true,
              Compression compress = Compression::none)
       : TableLayout<T, Engine, S>(engine, cols, shared), want_aggregate_(aggregate), plain_(engine, cols * sizeof(S)),
         ahead_(engine, cols * sizeof(S)), exchange_(engine), aggregate_exchange_(engine),
-        compress_(std::is_same_v<T, float> ? compress : Compression::none), bf16_exchange_(engine),
-        fp16_exchange_(engine) {}
+        compress_(std::is_same_v<T, float> ? compress : Compression::none), half_push_(engine) {}
   TableGroup(const TableGroup&) = delete;
   TableGroup& operator=(const TableGroup&) = delete;
 
@@ -117,6 +118,12 @@ class TableGroup : public TableLayout<T, Engine, S> {
         route[static_cast<std::size_t>(o)] = topo.same_host(o) ? o : mates[static_cast<std::size_t>(o) % mates.size()];
       first_hop_ = Buffer<std::int32_t, space>::from_host(route);
     }
+    // Compressed exchanges send each key as its offset in its owner's group
+    // shard: 32 bits hold it while a shard has fewer than 2^32 rows.
+    narrow_ids_ = compress_ != Compression::none && span_ <= (std::size_t{1} << 32);
+    for (Pull* p : {&plain_, &ahead_})
+      if (narrow_ids_) p->exchange_.narrow_ids(span_);
+    half_push_.narrow_ids(narrow_ids_, span_);
     detail::Fingerprint id;
     id.add(static_cast<std::uint64_t>(data_type_of_v<T>)).add(static_cast<std::uint64_t>(data_type_of_v<S>)).add(cols_).add(this->reads_directly() ? 1 : 0);
     id.add(aggregate_ ? 1 : 0).add(static_cast<std::uint64_t>(compress_));
@@ -125,6 +132,11 @@ class TableGroup : public TableLayout<T, Engine, S> {
   }
 
   bool aggregates() const noexcept { return aggregate_; }
+  /// TrainerOptions::compress, for float rows (none for other T).
+  Compression compression() const noexcept { return compress_; }
+  /// Whether compressed exchanges send keys as 32-bit offsets from their
+  /// owner's first key (RowExchange::narrow_ids with span()). Set by build().
+  bool narrows_ids() const noexcept { return narrow_ids_; }
   /// What every rank's group must share for the routes it takes part in to
   /// match (the word their shapes are made of): the element type, the
   /// width, how lookups read, and each table's name, rows and partitions.
@@ -174,11 +186,9 @@ class TableGroup : public TableLayout<T, Engine, S> {
     Buffer<std::int32_t, space> dest_;
     Buffer<T, space> served_;
     const T* by_unique_ = nullptr;      // where the last start_reply()'s rows land
-    // A compressed reply (TrainerOptions::compress): the rows served in 16
-    // bits, where they land, and the landing widened.
+    // A compressed reply (TrainerOptions::compress): the rows served in 16 bits.
     bool narrowed_ = false;
-    Buffer<std::byte, space> narrow_served_, narrow_landing_;
-    Buffer<T, space> widened_;
+    detail::HalfReply<T, Engine> half_reply_;
     Buffer<const S*, space> reads_at_;  // where each looked-up row lies, when read directly
     detail::SharedReads reads_;         // the lane, when read directly
     detail::RowExchange<T, Engine> exchange_;  // the lane otherwise
@@ -300,8 +310,13 @@ class TableGroup : public TableLayout<T, Engine, S> {
     ex.synchronize();
     p.narrowed_ = compress_ != Compression::none;
     if (p.narrowed_) {
-      if (compress_ == Compression::bf16) start_narrow_reply<bf16>(p, asked);
-      else start_narrow_reply<fp16>(p, asked);
+      p.half_reply_.start(compress_, p.exchange_, asked, cols_, [&](auto* served) {
+        using W = std::remove_pointer_t<decltype(served)>;
+        if (asked)
+          for_each_rows(ex, asked, cols_,
+                        detail::GatherKeyedRows<W, S>{shard_.data(), p.exchange_.received_ids(), base, served, cols_});
+        ex.synchronize();
+      });
       return;
     }
     p.by_unique_ = p.exchange_.start_reply(p.served_.data(), cols_, p.single_in_order_ ? p.requests_[0].out : nullptr);
@@ -312,10 +327,9 @@ class TableGroup : public TableLayout<T, Engine, S> {
   void finish_lookup() { finish_lookup(plain_); }
   void finish_lookup(Pull& p) {
     if (this->reads_directly()) return;
-    if (p.narrowed_) {
-      if (compress_ == Compression::bf16) widen_reply<bf16>(p);
-      else widen_reply<fp16>(p);
-    }
+    if (p.narrowed_)
+      p.by_unique_ = p.half_reply_.finish(p.unique_first_[p.requests_.size()], cols_, engine_->exec(),
+                                          p.single_in_order_ ? p.requests_[0].out : nullptr);
     if (p.single_in_order_) return;
     auto& ex = engine_->exec();
     const std::size_t count = p.requests_.size(), u = p.unique_first_[count];
@@ -370,10 +384,7 @@ class TableGroup : public TableLayout<T, Engine, S> {
     ex.synchronize();
     const detail::RowsAt<T> rows(at_.data());
     narrowed_ = !aggregate_ && compress_ != Compression::none;
-    if (narrowed_) {
-      if (compress_ == Compression::bf16) return plan_narrow_push(rows, k, bf16_exchange_);
-      return plan_narrow_push(rows, k, fp16_exchange_);
-    }
+    if (narrowed_) return half_push_.plan(compress_, push_keys_.data(), rows, dest_.data(), k, cols_);
     if (!aggregate_) {
       exchange_.plan(push_keys_.data(), rows, dest_.data(), k, cols_);
       return exchange_;
@@ -420,19 +431,9 @@ class TableGroup : public TableLayout<T, Engine, S> {
     const index_t* ids = exchange_.received_ids();
     detail::RowsAt<T> values = exchange_.received_values();
     if (narrowed_) {
-      auto widen = [&](auto& wire) {
-        received = wire.received();
-        ids = wire.received_ids();
-        widened_.resize_discard(received * cols_);
-        if (received)
-          for_each_rows(ex, received, cols_,
-                        detail::ConvertRows<T, typename std::decay_t<decltype(wire)>::value_type>{
-                            wire.received_values(), widened_.data(), cols_});
-        ex.synchronize();
-        values = detail::RowsAt<T>(widened_.data());
-      };
-      if (compress_ == Compression::bf16) widen(bf16_exchange_);
-      else widen(fp16_exchange_);
+      received = half_push_.received();
+      ids = half_push_.received_ids();
+      values = half_push_.received_values();
     }
     if (extra) {
       // Both as rows where they lie: the received rows first, then the others.
@@ -459,43 +460,6 @@ class TableGroup : public TableLayout<T, Engine, S> {
   }
 
  private:
-  /// start_reply() of rows served as W (a compressed reply).
-  template <class W>
-  void start_narrow_reply(Pull& p, std::size_t asked) {
-    auto& ex = engine_->exec();
-    p.narrow_served_.resize_discard(asked * cols_ * sizeof(W));
-    W* served = reinterpret_cast<W*>(p.narrow_served_.data());
-    const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * span_);
-    if (asked)
-      for_each_rows(ex, asked, cols_,
-                    detail::GatherKeyedRows<W, S>{shard_.data(), p.exchange_.received_ids(), base, served, cols_});
-    ex.synchronize();
-    p.exchange_.start_reply_in(served, cols_, p.narrow_landing_);
-  }
-  /// A compressed reply's rows widened to T: into the request's output for
-  /// one request in order, else where finish_lookup() reads them.
-  template <class W>
-  void widen_reply(Pull& p) {
-    auto& ex = engine_->exec();
-    const std::size_t n = p.unique_first_[p.requests_.size()] * cols_;
-    T* out = p.single_in_order_ ? p.requests_[0].out : (p.widened_.resize_discard(n), p.widened_.data());
-    if (n) for_each(ex, n, detail::Convert<T, W>{reinterpret_cast<const W*>(p.narrow_landing_.data()), out});
-    ex.synchronize();
-    p.by_unique_ = out;
-  }
-
-  /// plan_push()'s rows narrowed to W for `wire` (a compressed push).
-  template <class W>
-  detail::RouteLane& plan_narrow_push(const detail::RowsAt<T>& rows, std::size_t k, detail::RowExchange<W, Engine>& wire) {
-    auto& ex = engine_->exec();
-    narrow_.resize_discard(k * cols_ * sizeof(W));
-    W* out = reinterpret_cast<W*>(narrow_.data());
-    if (k) for_each_rows(ex, k, cols_, detail::ConvertRows<W, T>{rows, out, cols_});
-    ex.synchronize();
-    wire.plan(push_keys_.data(), detail::RowsAt<W>(out), dest_.data(), k, cols_);
-    return wire;
-  }
-
   using Layout = TableLayout<T, Engine, S>;
   using Table = typename Layout::Table;
   using Layout::engine_;
@@ -582,7 +546,6 @@ class TableGroup : public TableLayout<T, Engine, S> {
   std::uint64_t identity_ = 0;          // see identity()
   Buffer<std::int32_t, space> first_hop_, dest_;
 
-
   Pull plain_, ahead_;  // plain lookups', and lookups ahead (see Pull)
 
   // The push.
@@ -594,15 +557,11 @@ class TableGroup : public TableLayout<T, Engine, S> {
   Buffer<T, space> hop_values_;
   detail::RowExchange<T, Engine> exchange_, aggregate_exchange_;  // the push's
   detail::CoalesceScratch<space> scratch_;
-  // A compressed push (TrainerOptions::compress): the rows as they leave
-  // (narrow_), the exchange of their wire type, and the rows received,
-  // widened for the sum.
+  // A compressed push (TrainerOptions::compress).
   Compression compress_;
-  bool narrowed_ = false;  // the last plan_push() went out compressed
-  detail::RowExchange<bf16, Engine> bf16_exchange_;
-  detail::RowExchange<fp16, Engine> fp16_exchange_;
-  Buffer<std::byte, space> narrow_;
-  Buffer<T, space> widened_;
+  bool narrow_ids_ = false;  // narrows_ids()
+  bool narrowed_ = false;    // the last plan_push() went out compressed
+  detail::HalfLane<T, Engine> half_push_;
 };
 
 }  // namespace parallax

@@ -11,7 +11,7 @@
 /// touched per rank they assume rows owned uniformly. Times are alpha-beta:
 /// each call pays its link's latency, and its bytes over the slowest link
 /// it crosses, a host's inter-host link shared by the host's ranks (as
-/// detail/link_emulation.hpp emulates). docs/cluster.md lists every
+/// tools/link's link/emulation.hpp emulates). docs/cluster.md lists every
 /// assumption.
 ///
 /// The architectures are arch::all's: each is priced by the policies it

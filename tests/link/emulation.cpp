@@ -1,10 +1,12 @@
-// detail/link_emulation.hpp through engine::Mpi: a transfer between emulated
-// hosts takes latency + bytes / bandwidth (within 10%), the host's link is
-// shared by its ranks, intra-host traffic is untouched and bytes are booked
-// as without the emulation.
+// tools/link (link/emulation.hpp, link/emulated.hpp) through an engine over
+// link::Emulated<backend::Mpi>: a transfer between emulated hosts takes
+// latency + bytes / bandwidth (within 10%), the host's link is shared by its
+// ranks, intra-host traffic is untouched and bytes are booked as without
+// the emulation; an engine without the decorator refuses a link.
 #include "support.hpp"
 
-#include <parallax/detail/link_emulation.hpp>
+#include <parallax/link/emulated.hpp>
+#include <parallax/link/emulation.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +16,7 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using Emulated = px::engine::Comm<px::link::Emulated<px::engine::backend::Mpi>>;
 
 px::engine::Options with_link(const char* link) {
   px::engine::Options o;
@@ -23,7 +26,8 @@ px::engine::Options with_link(const char* link) {
 
 /// Seconds rank `me` takes to exchange `bytes` with `peer` (or to do
 /// nothing, peer < 0), after a barrier; the slowest rank's time.
-double exchange_seconds(px::engine::Mpi& mpi, int peer, std::size_t bytes) {
+template <class Engine>
+double exchange_seconds(Engine& mpi, int peer, std::size_t bytes) {
   std::vector<std::uint8_t> out(bytes, 1), in(bytes, 0);
   MPI_Barrier(MPI_COMM_WORLD);
   const auto t0 = Clock::now();
@@ -35,31 +39,31 @@ double exchange_seconds(px::engine::Mpi& mpi, int peer, std::size_t bytes) {
 
 }  // namespace
 
-TEST_CASE("parse_link reads bandwidth and latency with units and names what is wrong", "[detail][link]") {
-  const auto a = px::detail::parse_link("10Gbit/s,20us");
+TEST_CASE("parse_link reads bandwidth and latency with units and names what is wrong", "[link]") {
+  const auto a = px::link::parse_link("10Gbit/s,20us");
   CHECK(a.bytes_per_second == Approx(1.25e9));
   CHECK(a.latency_s == Approx(20e-6));
-  CHECK(px::detail::parse_link("100MB/s").latency_s == 0);
-  CHECK(px::detail::parse_link("1.5GiB/s,1ms").bytes_per_second == Approx(1.5 * 1073741824.0));
-  CHECK(!px::detail::parse_link("").enabled());
-  CHECK(!px::detail::parse_link("off").enabled());
-  CHECK_THAT(test::error_of([] { px::detail::parse_link("10Gbps,20us"); }),
+  CHECK(px::link::parse_link("100MB/s").latency_s == 0);
+  CHECK(px::link::parse_link("1.5GiB/s,1ms").bytes_per_second == Approx(1.5 * 1073741824.0));
+  CHECK(!px::link::parse_link("").enabled());
+  CHECK(!px::link::parse_link("off").enabled());
+  CHECK_THAT(test::error_of([] { px::link::parse_link("10Gbps,20us"); }),
              Catch::Contains("bandwidth '10Gbps'") && Catch::Contains("unit 'Gbps'") && Catch::Contains("Gbit/s"));
-  CHECK_THAT(test::error_of([] { px::detail::parse_link("10Gbit/s,fast"); }),
+  CHECK_THAT(test::error_of([] { px::link::parse_link("10Gbit/s,fast"); }),
              Catch::Contains("latency 'fast'") && Catch::Contains("non-negative number"));
-  CHECK_THAT(test::error_of([] { px::detail::parse_link("0Gbit/s"); }), Catch::Contains("above zero"));
+  CHECK_THAT(test::error_of([] { px::link::parse_link("0Gbit/s"); }), Catch::Contains("above zero"));
 }
 
-TEST_CASE("a transfer between emulated hosts takes latency + bytes / bandwidth", "[detail][link][np2+]") {
+TEST_CASE("a transfer between emulated hosts takes latency + bytes / bandwidth", "[link][np2+]") {
   if (test::skip_below_ranks(2)) return;
   auto& ctx = test::hosts_of(1);  // every rank a host
   // 1 Gbit/s and 2 ms: 5 MB take 42 ms, 20 MB 162 ms, far above the
   // memory-speed copy underneath and a loaded scheduler's wake-ups.
-  px::engine::Mpi mpi(ctx, with_link("1Gbit/s,2ms"));
+  Emulated mpi(ctx, with_link("1Gbit/s,2ms"));
   px::engine::Mpi plain(ctx);
   const int me = ctx.rank(), peer = me < 2 ? 1 - me : -1;
   for (std::size_t bytes : {std::size_t{5000000}, std::size_t{20000000}}) {
-    const double model = mpi.link().seconds(static_cast<double>(bytes));
+    const double model = mpi.backend().link().seconds(static_cast<double>(bytes));
     exchange_seconds(mpi, peer, bytes);  // first touch of the pages
     std::vector<double> t;
     for (int i = 0; i < 3; ++i) t.push_back(exchange_seconds(mpi, peer, bytes));
@@ -75,13 +79,13 @@ TEST_CASE("a transfer between emulated hosts takes latency + bytes / bandwidth",
   CHECK(mpi.stats().total().sent_inter == (peer >= 0 ? 4u * 5000000 + 4u * 20000000 : 0u));
 }
 
-TEST_CASE("the ranks of a host share its link; traffic inside a host is untouched", "[detail][link][np4+]") {
+TEST_CASE("the ranks of a host share its link; traffic inside a host is untouched", "[link][np4+]") {
   if (test::skip_below_ranks(4)) return;
   auto& ctx = test::hosts_of(2);  // ranks 0,1 on host 0; 2,3 on host 1
-  px::engine::Mpi mpi(ctx, with_link("1Gbit/s,2ms"));
+  Emulated mpi(ctx, with_link("1Gbit/s,2ms"));
   const int me = ctx.rank();
   const std::size_t bytes = 10000000;  // 82 ms alone
-  const double alone = mpi.link().seconds(bytes), shared = mpi.link().seconds(2.0 * bytes);
+  const double alone = mpi.backend().link().seconds(bytes), shared = mpi.backend().link().seconds(2.0 * bytes);
   // Rank 0 with 2 and 1 with 3, at once: each host's egress and ingress
   // carry both transfers, one after the other.
   const int across = me < 4 ? (me + 2) % 4 : -1;
@@ -100,4 +104,17 @@ TEST_CASE("the ranks of a host share its link; traffic inside a host is untouche
   const double intra = exchange_seconds(mpi, inside, bytes);
   INFO("inside a host: " << intra << " s");
   CHECK(intra < 0.5 * alone);
+}
+
+TEST_CASE("an engine without link::Emulated refuses a link between hosts, and takes one on one host",
+          "[link][np2+]") {
+  if (test::skip_below_ranks(2)) return;
+  CHECK_THAT(test::error_of([] { px::engine::Mpi mpi(test::hosts_of(1), with_link("1Gbit/s,2ms")); }),
+             Catch::Contains("link::Emulated"));
+  px::engine::Mpi off(test::hosts_of(1), with_link("off"));
+  px::engine::Mpi one_host(test::hosts_of(test::world().size()), with_link("1Gbit/s,2ms"));
+  CHECK(one_host.size() == test::world().size());
+  // Over one host the decorator is the plain engine: nothing to emulate.
+  Emulated same(test::hosts_of(test::world().size()), with_link("1Gbit/s,2ms"));
+  CHECK_FALSE(same.backend().link().enabled());
 }

@@ -1,19 +1,22 @@
 #pragma once
-// Emulated links between emulated hosts: an engine (engine::Comm) holds back the
-// completion of a call that moved bytes to or from another host until a
-// link of the given bandwidth and latency could have carried them. Each
-// host has one egress and one ingress link (full duplex), shared by its
-// ranks: a transfer reserves the link from max(its start, the end of the
-// previous reservation) for bytes / bandwidth, so concurrent transfers of
-// one host queue behind each other. The reservations live in a shared
-// window of the host's ranks, as clock readings of std::chrono::steady_clock
-// (one clock for every process of a machine).
-//
-// An emulation, not a network: the real transfer still runs at memory speed
-// underneath and the wait is added at completion; a rank that only talks to
-// its own host is not held back by a peer's slow link until it next waits
-// for that peer; a call pays the latency once however many messages it
-// sends. docs/cluster.md ("Emulated links") lists the limits.
+/// @file
+/// Emulated links between emulated hosts, for tests and benchmarks (a tool
+/// library beside parallax, parallax::link; the engine over link::Emulated,
+/// link/emulated.hpp, runs them): an engine holds back the
+/// completion of a call that moved bytes to or from another host until a
+/// link of the given bandwidth and latency could have carried them. Each
+/// host has one egress and one ingress link (full duplex), shared by its
+/// ranks: a transfer reserves the link from max(its start, the end of the
+/// previous reservation) for bytes / bandwidth, so concurrent transfers of
+/// one host queue behind each other. The reservations live in a shared
+/// window of the host's ranks, as clock readings of std::chrono::steady_clock
+/// (one clock for every process of a machine).
+///
+/// An emulation, not a network: the real transfer still runs at memory speed
+/// underneath and the wait is added at completion; a rank that only talks to
+/// its own host is not held back by a peer's slow link until it next waits
+/// for that peer; a call pays the latency once however many messages it
+/// sends. docs/cluster.md ("Emulated links") lists the limits.
 
 #include <parallax/detail/mpi.hpp>
 #include <parallax/error.hpp>
@@ -29,7 +32,7 @@
 #include <string_view>
 #include <thread>
 
-namespace parallax::detail {
+namespace parallax::link {
 
 /// One link kind: bandwidth in bytes per second and latency in seconds.
 /// A zero bandwidth means no emulation.
@@ -69,8 +72,8 @@ double parse_quantity(std::string_view text, std::string_view what, std::string_
     if (unit == name) return value * factor;
     known += known.empty() ? name : std::string(", ") + name;
   }
-  throw_precondition(concat("link '", whole, "': the ", what, " '", text, "' has unit '", unit,
-                            "'; expected one of ", known));
+  throw error(detail::concat("link '", whole, "': the ", what, " '", text, "' has unit '", unit,
+                             "'; expected one of ", known));
 }
 
 /// Parses "10Gbit/s,20us" (bandwidth, then latency; the latency may be left
@@ -169,4 +172,4 @@ class LinkEmulator {
   std::int64_t* clocks_ = nullptr;
 };
 
-}  // namespace parallax::detail
+}  // namespace parallax::link
