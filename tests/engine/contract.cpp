@@ -186,7 +186,11 @@ class PointToPoint {
       case DataType::i32: return fold_as<std::int32_t>(op, out, blocks, count);
       case DataType::i64: return fold_as<std::int64_t>(op, out, blocks, count);
       case DataType::u8: return fold_as<std::uint8_t>(op, out, blocks, count);
+      case DataType::bf16:
+      case DataType::f16:
+        break;  // the contract reduces no 16-bit elements over this backend
     }
+    throw parallax::error("PointToPoint folds f32, f64, i32, i64 and u8 elements only");
   }
   template <class T>
   void fold_as(ReduceOp op, void* out, const std::byte* blocks, std::size_t count) const {

@@ -134,7 +134,7 @@ class HalfReply {
     T* out = into ? into : (widened_.resize_discard(n * cols), widened_.data());
     with_wire(compress_, [&](auto w) {
       using W = decltype(w);
-      if (n * cols) for_each(ex, n * cols, Convert<T, W>{static_cast<const W*>(landed_), out});
+      if (n * cols != 0) for_each(ex, n * cols, Convert<T, W>{static_cast<const W*>(landed_), out});
     });
     ex.synchronize();
     return out;
