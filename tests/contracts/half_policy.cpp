@@ -4,6 +4,7 @@
 namespace px = parallax;
 struct FloatOnly {  // ShardedPS's machinery, without its stores_half
   static constexpr const char* name = "FloatOnly";
+  using options = std::tuple<px::policy::sharded::Options>;
   template <class Engine, class Optimizer>
   using synchronizer = px::policy::ShardedSynchronizer<Engine, Optimizer>;
 };

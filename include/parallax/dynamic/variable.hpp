@@ -121,8 +121,8 @@ template <class T = float, class Space = HostSpace, class Policy = use_arch>
 class DynamicVariable {
   static_assert(std::is_floating_point_v<T>, "parallax::DynamicVariable: T must be float or double");
   static_assert(std::is_same_v<Space, HostSpace>,
-                "parallax::DynamicVariable: dynamic tables live in host memory only (px::HostSpace); a CUDA "
-                "dynamic table is not built");
+                "parallax::DynamicVariable: dynamic tables live in host memory only (px::HostSpace); no "
+                "policy holds the device table (dynamic::CudaTable) yet");
 
  public:
   using sparsity = Sparse;

@@ -8,8 +8,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -103,7 +105,12 @@ Outcome run(px::Combiner combiner, px::TrainerOptions o = {}, px::Pooling poolin
   auto& ctx = test::world();
   Engine mpi(ctx);
   const px::optim::Sgd opt{lr};
-  S sync(mpi, opt, o);
+  // Made as a trainer makes it: the common settings, and ShardedPS its own.
+  auto made = [&] {
+    if constexpr (std::is_same_v<S, Sharded>) return std::make_unique<S>(mpi, opt, o, o.sharded);
+    else return std::make_unique<S>(mpi, opt, o);
+  }();
+  S& sync = *made;
   Var emb(ctx, "emb", {R, C}, px::init::Uniform{-1.f, 1.f, 7});
   px::policy::Member& member = sync.add(emb);
   sync.prepare();
@@ -174,7 +181,7 @@ TEST_CASE("ShardedPS: several tables and requests in one batch, pooled at the ow
   auto& ctx = test::world();
   Engine mpi(ctx);
   const px::optim::Sgd opt{lr};
-  Sharded sync(mpi, opt, px::TrainerOptions{});
+  Sharded sync(mpi, opt, px::TrainerOptions{}, px::TrainerOptions{}.sharded);
   Var a(ctx, "a", {R, C}, px::init::Uniform{-1.f, 1.f, 1}), b(ctx, "b", {11, C}, px::init::Uniform{-1.f, 1.f, 2});
   px::policy::Member& ma = sync.add(a);
   px::policy::Member& mb = sync.add(b);
@@ -262,7 +269,7 @@ TEMPLATE_TEST_CASE("ShardedPS: a bag lookup carries one row per (bag, owner) eac
   const auto compress = GENERATE(px::Compression::none, px::Compression::bf16);
   px::TrainerOptions o;
   o.compress = compress;
-  Sharded sync(mpi, opt, o);
+  Sharded sync(mpi, opt, o, o.sharded);
   Table emb(ctx, "emb", {R, C}, px::init::Uniform{-1.f, 1.f, 7});
   sync.add(emb);
   sync.prepare();
@@ -328,7 +335,7 @@ TEST_CASE("bad bags and gradients throw one message on every rank", "[policy][sh
   const px::optim::Sgd opt{lr};
   const int n = mpi.size(), me = mpi.rank(), odd = n - 1;
   const bool sharded = GENERATE(true, false);
-  Sharded s1(mpi, opt, px::TrainerOptions{});
+  Sharded s1(mpi, opt, px::TrainerOptions{}, px::TrainerOptions{}.sharded);
   Gathered s2(mpi, opt, px::TrainerOptions{});
   Var emb(ctx, "emb", {R, C});
   if (sharded) s1.add(emb);
@@ -396,7 +403,7 @@ TEST_CASE("ranks that pool other variables or combiners all throw one message na
   auto& ctx = test::world();
   Engine mpi(ctx);
   const px::optim::Sgd opt{lr};
-  Sharded sync(mpi, opt, px::TrainerOptions{});
+  Sharded sync(mpi, opt, px::TrainerOptions{}, px::TrainerOptions{}.sharded);
   Var emb(ctx, "emb", {R, C});
   sync.add(emb);
   sync.prepare();
@@ -442,7 +449,7 @@ TEST_CASE("ShardedPS: automatic pooling picks what moves fewer bytes", "[policy]
   auto step_bytes = [&](px::Pooling pooling) {
     Engine mpi(ctx);
     const px::optim::Sgd opt{lr};
-    Sharded sync(mpi, opt, px::TrainerOptions{});
+    Sharded sync(mpi, opt, px::TrainerOptions{}, px::TrainerOptions{}.sharded);
     Var emb(ctx, "emb", {rows, cols});
     sync.add(emb);
     sync.prepare();
@@ -477,7 +484,7 @@ TEST_CASE("the tutorial's bags pool as it says", "[policy][sharded_ps][allgather
   const px::optim::Sgd opt{lr};
   const auto pooling = GENERATE(px::Pooling::owner, px::Pooling::local, px::Pooling::automatic);
   const bool gathered = GENERATE(false, true);
-  Sharded sharded(mpi, opt, px::TrainerOptions{});
+  Sharded sharded(mpi, opt, px::TrainerOptions{}, px::TrainerOptions{}.sharded);
   Gathered replicas(mpi, opt, px::TrainerOptions{});
   Var items(ctx, "items", {10, C}, px::init::Uniform{-1.f, 1.f, 3});
   px::policy::Member& member = gathered ? replicas.add(items) : sharded.add(items);
