@@ -102,6 +102,22 @@ inline std::vector<float> rows_of_block(const std::vector<float>& global, int me
 
 // A gradient of the wrong width on rank 0 throws at step() on every rank
 // under architecture Arch, naming it, and the trainer goes on.
+// The error of a lookup past a capacity of 4 rows under Arch (each rank
+// asking for `keys`), or "" if none was thrown.
+template <class Arch>
+std::string over_capacity_error(const std::vector<std::uint64_t>& keys) {
+  auto o = options(4, false);
+  o.admission = px::dynamic::admit::Always{};
+  Var emb(test::world(), "emb", o);
+  px::Trainer<Arch, px::optim::Sgd> trainer(test::world(), px::optim::Sgd{0.1f}, emb);
+  try {
+    (void)trainer.lookup(emb, keys);
+  } catch (const px::error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 template <class Arch>
 void check_wrong_width() {
   const auto& ctx = test::world();
