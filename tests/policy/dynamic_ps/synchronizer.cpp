@@ -179,7 +179,7 @@ TEST_CASE("a lookup beyond an owner's capacity throws on every rank", "[dynamic_
   std::vector<std::uint64_t> keys;
   if (ctx.rank() == 0)
     for (std::uint64_t k = 0; k < 64; ++k) keys.push_back(k);  // some owner gets more than 4
-  const std::string what = over_capacity_error<px::arch::AllReduce>(keys);
+  const std::string what = over_capacity_error<px::arch::Hybrid>(keys);  // DynamicPS
   INFO(what);
   CHECK(what.find("capacity of 4 rows") != std::string::npos);
   CHECK(test::same_on_every_rank(what));
