@@ -1,8 +1,9 @@
 // tools/link (link/emulation.hpp, link/emulated.hpp) through an engine over
 // link::Emulated<backend::Mpi>: a transfer between emulated hosts takes
-// latency + bytes / bandwidth (within 10%), the host's link is shared by its
-// ranks, intra-host traffic is untouched and bytes are booked as without
-// the emulation; an engine without the decorator refuses a link.
+// latency + bytes / bandwidth (the fastest of 3 within 10%), the host's
+// link is shared by its ranks, intra-host traffic is untouched and bytes
+// are booked as without the emulation; an engine without the decorator
+// refuses a link.
 #include "support.hpp"
 
 #include <parallax/link/emulated.hpp>
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -24,6 +26,20 @@ px::engine::Options with_link(const char* link) {
   return o;
 }
 
+/// Waits for every rank without spinning: a rank with nothing to send
+/// sleeps between tests of a barrier instead of busy-polling in MPICH, so
+/// that at more ranks than cores it does not take the core of a rank
+/// whose transfer is being timed.
+void quiet_barrier() {
+  MPI_Request request;
+  MPI_Ibarrier(MPI_COMM_WORLD, &request);
+  for (int done = 0;;) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
 /// Seconds rank `me` takes to exchange `bytes` with `peer` (or to do
 /// nothing, peer < 0), after a barrier; the slowest rank's time.
 template <class Engine>
@@ -33,6 +49,7 @@ double exchange_seconds(Engine& mpi, int peer, std::size_t bytes) {
   const auto t0 = Clock::now();
   if (peer >= 0) mpi.sendrecv(out.data(), bytes, peer, in.data(), bytes, peer, px::DataType::u8);
   double mine = std::chrono::duration<double>(Clock::now() - t0).count(), slowest = 0;
+  quiet_barrier();
   MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return slowest;
 }
@@ -67,10 +84,12 @@ TEST_CASE("a transfer between emulated hosts takes latency + bytes / bandwidth",
     exchange_seconds(mpi, peer, bytes);  // first touch of the pages
     std::vector<double> t;
     for (int i = 0; i < 3; ++i) t.push_back(exchange_seconds(mpi, peer, bytes));
-    std::sort(t.begin(), t.end());  // the median of 3
-    INFO(bytes << " bytes: measured " << t[1] << " s, model " << model << " s");
-    CHECK(t[1] >= model * 0.999);
-    CHECK(t[1] <= model * 1.10);
+    std::sort(t.begin(), t.end());
+    // A loaded machine only adds time (a late wake-up): no transfer may be
+    // faster than the model, and the fastest of 3 is the emulation's own.
+    INFO(bytes << " bytes: fastest " << t.front() << " s of 3, model " << model << " s");
+    CHECK(t.front() >= model * 0.999);
+    CHECK(t.front() <= model * 1.10);
   }
   // Bytes are booked as without the emulation.
   for (int i = 0; i < 4; ++i) exchange_seconds(plain, peer, 5000000);
@@ -93,11 +112,13 @@ TEST_CASE("the ranks of a host share its link; traffic inside a host is untouche
   std::vector<double> t;
   for (int i = 0; i < 3; ++i) t.push_back(exchange_seconds(mpi, across, bytes));
   std::sort(t.begin(), t.end());
-  INFO("two transfers over one link: " << t[1] << " s, model " << shared << " s (one alone: " << alone << ")");
+  INFO("two transfers over one link: fastest " << t.front() << " s of 3, model " << shared << " s (one alone: "
+                                                << alone << ")");
   // The other rank's transfer may have started a moment before this one's
-  // clock (the barrier releases ranks one after another): within 10% either way.
-  CHECK(t[1] >= shared * 0.90);
-  CHECK(t[1] <= shared * 1.10);
+  // clock (the barrier releases ranks one after another): within 10% either
+  // way, for the fastest of 3 (load only adds time).
+  CHECK(t.front() >= shared * 0.90);
+  CHECK(t.front() <= shared * 1.10);
   // Rank 0 with 1 (one host): memory speed, well under the link's time.
   const int inside = me < 4 ? me ^ 1 : -1;
   exchange_seconds(mpi, inside, bytes);
