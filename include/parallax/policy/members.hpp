@@ -47,6 +47,14 @@ class Members {
     throw error(detail::concat("variable '", var.name(), "' is not synchronised by ", policy));
   }
 
+  /// The index of `variable` (a Member the trainer recorded) among these
+  /// members, or size() when it is not one of them.
+  std::size_t find(const Member& variable) const noexcept {
+    std::size_t i = 0;
+    while (i < owned_.size() && owned_[i]->identity() != variable.identity()) ++i;
+    return i;
+  }
+
   /// Member `i` (in the order added) as the trainer sees it.
   const Member& member(std::size_t i) const noexcept { return *owned_[i]; }
   Kind* operator[](std::size_t i) const noexcept { return kinds_[i]; }

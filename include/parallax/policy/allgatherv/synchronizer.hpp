@@ -13,6 +13,7 @@
 #include <parallax/policy/allgatherv/dynamic.hpp>
 #include <parallax/policy/allgatherv/gatherer.hpp>
 #include <parallax/policy/dynamic_ps/member.hpp>
+#include <parallax/policy/members.hpp>
 #include <parallax/policy/policy.hpp>
 #include <parallax/policy/replicas.hpp>
 #include <parallax/space.hpp>
@@ -20,10 +21,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace parallax::policy {
@@ -43,49 +44,48 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
     if constexpr (dynamic::is_dynamic_v<Var>) {
       static_assert(std::is_same_v<space, HostSpace>,
                     "parallax AllGatherv: dynamic tables live in host memory; use a HostSpace engine (engine::Mpi)");
-      dynamic_.push_back(std::make_unique<allgatherv::DynamicReplica<Engine, Optimizer, Var>>(std::move(var), *opt_,
-                                                                                              *engine_, step_));
-      return *dynamic_.back();
+      return dynamic_.template add<allgatherv::DynamicReplica<Engine, Optimizer, Var>>(std::move(var), *opt_,
+                                                                                        *engine_, step_);
     } else {
-      return add_fixed(std::move(var));
+      return members_.template add<Of<Var>>(std::move(var), *engine_, *opt_);
     }
   }
 
   std::optional<std::string> problem() override {
-    for (auto& m : members_)
+    for (Entry* m : members_)
       if (auto p = m->problem()) return p;
-    for (auto& d : dynamic_)
+    for (Dynamic* d : dynamic_)
       if (auto p = d->problem()) return p;
     return std::nullopt;
   }
   bool has_gradient() const override {
-    for (const auto& m : members_)
+    for (const Entry* m : members_)
       if (m->has_gradient()) return true;
-    for (const auto& d : dynamic_)
+    for (const Dynamic* d : dynamic_)
       if (d->has_gradient()) return true;
     return false;
   }
   void finish_exchange(const StepInfo&) override {
-    for (auto& m : members_) m->gather();
-    for (auto& d : dynamic_) d->push(*engine_);
+    for (Entry* m : members_) m->gather();
+    for (Dynamic* d : dynamic_) d->push(*engine_);
   }
   /// Every rank holds the same gathered sums: rank 0 counts them.
   std::optional<double> gradient_square_sum() override {
     double sum = 0;
     if (engine_->rank() == 0) {
-      for (auto& m : members_) sum += m->square_sum();
-      for (auto& d : dynamic_) sum += d->square_sum();
+      for (Entry* m : members_) sum += m->square_sum();
+      for (Dynamic* d : dynamic_) sum += d->square_sum();
     }
     return sum;
   }
   void update(const StepInfo& info) override {
-    for (auto& m : members_) m->apply(info);
-    for (auto& d : dynamic_) d->apply(*opt_, info);
+    for (Entry* m : members_) m->apply(info);
+    for (Dynamic* d : dynamic_) d->apply(*opt_, info);
     ++step_;
   }
   void clear() override {
-    for (auto& m : members_) m->clear();
-    for (auto& d : dynamic_) d->clear();
+    for (Entry* m : members_) m->clear();
+    for (Dynamic* d : dynamic_) d->clear();
     bags_.clear();
   }
   void restored(std::uint64_t step) override { step_ = std::max(step_, step + 1); }
@@ -119,17 +119,6 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
   /// before any rank's table changes.
   template <class V, std::enable_if_t<dynamic::is_dynamic_v<V>, int> = 0>
   void restore(V& var, const std::string& dir) { replica_of(var).load_files(dir); }
-
- private:
-  template <class Var>
-  Member& add_fixed(Var var) {
-    auto m = std::make_unique<Of<Var>>(std::move(var), *engine_, *opt_);
-    Of<Var>& ref = *m;
-    members_.push_back(std::move(m));
-    return ref;
-  }
-
- public:
 
   /// A batch of bag lookups (docs/design.md, "Bags"): every rank holds every
   /// row, so each rank pools the rows of its own bags. A bad request throws
@@ -171,7 +160,6 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
   class Entry {
    public:
     virtual ~Entry() = default;
-    virtual const void* identity() const = 0;
     virtual std::optional<std::string> problem() = 0;
     virtual bool has_gradient() const = 0;
     virtual void gather() = 0;
@@ -187,7 +175,6 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
    public:
     Of(Var var, Engine& engine, const Optimizer& opt)
         : Base(std::move(var), engine, opt, AllGatherv::name), gatherer_(engine, this->var_.cols()) {}
-    const void* identity() const override { return Base::identity(); }
     std::optional<std::string> problem() override { return Base::problem(); }
     bool has_gradient() const override { return Base::has_gradient(); }
     /// Every rank's coalesced rows, summed by row then by rank.
@@ -210,21 +197,18 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
 
   template <class V>
   Of<V>& member_of(V& var) {
-    for (auto& m : members_)
-      if (m->identity() == &var.state()) return static_cast<Of<V>&>(*m);
-    throw error(detail::concat("variable '", var.name(), "' is not synchronised by AllGatherv"));
+    return members_.template of<Of<V>>(var, AllGatherv::name);
   }
   template <class V>
   allgatherv::DynamicReplica<Engine, Optimizer, V>& replica_of(const V& var) {
-    for (auto& d : dynamic_)
-      if (d->identity() == &var.state()) return static_cast<allgatherv::DynamicReplica<Engine, Optimizer, V>&>(*d);
-    throw error(detail::concat("dynamic variable '", var.name(), "' is not synchronised by AllGatherv"));
+    return dynamic_.template of<allgatherv::DynamicReplica<Engine, Optimizer, V>>(var, AllGatherv::name);
   }
 
   Engine* engine_;
   const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
-  std::vector<std::unique_ptr<Entry>> members_;
-  std::vector<std::unique_ptr<dynamic_ps::Shard<Engine, Optimizer>>> dynamic_;  // replicated dynamic tables
+  using Dynamic = dynamic_ps::Shard<Engine, Optimizer>;
+  Members<Entry> members_;
+  Members<Dynamic> dynamic_;  // replicated dynamic tables
   std::uint64_t step_ = 1;  // the step dynamic lookups insert at: the trainer's next
   ReplicaLookupsAhead<space> ahead_;  // start_lookup() to finish_lookup()
   LocalBagsOfEachType<space> bags_;   // this step's bag lookups, for their gradients

@@ -85,28 +85,26 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   /// (update() and clear() skip them): the same arithmetic on the same sums
   /// as update() would do, bit for bit.
   void ready(const Member& variable, const StepInfo& info, Background& background) override {
-    for (std::size_t k = 0; k < dense_.size(); ++k) {
-      if (dense_.member(k).identity() != variable.identity() || ready_[k]) continue;
-      ready_[k] = true;
-      --waiting_[fusion_->bucket_of(k)];
-      while (started_ < waiting_.size() && waiting_[started_] == 0) {
-        const std::size_t b = started_++;
-        if (!update_when_ready_) {
-          background.post([this, b] { fusion_->run(b); });
-          continue;
-        }
-        updated_ = started_;
-        background.post([this, b, info] {
-          fusion_->run(b);
-          const auto span = detail::Span::named("parallax", "update bucket ", b);
-          for (std::size_t i = 0; i < dense_.size(); ++i)
-            if (fusion_->bucket_of(i) == b) dense_[i]->apply(info);
-          engine_->exec().synchronize();  // the updates read the gradients before they are zeroed
-          for (std::size_t i = 0; i < dense_.size(); ++i)
-            if (fusion_->bucket_of(i) == b) dense_[i]->zero_gradient();
-        });
+    const std::size_t k = dense_.find(variable);
+    if (k == dense_.size() || ready_[k]) return;
+    ready_[k] = true;
+    --waiting_[fusion_->bucket_of(k)];
+    while (started_ < waiting_.size() && waiting_[started_] == 0) {
+      const std::size_t b = started_++;
+      if (!update_when_ready_) {
+        background.post([this, b] { fusion_->run(b); });
+        continue;
       }
-      return;
+      updated_ = started_;
+      background.post([this, b, info] {
+        fusion_->run(b);
+        const auto span = detail::Span::named("parallax", "update bucket ", b);
+        for (std::size_t i = 0; i < dense_.size(); ++i)
+          if (fusion_->bucket_of(i) == b) dense_[i]->apply(info);
+        engine_->exec().synchronize();  // the updates read the gradients before they are zeroed
+        for (std::size_t i = 0; i < dense_.size(); ++i)
+          if (fusion_->bucket_of(i) == b) dense_[i]->zero_gradient();
+      });
     }
   }
   bool updated_early() const override { return updated_ > 0; }

@@ -79,6 +79,9 @@ template <class Engine, class Optimizer>
 class ShardedSynchronizer<Engine, Optimizer>::Table {
  public:
   virtual ~Table() = default;
+  /// The group that stores the table, and its index there.
+  virtual GroupBase& group() noexcept = 0;
+  virtual std::size_t index() const noexcept = 0;
   virtual std::optional<std::string> problem() = 0;
   virtual bool has_gradient() const = 0;
 };
@@ -210,8 +213,8 @@ class ShardedSynchronizer<Engine, Optimizer>::TableOf final : public MemberOf<Va
   TableOf(Var var, Engine& engine, Group<S>& group, std::size_t index)
       : MemberOf<Var>(std::move(var), ShardedPS::name), engine_(&engine), group_(&group), index_(index) {}
 
-  GroupBase& group() noexcept { return *group_; }
-  std::size_t index() const noexcept { return index_; }
+  GroupBase& group() noexcept override { return *group_; }
+  std::size_t index() const noexcept override { return index_; }
 
   std::optional<std::string> problem() override { return gradient().find_problem(engine_->exec()); }
   bool has_gradient() const override { return this->var_.state().sparse_grad.touched(); }
@@ -299,9 +302,7 @@ auto ShardedSynchronizer<Engine, Optimizer>::group_for(std::size_t cols, const o
 template <class Engine, class Optimizer>
 template <class V>
 auto ShardedSynchronizer<Engine, Optimizer>::table_of(V& var) -> TableOf<V>& {
-  for (auto& m : members_)
-    if (m->identity() == &var.state()) return static_cast<TableOf<V>&>(*m);
-  throw error(detail::concat("variable '", var.name(), "' is not synchronised by ShardedPS"));
+  return tables_.template of<TableOf<V>>(var, ShardedPS::name);
 }
 
 // ---------------------------------------------------------------- dense

@@ -15,6 +15,7 @@
 #include <parallax/options.hpp>
 #include <parallax/optim/optimizer.hpp>
 #include <parallax/partition.hpp>
+#include <parallax/policy/members.hpp>
 #include <parallax/policy/policy.hpp>
 #include <parallax/policy/replicas.hpp>
 #include <parallax/policy/sharded_ps.hpp>
@@ -66,19 +67,12 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
       using S = storage_type_t<Var>;
       Group<S>& g = group_for<S>(var.cols(), bind_variable(*opt_, var), var.state().rounding);
       const std::size_t index = g.tables.add(var.name(), map);
-      auto m = std::make_unique<TableOf<Var>>(std::move(var), *engine_, g, index);
-      g.members.push_back(m.get());
-      tables_.push_back(m.get());
-      members_of_tables_.push_back(m.get());
-      table_group_.push_back(g);
-      table_index_.push_back(index);
-      members_.push_back(std::move(m));
+      TableOf<Var>& m = tables_.template add<TableOf<Var>>(std::move(var), *engine_, g, index);
+      g.members.push_back(&m);
+      return m;
     } else {
-      auto m = std::make_unique<DenseOf<Var>>(std::move(var), *engine_, *opt_, map);
-      dense_.push_back(m.get());
-      members_.push_back(std::move(m));
+      return dense_.template add<DenseOf<Var>>(std::move(var), *engine_, *opt_, map);
     }
-    return *members_.back();
   }
 
   /// Lays every group out (shared windows: collective) and places its
@@ -93,10 +87,11 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   /// once every group is ready, all in one route. A table whose gradient
   /// has a problem sends no rows; the step's agreement reports the problem.
   void ready(const Member& variable, const StepInfo&, Background& background) override {
-    for (std::size_t i = 0; i < tables_.size(); ++i) {
-      if (members_of_tables_[i]->identity() != variable.identity()) continue;
-      GroupBase& g = table_group_[i];
-      if (g.pushed || !g.mark_ready(table_index_[i])) return;
+    const std::size_t i = tables_.find(variable);
+    if (i == tables_.size()) return;
+    {
+      GroupBase& g = tables_[i]->group();
+      if (g.pushed || !g.mark_ready(tables_[i]->index())) return;
       if (options_.sharded.push_together) {
         for (auto& h : groups_)
           if (!h->pushed && !h->all_ready()) return;
@@ -303,12 +298,8 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   std::vector<std::unique_ptr<GroupBase>> groups_;
   std::vector<const std::type_info*> group_types_;
   std::vector<std::size_t> group_cols_;
-  std::vector<std::unique_ptr<Member>> members_;  // registration order
-  std::vector<Table*> tables_;
-  std::vector<const Member*> members_of_tables_;                  // per table: its member
-  std::vector<std::reference_wrapper<GroupBase>> table_group_;  // per table: its group
-  std::vector<std::size_t> table_index_;                        // per table: its index in the group
-  std::vector<Dense*> dense_;
+  Members<Table> tables_;  // the sparse variables, in registration order
+  Members<Dense> dense_;
   std::vector<detail::RouteLane*> lanes_;
   detail::RouteBuffers<space> together_route_;  // ready()'s push of every group (push_together)
   detail::RouteBuffers<space> route_;  // the push's route, and batched lookups'
