@@ -89,49 +89,20 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   void ready(const Member& variable, const StepInfo&, Background& background) override {
     const std::size_t i = tables_.find(variable);
     if (i == tables_.size()) return;
-    {
-      GroupBase& g = tables_[i]->group();
-      if (g.pushed || !g.mark_ready(tables_[i]->index())) return;
-      if (options_.sharded.push_together) {
-        for (auto& h : groups_)
-          if (!h->pushed && !h->all_ready()) return;
-        std::vector<GroupBase*> together;
-        for (auto& h : groups_)
-          if (!h->pushed) {
-            h->pushed = true;
-            together.push_back(h.get());
-          }
-        background.post([this, together] {
-          auto shared = engine_->stats().shared(ShardedPS::name);
-          std::vector<detail::RouteLane*> lanes;
-          detail::Fingerprint word;
-          word.add("push");
-          for (GroupBase* h : together) {
-            lanes.push_back(&h->plan_push(shared, true));
-            word.add(h->identity());
-          }
-          const detail::Span span("push: route (early)");
-          detail::route_lanes(*engine_, lanes.data(), lanes.size(), together_route_, detail::push_shape(word.value()),
-                              [&](bool detailed) {
-                                std::string out = "groups ";
-                                for (std::size_t k = 0; k < together.size(); ++k)
-                                  out += (k ? ", " : "") + together[k]->describe(detailed);
-                                return out + " (ready)";
-                              });
-        });
-        return;
+    GroupBase& g = tables_[i]->group();
+    if (g.pushed || !g.mark_ready(tables_[i]->index())) return;
+    std::vector<GroupBase*> groups{&g};
+    if (options_.sharded.push_together) {
+      groups.clear();
+      for (auto& h : groups_) {
+        if (h->pushed) continue;
+        if (!h->all_ready()) return;
+        groups.push_back(h.get());
       }
-      g.pushed = true;
-      background.post([this, &g] {
-        auto shared = engine_->stats().shared(ShardedPS::name);
-        detail::RouteLane* lane = &g.plan_push(shared, true);
-        const detail::Span span("push: route (early)");
-        detail::route_lanes(*engine_, &lane, 1, g.early_route,
-                            detail::push_shape(detail::Fingerprint().add("push").add(g.identity()).value()),
-                            [&](bool detailed) { return "group " + g.describe(detailed) + " (ready)"; });
-      });
-      return;
     }
+    for (GroupBase* h : groups) h->pushed = true;
+    // A group is in one push a step: the first one's buffers carry it.
+    background.post([this, groups] { push(groups, /*early=*/true, groups.front()->early_route); });
   }
 
   std::optional<std::string> problem() override {
@@ -151,31 +122,10 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   /// elsewhere), booked to the tables in proportion to the rows each sends;
   /// the dense variables' gradients to their owners.
   void start_exchange(const StepInfo&) override {
-    lanes_.clear();
-    auto shared = engine_->stats().shared(ShardedPS::name);
-    detail::Fingerprint word;
-    word.add("push");
-    {
-      const detail::Span span("push: plan");
-      for (auto& g : groups_)
-        if (!g->pushed) {
-          lanes_.push_back(&g->plan_push(shared, false));
-          word.add(g->identity());
-        }
-    }
-    if (lanes_.empty()) return;
-    const detail::Span span("push: route");
-    detail::route_lanes(*engine_, lanes_.data(), lanes_.size(), route_, detail::push_shape(word.value()),
-                        [&](bool detailed) {
-                          std::string out = "groups ";
-                          bool first = true;
-                          for (auto& g : groups_)
-                            if (!g->pushed) {
-                              out += (first ? "" : ", ") + g->describe(detailed);
-                              first = false;
-                            }
-                          return out;
-                        });
+    std::vector<GroupBase*> groups;
+    for (auto& g : groups_)
+      if (!g->pushed) groups.push_back(g.get());
+    push(groups, /*early=*/false, route_);
   }
   void finish_exchange(const StepInfo&) override {
     {
@@ -271,6 +221,34 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   template <class V>
   TableOf<V>& table_of(V& var);
 
+  /// Pushes the gradient rows of `groups` in one route over `buffers`,
+  /// booked to their tables in proportion to the rows each sends. `early`:
+  /// ready()'s push, on the communication thread (a table whose gradient has
+  /// a problem sends no rows: the step's agreement reports it); otherwise
+  /// start_exchange()'s, of the groups ready() did not push.
+  void push(const std::vector<GroupBase*>& groups, bool early, detail::RouteBuffers<space>& buffers) {
+    auto shared = engine_->stats().shared(ShardedPS::name);
+    std::vector<detail::RouteLane*> lanes;
+    detail::Fingerprint word;
+    word.add("push");
+    {
+      const detail::Span span(early ? "push: plan (early)" : "push: plan");
+      for (GroupBase* g : groups) {
+        lanes.push_back(&g->plan_push(shared, early));
+        word.add(g->identity());
+      }
+    }
+    if (lanes.empty()) return;
+    const detail::Span span(early ? "push: route (early)" : "push: route");
+    detail::route_lanes(*engine_, lanes.data(), lanes.size(), buffers, detail::push_shape(word.value()),
+                        [&](bool detailed) {
+                          std::string out = "groups ";
+                          for (std::size_t k = 0; k < groups.size(); ++k)
+                            out += (k ? ", " : "") + groups[k]->describe(detailed);
+                          return early ? out + " (ready)" : out;
+                        });
+  }
+
   // Batched lookups (lookups.hpp).
   class BatchBase;
   template <class S>
@@ -300,8 +278,6 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   std::vector<std::size_t> group_cols_;
   Members<Table> tables_;  // the sparse variables, in registration order
   Members<Dense> dense_;
-  std::vector<detail::RouteLane*> lanes_;
-  detail::RouteBuffers<space> together_route_;  // ready()'s push of every group (push_together)
   detail::RouteBuffers<space> route_;  // the push's route, and batched lookups'
   detail::RouteBuffers<space> ahead_route_;  // a lookup ahead's route (start_lookup)
   std::unique_ptr<BatchBase> ahead_;         // the lookup ahead, from start_lookup() to finish_lookup()
