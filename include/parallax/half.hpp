@@ -138,7 +138,22 @@ PARALLAX_HOST_DEVICE inline float fp16_to_float(std::uint16_t h) noexcept {
   return bits_float(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-/// What bf16 and fp16 share: the 16 bits and the named constructors.
+#if PARALLAX_HAS_CUDA
+/// CUDA's own type of each format (bf16: true), and its raw bits.
+template <bool Bf16>
+struct CudaHalf {
+  using type = __nv_bfloat16;
+  using raw = __nv_bfloat16_raw;
+};
+template <>
+struct CudaHalf<false> {
+  using type = __half;
+  using raw = __half_raw;
+};
+#endif
+
+/// What bf16 and fp16 share: the 16 bits, the named constructors and the
+/// conversion to CUDA's own type.
 /// Arithmetic and comparisons go through the implicit conversion to float. `Derived` supplies the two conversions.
 template <class Derived, bool Bf16>
 struct HalfBase {
@@ -169,6 +184,15 @@ struct HalfBase {
   PARALLAX_HOST_DEVICE bool is_inf() const noexcept {
     return (bits & 0x7FFFu) == (Bf16 ? 0x7F80u : 0x7C00u);
   }
+
+#if PARALLAX_HAS_CUDA
+  // Explicit: an implicit one beside `operator float` made `a == b` ambiguous under nvcc (cuda_bf16.hpp's operators).
+  PARALLAX_HOST_DEVICE explicit operator typename CudaHalf<Bf16>::type() const noexcept {
+    typename CudaHalf<Bf16>::raw r;
+    r.x = bits;
+    return typename CudaHalf<Bf16>::type(r);
+  }
+#endif
 };
 
 }  // namespace detail
@@ -182,12 +206,6 @@ struct bf16 : detail::HalfBase<bf16, true> {
   PARALLAX_HOST_DEVICE operator float() const noexcept { return detail::bf16_to_float(bits); }  // NOLINT: exact
 #if PARALLAX_HAS_CUDA
   PARALLAX_HOST_DEVICE bf16(__nv_bfloat16 h) noexcept : HalfBase{__nv_bfloat16_raw(h).x} {}  // NOLINT
-  // Explicit: an implicit one beside `operator float` made `a == b` ambiguous under nvcc (cuda_bf16.hpp's operators).
-  PARALLAX_HOST_DEVICE explicit operator __nv_bfloat16() const noexcept {
-    __nv_bfloat16_raw r;
-    r.x = bits;
-    return __nv_bfloat16(r);
-  }
 #endif
 };
 
@@ -200,12 +218,6 @@ struct fp16 : detail::HalfBase<fp16, false> {
   PARALLAX_HOST_DEVICE operator float() const noexcept { return detail::fp16_to_float(bits); }  // NOLINT: exact
 #if PARALLAX_HAS_CUDA
   PARALLAX_HOST_DEVICE fp16(__half h) noexcept : HalfBase{__half_raw(h).x} {}  // NOLINT
-  // Explicit, as bf16's.
-  PARALLAX_HOST_DEVICE explicit operator __half() const noexcept {
-    __half_raw r;
-    r.x = bits;
-    return __half(r);
-  }
 #endif
 };
 
