@@ -26,6 +26,31 @@ inline std::size_t dev_shm_room() {
   return static_cast<std::size_t>(fs.f_bavail) * static_cast<std::size_t>(fs.f_frsize);
 }
 
+/// The ranks of `comm` that share this machine's memory, in comm's order
+/// (a communicator the caller frees); `everyone`: whether that is every rank
+/// of comm, as this rank sees it. Collective over comm.
+inline MPI_Comm machine_ranks(MPI_Comm comm, bool& everyone) {
+  int rank = 0, size = 0, node_size = 0;
+  PARALLAX_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  PARALLAX_MPI_CHECK(MPI_Comm_size(comm, &size));
+  MPI_Comm node = MPI_COMM_NULL;
+  PARALLAX_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+  MPI_Comm_size(node, &node_size);
+  everyone = node_size == size;
+  return node;
+}
+
+/// Whether every rank of `comm` shares this machine's memory (the ranks
+/// agree). Collective.
+inline bool one_machine(MPI_Comm comm) {
+  bool everyone = false;
+  MPI_Comm node = machine_ranks(comm, everyone);
+  MPI_Comm_free(&node);
+  int all = everyone;
+  PARALLAX_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm));
+  return all != 0;
+}
+
 template <class T>
 class SharedWindow {
  public:
@@ -54,16 +79,13 @@ class SharedWindow {
   /// over comm.
   static SharedWindow create(MPI_Comm comm, std::size_t count) {
     SharedWindow w;
-    int rank = 0, size = 0, node_size = 0;
-    PARALLAX_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    int size = 0;
     PARALLAX_MPI_CHECK(MPI_Comm_size(comm, &size));
-    // The ranks that share this machine's memory, in comm's order.
-    MPI_Comm node = MPI_COMM_NULL;
-    PARALLAX_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
-    MPI_Comm_size(node, &node_size);
+    bool one = false;
+    MPI_Comm node = machine_ranks(comm, one);
     unsigned long long bytes = count * sizeof(T);
     int status = MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm);
-    int fits = status == MPI_SUCCESS && node_size == size && dev_shm_room() >= bytes + (std::size_t{16} << 20);
+    int fits = status == MPI_SUCCESS && one && dev_shm_room() >= bytes + (std::size_t{16} << 20);
     if (status == MPI_SUCCESS) status = MPI_Allreduce(MPI_IN_PLACE, &fits, 1, MPI_INT, MPI_MIN, comm);
     if (status == MPI_SUCCESS && fits) {
       MPI_Info info = MPI_INFO_NULL;

@@ -15,6 +15,7 @@
 
 #include <parallax/detail/fault.hpp>
 #include <parallax/detail/mpi.hpp>
+#include <parallax/detail/shared_window.hpp>
 #include <parallax/error.hpp>
 
 #include <mpi.h>
@@ -35,18 +36,7 @@
 namespace parallax::policy::async {
 
 /// Whether every rank of `comm` shares this machine's memory. Collective.
-inline bool one_machine(MPI_Comm comm) {
-  int rank = 0, size = 0, node_size = 0;
-  PARALLAX_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  PARALLAX_MPI_CHECK(MPI_Comm_size(comm, &size));
-  MPI_Comm node = MPI_COMM_NULL;
-  PARALLAX_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
-  MPI_Comm_size(node, &node_size);
-  MPI_Comm_free(&node);
-  int all = node_size == size;
-  PARALLAX_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm));
-  return all != 0;
-}
+using detail::one_machine;
 
 /// Byte ranges of a window segment, in the order a call's buffer holds
 /// them: blocks that follow each other in the segment are merged into one
