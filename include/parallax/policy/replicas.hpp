@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -206,6 +207,35 @@ class SparseReplica : public MemberOf<Var> {
   optim::State<Optimizer, T, space> state_;  // in T (float for a 16-bit replica)
   Buffer<index_t, space> safe_ids_;
   LookupBuffers<T, space> buffers_;
+};
+
+/// What a synchronizer does with a sparse replica in a step, whatever its
+/// type: the `Kind` (policy::Members) a policy's own interface derives
+/// from, adding the exchange it runs.
+class SparseReplicaKind {
+ public:
+  virtual ~SparseReplicaKind() = default;
+  virtual std::optional<std::string> problem() = 0;
+  virtual bool has_gradient() const = 0;
+  /// Of this step's summed gradient, for clipping.
+  virtual double square_sum() = 0;
+  virtual void apply(const StepInfo&) = 0;
+  virtual void clear() = 0;
+};
+
+/// A SparseReplica as a policy's `Kind` (derived from SparseReplicaKind):
+/// SparseReplica's own steps given to it; the policy's member derives from
+/// this and writes its exchange, square_sum and apply.
+template <class Var, class Engine, class Optimizer, class Kind>
+class SparseReplicaAs : public SparseReplica<Var, Engine, Optimizer>, public Kind {
+  static_assert(std::is_base_of_v<SparseReplicaKind, Kind>, "SparseReplicaAs: Kind derives from SparseReplicaKind");
+  using Base = SparseReplica<Var, Engine, Optimizer>;
+
+ public:
+  using Base::Base;
+  std::optional<std::string> problem() override { return Base::problem(); }
+  bool has_gradient() const override { return Base::has_gradient(); }
+  void clear() override { Base::clear(); }
 };
 
 /// Local lookups of a batch of replicated variables (each request's rows

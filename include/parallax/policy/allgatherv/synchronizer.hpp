@@ -157,26 +157,19 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
   void cancel_lookup() override { ahead_.cancel(); }
 
  private:
-  class Entry {
+  /// What the synchronizer does with a replica, whatever its type.
+  class Entry : public SparseReplicaKind {
    public:
-    virtual ~Entry() = default;
-    virtual std::optional<std::string> problem() = 0;
-    virtual bool has_gradient() const = 0;
     virtual void gather() = 0;
-    virtual double square_sum() = 0;
-    virtual void apply(const StepInfo&) = 0;
-    virtual void clear() = 0;
   };
   template <class Var>
-  class Of final : public SparseReplica<Var, Engine, Optimizer>, public Entry {
-    using Base = SparseReplica<Var, Engine, Optimizer>;
+  class Of final : public SparseReplicaAs<Var, Engine, Optimizer, Entry> {
     using T = typename Var::value_type;
 
    public:
     Of(Var var, Engine& engine, const Optimizer& opt)
-        : Base(std::move(var), engine, opt, AllGatherv::name), gatherer_(engine, this->var_.cols()) {}
-    std::optional<std::string> problem() override { return Base::problem(); }
-    bool has_gradient() const override { return Base::has_gradient(); }
+        : SparseReplicaAs<Var, Engine, Optimizer, Entry>(std::move(var), engine, opt, AllGatherv::name),
+          gatherer_(engine, this->var_.cols()) {}
     /// Every rank's coalesced rows, summed by row then by rank.
     void gather() override {
       auto scope = this->engine_->stats().scope(this->var_.name(), AllGatherv::name);
@@ -185,8 +178,7 @@ class GatherSynchronizer final : public Synchronizer<Engine> {
       rows_ = gatherer_.gather(g.indices(), g.values(), g.size(), ids_, sums_);
     }
     double square_sum() override { return detail::sum_of_squares(this->ex(), sums_.data(), rows_ * this->var_.cols()); }
-    void apply(const StepInfo& info) override { Base::apply_rows(info, ids_.data(), sums_.data(), rows_); }
-    void clear() override { Base::clear(); }
+    void apply(const StepInfo& info) override { this->apply_rows(info, ids_.data(), sums_.data(), rows_); }
 
    private:
     SparseAllGatherer<T, Engine> gatherer_;

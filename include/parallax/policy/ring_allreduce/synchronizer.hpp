@@ -228,29 +228,21 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   };
 
   /// What the synchronizer does with a sparse member, whatever its type.
-  class Sparse {
+  class Sparse : public SparseReplicaKind {
    public:
-    virtual ~Sparse() = default;
-    virtual std::optional<std::string> problem() = 0;
-    virtual bool has_gradient() const = 0;
     virtual void sum(RingAllReducer<Engine>& reducer) = 0;
-    virtual double square_sum() = 0;
-    virtual void apply(const StepInfo&) = 0;
-    virtual void clear() = 0;
   };
   /// The gradient is scattered into a dense buffer and all-reduced whole
   /// (the baseline a dense-only framework gives a sparse variable); the
   /// update is dense too.
   template <class Var>
-  class SparseOf final : public SparseReplica<Var, Engine, Optimizer>, public Sparse {
-    using Base = SparseReplica<Var, Engine, Optimizer>;
+  class SparseOf final : public SparseReplicaAs<Var, Engine, Optimizer, Sparse> {
+    using Replica = SparseReplicaAs<Var, Engine, Optimizer, Sparse>;
     using T = typename Var::value_type;
 
    public:
     SparseOf(Var var, Engine& engine, const Optimizer& opt)
-        : Base(std::move(var), engine, opt, RingAllReduce::name), dense_grad_(this->value_.size()) {}
-    std::optional<std::string> problem() override { return Base::problem(); }
-    bool has_gradient() const override { return Base::has_gradient(); }
+        : Replica(std::move(var), engine, opt, RingAllReduce::name), dense_grad_(this->value_.size()) {}
     void sum(RingAllReducer<Engine>& reducer) override {
       auto scope = this->engine_->stats().scope(this->var_.name(), RingAllReduce::name);
       auto& ex = this->ex();
@@ -263,8 +255,7 @@ class RingSynchronizer final : public Synchronizer<Engine> {
       reducer.allreduce(dense_grad_.data(), dense_grad_.size());
     }
     double square_sum() override { return detail::sum_of_squares(this->ex(), dense_grad_.data(), dense_grad_.size()); }
-    void apply(const StepInfo& info) override { Base::apply_dense(info, dense_grad_.data()); }
-    void clear() override { Base::clear(); }
+    void apply(const StepInfo& info) override { this->apply_dense(info, dense_grad_.data()); }
 
    private:
     Buffer<T, space> dense_grad_;
