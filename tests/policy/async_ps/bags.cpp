@@ -68,8 +68,9 @@ std::vector<float> by_hand(const Batch& q, const std::vector<float>& table, px::
   return out;
 }
 
-px::TrainerOptions options() {
+px::TrainerOptions options(px::AsyncOptions::Route route = px::AsyncOptions::Route::automatic) {
   px::TrainerOptions o;
+  o.async.route = route;
   o.reduction = px::Reduction::sum;
   o.async.staleness = 1;
   o.engine.timeout = std::chrono::seconds(60);
@@ -81,11 +82,12 @@ px::TrainerOptions options() {
 /// pooled rows against the initial table pooled by hand where
 /// `check_rows` (lr 0). Returns the table.
 template <class Arch, class Stored = float>
-std::vector<float> train(px::Context& ctx, px::Combiner combiner, float lr, bool check_rows, bool zeros = false) {
+std::vector<float> train(px::Context& ctx, px::Combiner combiner, float lr, bool check_rows, bool zeros = false,
+                         px::AsyncOptions::Route route = px::AsyncOptions::Route::automatic) {
   px::Variable<px::Sparse, Stored> emb = zeros ? px::Variable<px::Sparse, Stored>(ctx, "emb", {R, C})
                                                : px::Variable<px::Sparse, Stored>(ctx, "emb", {R, C},
                                                                                   px::init::Uniform{-0.5f, 0.5f, 5});
-  px::Trainer<Arch, px::optim::Sgd> trainer(ctx, options(), px::optim::Sgd{lr}, emb);
+  px::Trainer<Arch, px::optim::Sgd> trainer(ctx, options(route), px::optim::Sgd{lr}, emb);
   const std::vector<float> initial = trainer.fetch(emb);
   for (std::size_t s = 0; s < kSteps; ++s) {
     const Batch q = batch_of(ctx.rank(), s, combiner);
@@ -166,6 +168,16 @@ TEST_CASE("AsyncPS pools bags as one process pools the table by hand, and applie
     CHECK(train<px::arch::Async>(ctx, combiner, 1.f, false, true) == expected(ctx.size(), combiner));
     CHECK(train<px::arch::AsyncHybrid>(ctx, combiner, 1.f, false, true) == expected(ctx.size(), combiner));
   }
+}
+
+// The route across hosts (RMA gets of each owner's distinct rows), forced on
+// one machine; one combiner, as the route is slow on an oversubscribed one.
+TEST_CASE("AsyncPS bags through RMA pool as by hand and apply every gradient once", "[async][bags][rma]") {
+  auto& ctx = test::world();
+  const auto rma = px::AsyncOptions::Route::rma;
+  const auto combiner = px::Combiner::weighted_sum;
+  train<px::arch::Async>(ctx, combiner, 0.f, true, false, rma);
+  CHECK(train<px::arch::Async>(ctx, combiner, 1.f, false, true, rma) == expected(ctx.size(), combiner));
 }
 
 TEST_CASE("AsyncPS: a bad bag request or gradient throws on the rank that made it", "[async][bags][errors]") {
