@@ -194,7 +194,7 @@ class BagPool {
     for (std::size_t s = 0; s < segments; ++s) first[s + 1] += first[s];
     PARALLAX_EXPECTS(static_cast<std::size_t>(first[segments]) == ids, "BagPool: ", ids, " ids arrived for segments of ",
                      first[segments]);
-    owner_first_ = Buffer<index_t, space>::from_host(first);
+    owner_first_.assign_from_host(first.data(), first.size());
     owner_keys_.resize_discard(ids);
     owner_at_.resize_discard(ids);
     owner_weights_.resize_discard(weighted_ ? ids : 0);
@@ -270,7 +270,7 @@ class BagPool {
     const std::vector<index_t>& segment_bag = plan_.segment_bag;
     std::vector<const T*> rows(segment_bag.size());
     for (std::size_t s = 0; s < rows.size(); ++s) rows[s] = row_of_bag[static_cast<std::size_t>(segment_bag[s])];
-    gradient_rows_ = Buffer<const T*, space>::from_host(rows);
+    gradient_rows_.assign_from_host(rows.data(), rows.size());
     const detail::RowsAt<T> values(gradient_rows_.data());
     if (compress_ == Compression::none) {
       gradients_.plan(counts_.data(), values, segment_dest_.data(), rows.size(), cols_);
