@@ -136,7 +136,7 @@ class BagPool {
       total_ids += q.n;
       total_bags += q.bags();
     }
-    Plan& h = plan_;  // host arrays, kept across steps so a step allocates nothing once warm
+    Plan& h = plan_;  // host arrays, kept across steps so plan() allocates nothing once warm
     h.clear();
     h.keys.reserve(total_ids);
     h.entry_dest.reserve(total_ids);
