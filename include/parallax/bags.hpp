@@ -41,14 +41,16 @@ namespace parallax {
 /// How a bag's rows become one vector (see the file comment).
 enum class Combiner { sum, mean, weighted_sum };
 
-inline const char* to_string(Combiner c) noexcept {
-  switch (c) {
-    case Combiner::sum: return "sum";
-    case Combiner::mean: return "mean";
-    case Combiner::weighted_sum: return "weighted_sum";
-  }
-  return "?";
+namespace detail {
+/// names[e] for an enumerator numbered from 0 in declaration order, "?" past them.
+template <class E, std::size_t N>
+constexpr const char* name_in(E e, const char* const (&names)[N]) noexcept {
+  const auto i = static_cast<std::size_t>(e);
+  return i < N ? names[i] : "?";
 }
+}  // namespace detail
+
+inline const char* to_string(Combiner c) noexcept { return detail::name_in(c, {"sum", "mean", "weighted_sum"}); }
 
 /// Where a policy that can choose pools a request's bags (ShardedPS; the
 /// others pool where the rows are looked up): at the owners of the rows, a
@@ -57,14 +59,7 @@ inline const char* to_string(Combiner c) noexcept {
 /// every rank (docs/design.md, "Bags").
 enum class Pooling { automatic, owner, local };
 
-inline const char* to_string(Pooling p) noexcept {
-  switch (p) {
-    case Pooling::automatic: return "automatic";
-    case Pooling::owner: return "owner";
-    case Pooling::local: return "local";
-  }
-  return "?";
-}
+inline const char* to_string(Pooling p) noexcept { return detail::name_in(p, {"automatic", "owner", "local"}); }
 
 /// One request of a batched bag lookup: `offsets_count` offsets (bags + 1:
 /// the first 0, ascending, the last n), `n` ids and, for weighted_sum, `n`
@@ -288,14 +283,14 @@ inline std::optional<std::string> bag_gradient_problem(const std::string& name, 
 }  // namespace detail
 
 /// Pools rows already looked up (row j for id j of the request: `rows`, n x
-/// cols, in Space) into out (bags x cols). Local.
+/// cols end to end, or placed as a RowsAt says, in Space) into out (bags x
+/// cols). Local.
 template <class T, class Space>
-void pool_bags(const Exec<Space>& ex, const T* rows, const index_t* offsets, std::size_t bags, const T* weights,
-               Combiner combiner, std::size_t cols, T* out) {
-  detail::pool_segments(ex,
-                        detail::PoolBags<T>{detail::RowsAt<T>(rows), offsets, weights,
-                                            combiner == Combiner::mean ? offsets : nullptr, out, cols},
-                        bags);
+void pool_bags(const Exec<Space>& ex, detail::RowsAt<detail::identity_t<T>> rows, const index_t* offsets,
+               std::size_t bags, const T* weights, Combiner combiner, std::size_t cols, T* out) {
+  detail::pool_segments(
+      ex, detail::PoolBags<T>{rows, offsets, weights, combiner == Combiner::mean ? offsets : nullptr, out, cols},
+      bags);
   ex.synchronize();
 }
 
@@ -319,22 +314,30 @@ void expand_bags(const Exec<Space>& ex, const T* g, const index_t* offsets, std:
   ex.synchronize();
 }
 
+namespace detail {
+/// The first problem with any request of a batch (offsets, ids, weights),
+/// or nothing; each request's offsets on the host go to `offsets`. Local.
+template <class V>
+std::optional<std::string> batch_problem(const Exec<typename V::space>& ex, const Bags<V>* batch, std::size_t count,
+                                         std::vector<std::vector<index_t>>& offsets) {
+  offsets.assign(count, {});
+  std::optional<std::string> problem;
+  for (std::size_t i = 0; i < count; ++i) {
+    const Bags<V>& q = batch[i];
+    offsets[i] = host_offsets<typename V::space>(q.offsets, q.offsets_count);
+    if (!problem) problem = bag_problem(ex, q.var->name(), q.var->rows(), offsets[i], q.ids, q.n, q.weights, q.combiner);
+  }
+  return problem;
+}
+}  // namespace detail
+
 /// Every request of a batch checked (offsets, ids, weights), and the first
 /// problem any rank found thrown on every rank. Collective (one small
 /// all-reduce). Returns each request's offsets on the host.
 template <class Engine, class V>
 std::vector<std::vector<index_t>> check_bags(Engine& engine, const Bags<V>* batch, std::size_t count) {
-  using Space = typename V::space;
-  std::vector<std::vector<index_t>> offsets(count);
-  std::optional<std::string> problem;
-  for (std::size_t i = 0; i < count; ++i) {
-    const Bags<V>& q = batch[i];
-    offsets[i] = detail::host_offsets<Space>(q.offsets, q.offsets_count);
-    if (!problem)
-      problem = detail::bag_problem(engine.exec(), q.var->name(), q.var->rows(), offsets[i], q.ids, q.n, q.weights,
-                                    q.combiner);
-  }
-  detail::agree(engine, problem);
+  std::vector<std::vector<index_t>> offsets;
+  detail::agree(engine, detail::batch_problem(engine.exec(), batch, count, offsets));
   return offsets;
 }
 
@@ -361,6 +364,16 @@ class LocalBags {
   template <class V>
   std::vector<Rows<T, Space>> pool(const Exec<Space>& ex, const Bags<V>* batch, std::size_t count,
                                    const std::vector<Rows<T, Space>>& looked_up) {
+    std::vector<detail::RowsAt<T>> rows;
+    rows.reserve(looked_up.size());
+    for (const Rows<T, Space>& r : looked_up) rows.emplace_back(r.data);
+    return pool(ex, batch, count, rows);
+  }
+  /// pool() with request i's row j where `rows[i]` places it (the rows of
+  /// repeated ids read once, say).
+  template <class V>
+  std::vector<Rows<T, Space>> pool(const Exec<Space>& ex, const Bags<V>* batch, std::size_t count,
+                                   const std::vector<detail::RowsAt<T>>& rows) {
     batches_.push_back(Batch{used_, count, false});
     std::vector<Rows<T, Space>> out;
     out.reserve(count);
@@ -368,7 +381,7 @@ class LocalBags {
       const Bags<V>& q = batch[i];
       Kept& k = keep(&q.var->state(), q.var->cols(), q.offsets, q.offsets_count, q.ids, q.n, q.weights, q.combiner);
       Buffer<T, Space>& pooled = next_output(k.bags * k.cols);
-      pool_bags(ex, looked_up[i].data, k.offsets.data(), k.bags, k.weights.size() ? k.weights.data() : nullptr,
+      pool_bags(ex, rows[i], k.offsets.data(), k.bags, k.weights.size() ? k.weights.data() : nullptr,
                 k.combiner, k.cols, pooled.data());
       out.push_back(Rows<T, Space>{pooled.data(), k.bags, k.cols});
     }
@@ -382,19 +395,29 @@ class LocalBags {
   /// throws on every rank), then given to the ids (expand()).
   template <class Engine, class V>
   void gradients(Engine& engine, const BagGradient<V>* g, std::size_t count) {
+    detail::agree(engine, gradients_problem(g, count));
+    give(engine.exec(), g, count);
+  }
+  /// The problem with `g` as the gradients of the awaiting batch (none
+  /// awaits, another count, variable or shape), or nothing. Local.
+  template <class V>
+  std::optional<std::string> gradients_problem(const BagGradient<V>* g, std::size_t count) {
+    const Batch* b = awaiting();
+    if (!b) return detail::no_bag_lookup(count ? g[0].var->name() : std::string());
+    if (count != b->count)
+      return detail::concat("a gradient of bags was given for ", count,
+                            " requests; the batch of bags it belongs to had ", b->count);
+    for (std::size_t i = 0; i < count; ++i)
+      if (auto problem = problem_of(b->first + i, g[i])) return problem;
+    return std::nullopt;
+  }
+  /// Gives the awaiting batch its gradients `g` (checked already:
+  /// gradients_problem()), each id its row (expand()). Local.
+  template <class V>
+  void give(const Exec<Space>& ex, const BagGradient<V>* g, std::size_t count) {
     Batch* b = awaiting();
-    std::optional<std::string> problem;
-    if (!b) {
-      problem = detail::no_bag_lookup(count ? g[0].var->name() : std::string());
-    } else if (count != b->count) {
-      problem = detail::concat("a gradient of bags was given for ", count,
-                               " requests; the batch of bags it belongs to had ", b->count);
-    } else {
-      for (std::size_t i = 0; i < count && !problem; ++i) problem = problem_of(b->first + i, g[i]);
-    }
-    detail::agree(engine, problem);
     b->given = true;
-    for (std::size_t i = 0; i < count; ++i) expand(engine.exec(), b->first + i, g[i]);
+    for (std::size_t i = 0; i < count; ++i) expand(ex, b->first + i, g[i]);
   }
 
   /// The problem with `g` as the gradient of kept request `index` (another

@@ -130,13 +130,14 @@ class Trainer {
 
   /// Bags (multi-hot; docs/design.md, "Bags"): `result[i]` has a row per bag of
   /// `batch[i]`, the sum, mean or weighted sum of its ids' rows (zero if empty),
-  /// pooled at the owners under ShardedPS, where gathered under AllGatherv. A
-  /// bad offset, id or weight throws on every rank. Collective; until step().
+  /// pooled at the owners under ShardedPS, where gathered under AllGatherv, where
+  /// read under AsyncPS. A bad offset, id or weight throws on every rank (under
+  /// AsyncPS on its own). Collective (not under AsyncPS); until step().
   template <class V>
   std::vector<RowsOf<V>> lookup(const Bags<V>* batch, std::size_t count) {
     static_assert(policy::looks_up_bags_v<policy_for_t<Arch, V>, V, Engine, Optimizer>,
-                  "lookup() of bags: this variable's policy does not pool (ShardedPS and AllGatherv do; under "
-                  "AsyncPS look the ids up and pool them with pool_bags())");
+                  "lookup() of bags: this variable's policy does not pool (ShardedPS, AllGatherv and AsyncPS do; "
+                  "for a dynamic table look the keys up and pool them with pool_bags())");
     return serve<V>("lookup", batch, count, [&](auto& s) { return s.lookup_bags(batch, count); });
   }
   template <class V>

@@ -36,6 +36,7 @@
 #include <parallax/optim/optimizer.hpp>
 #include <parallax/partition.hpp>
 #include <parallax/policy/async_ps.hpp>
+#include <parallax/policy/async_ps/bags.hpp>
 #include <parallax/policy/async_ps/clock.hpp>
 #include <parallax/policy/async_ps/rma.hpp>
 #include <parallax/policy/asynchronous.hpp>
@@ -120,6 +121,17 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
     return out;
   }
 
+  /// Bags, pooled where this rank reads their rows (bags.hpp). Local.
+  template <class V>
+  std::vector<Rows<typename V::value_type, space>> lookup_bags(const Bags<V>* batch, std::size_t n) {
+    return bags_.lookup(engine_->exec(), engine_->rank(), batch, n,
+                        [&](V& var, const index_t* ids, std::size_t m) { return table_of(var).lookup(ids, m); });
+  }
+  template <class V>
+  void bag_gradients(const BagGradient<V>* grads, std::size_t n) {
+    bags_.gradients(engine_->exec(), engine_->rank(), grads, n);
+  }
+
   std::optional<std::string> problem() override {
     for (TableBase* t : tables_)
       if (auto p = t->problem()) return p;
@@ -148,6 +160,7 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
   }
   void clear() override {
     for (TableBase* t : tables_) t->clear();
+    bags_.clear();
   }
 
   const AsyncStats& stats() { return clock_->stats(); }
@@ -446,6 +459,7 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
   std::unique_ptr<async::Watchdog> watchdog_;  // RMA route: the deadline of one-sided calls
   std::vector<std::unique_ptr<Member>> members_;  // registration order
   std::vector<TableBase*> tables_;                // the same, as tables
+  async::ReadBags<space> bags_;                   // this step's lookups of bags
 };
 
 }  // namespace parallax::policy

@@ -136,70 +136,42 @@ class BagPool {
       total_ids += q.n;
       total_bags += q.bags();
     }
-    std::vector<index_t> keys, counts, segment_bag, bag_first;
-    std::vector<std::int32_t> entry_dest, segment_dest;
-    std::vector<T> weights;
-    keys.reserve(total_ids);
-    entry_dest.reserve(total_ids);
-    if (weighted_) weights.reserve(total_ids);
-    bag_first.reserve(total_bags + 1);
+    Plan& h = plan_;  // host arrays, kept across steps so plan() allocates nothing once warm
+    h.clear();
+    h.keys.reserve(total_ids);
+    h.entry_dest.reserve(total_ids);
+    if (weighted_) h.weights.reserve(total_ids);
+    h.bag_first.reserve(total_bags + 1);
+    h.per_owner.assign(static_cast<std::size_t>(engine_->size()), 0);
     bag_first_of_.assign(requests_.size() + 1, 0);
-    std::vector<index_t> ids;
-    std::vector<T> w;
-    // A bag's ids ordered by owner, bag order within one: (owner, position)
-    // packed in one word and sorted (std::sort, unlike std::stable_sort,
-    // allocates nothing per bag; the positions, under 2^32 in a bag, keep
-    // it stable).
-    std::vector<std::uint64_t> bag;
-    std::vector<index_t> bag_keys;
     std::size_t global_bag = 0;
     for (std::size_t r = 0; r < requests_.size(); ++r) {
       const Request& q = requests_[r];
       bag_first_of_[r] = global_bag;
-      ids.resize(q.n);
-      if (q.n) space_traits<space>::copy_to_host(ids.data(), q.ids, q.n * sizeof(index_t));
-      w.assign(q.weights ? q.n : 0, T(1));
-      if (q.weights && q.n) space_traits<space>::copy_to_host(w.data(), q.weights, q.n * sizeof(T));
+      h.ids.resize(q.n);
+      if (q.n) space_traits<space>::copy_to_host(h.ids.data(), q.ids, q.n * sizeof(index_t));
+      h.w.assign(q.weights ? q.n : 0, T(1));
+      if (q.weights && q.n) space_traits<space>::copy_to_host(h.w.data(), q.weights, q.n * sizeof(T));
       for (std::size_t b = 0; b < q.bags(); ++b, ++global_bag) {
-        bag_first.push_back(static_cast<index_t>(counts.size()));
+        h.bag_first.push_back(static_cast<index_t>(h.counts.size()));
         const auto begin = static_cast<std::size_t>(q.offsets[b]), end = static_cast<std::size_t>(q.offsets[b + 1]);
-        bag_keys.resize(end - begin);
-        bag.resize(end - begin);
-        for (std::size_t j = begin; j < end; ++j) {
-          bag_keys[j - begin] = tables.key_of(q.table, ids[j]);
-          bag[j - begin] = (static_cast<std::uint64_t>(static_cast<std::size_t>(bag_keys[j - begin]) / span) << 32) |
-                           static_cast<std::uint64_t>(j - begin);
-        }
-        std::sort(bag.begin(), bag.end());
-        for (std::size_t k = 0; k < bag.size(); ++k) {
-          const auto owner = static_cast<std::int32_t>(bag[k] >> 32);
-          const auto at = static_cast<std::size_t>(bag[k] & 0xffffffffu);
-          if (k == 0 || owner != segment_dest.back()) {
-            counts.push_back(0);
-            segment_dest.push_back(owner);
-            segment_bag.push_back(static_cast<index_t>(global_bag));
-          }
-          ++counts.back();
-          keys.push_back(bag_keys[at]);
-          entry_dest.push_back(owner);
-          if (weighted_) weights.push_back(q.weights ? w[begin + at] : T(1));
-        }
+        split_bag(tables, q, begin, end, span, static_cast<index_t>(global_bag));
       }
     }
-    bag_first.push_back(static_cast<index_t>(counts.size()));
+    h.bag_first.push_back(static_cast<index_t>(h.counts.size()));
     bag_first_of_[requests_.size()] = global_bag;
-    segment_bag_ = std::move(segment_bag);
-    keys_ = Buffer<index_t, space>::from_host(keys);
-    entry_dest_ = Buffer<std::int32_t, space>::from_host(entry_dest);
-    weights_ = Buffer<T, space>::from_host(weights);
-    counts_ = Buffer<index_t, space>::from_host(counts);
-    segment_dest_ = Buffer<std::int32_t, space>::from_host(segment_dest);
-    bag_first_ = Buffer<index_t, space>::from_host(bag_first);
+    keys_.assign_from_host(h.keys.data(), h.keys.size());
+    entry_dest_.assign_from_host(h.entry_dest.data(), h.entry_dest.size());
+    weights_.assign_from_host(h.weights.data(), h.weights.size());
+    counts_.assign_from_host(h.counts.data(), h.counts.size());
+    segment_dest_.assign_from_host(h.segment_dest.data(), h.segment_dest.size());
+    bag_first_.assign_from_host(h.bag_first.data(), h.bag_first.size());
     offsets_.resize(requests_.size());
-    for (std::size_t r = 0; r < requests_.size(); ++r) offsets_[r] = Buffer<index_t, space>::from_host(requests_[r].offsets);
+    for (std::size_t r = 0; r < requests_.size(); ++r)
+      offsets_[r].assign_from_host(requests_[r].offsets.data(), requests_[r].offsets.size());
     entries_.plan(keys_.data(), detail::RowsAt<T>(weighted_ ? weights_.data() : nullptr), entry_dest_.data(),
-                  keys.size(), weighted_ ? 1 : 0);
-    segments_.plan(counts_.data(), detail::RowsAt<T>(), segment_dest_.data(), counts.size(), 0);
+                  h.keys.size(), weighted_ ? 1 : 0);
+    segments_.plan(counts_.data(), detail::RowsAt<T>(), segment_dest_.data(), h.counts.size(), 0);
   }
 
   /// The forward route's lanes: the ids (and weights), then the segments.
@@ -222,7 +194,7 @@ class BagPool {
     for (std::size_t s = 0; s < segments; ++s) first[s + 1] += first[s];
     PARALLAX_EXPECTS(static_cast<std::size_t>(first[segments]) == ids, "BagPool: ", ids, " ids arrived for segments of ",
                      first[segments]);
-    owner_first_ = Buffer<index_t, space>::from_host(first);
+    owner_first_.assign_from_host(first.data(), first.size());
     owner_keys_.resize_discard(ids);
     owner_at_.resize_discard(ids);
     owner_weights_.resize_discard(weighted_ ? ids : 0);
@@ -295,9 +267,10 @@ class BagPool {
       for (std::size_t b = 0; b < q.bags(); ++b) row_of_bag.push_back(g + b * cols_);
     }
     ex.synchronize();
-    std::vector<const T*> rows(segment_bag_.size());
-    for (std::size_t s = 0; s < rows.size(); ++s) rows[s] = row_of_bag[static_cast<std::size_t>(segment_bag_[s])];
-    gradient_rows_ = Buffer<const T*, space>::from_host(rows);
+    const std::vector<index_t>& segment_bag = plan_.segment_bag;
+    std::vector<const T*> rows(segment_bag.size());
+    for (std::size_t s = 0; s < rows.size(); ++s) rows[s] = row_of_bag[static_cast<std::size_t>(segment_bag[s])];
+    gradient_rows_.assign_from_host(rows.data(), rows.size());
     const detail::RowsAt<T> values(gradient_rows_.data());
     if (compress_ == Compression::none) {
       gradients_.plan(counts_.data(), values, segment_dest_.data(), rows.size(), cols_);
@@ -327,13 +300,72 @@ class BagPool {
   }
 
  private:
+  /// plan()'s host arrays: per id sent its key, owner and weight; per
+  /// segment its ids, owner and bag; per bag its first segment; and the
+  /// scratch of one request (its ids, weights) and of one bag.
+  struct Plan {
+    std::vector<index_t> keys, counts, segment_bag, bag_first, ids, bag_keys;
+    std::vector<std::int32_t> entry_dest, segment_dest, bag_owner;
+    std::vector<T> weights, w;
+    std::vector<std::size_t> per_owner, owners;  // per rank: ids of the bag there; the owners the bag names
+    void clear() {
+      for (auto* v : {&keys, &counts, &segment_bag, &bag_first}) v->clear();
+      entry_dest.clear();
+      segment_dest.clear();
+      weights.clear();
+    }
+  };
+
+  /// Appends bag [begin, end) of request q (bag `bag` of the batch) split
+  /// by owner: a segment per owner it names, owners ascending, and its ids
+  /// in bag order within each (a counting sort over the owners it names:
+  /// no comparison sort, nothing allocated once the arrays have grown).
+  void split_bag(TableGroup<T, Engine, S>& tables, const Request& q, std::size_t begin, std::size_t end,
+                 std::size_t span, index_t bag) {
+    Plan& h = plan_;
+    const std::size_t m = end - begin;
+    h.bag_keys.resize(m);
+    h.bag_owner.resize(m);
+    h.owners.clear();
+    for (std::size_t j = 0; j < m; ++j) {
+      const index_t key = tables.key_of(q.table, h.ids[begin + j]);
+      const auto o = static_cast<std::size_t>(key) / span;
+      h.bag_keys[j] = key;
+      h.bag_owner[j] = static_cast<std::int32_t>(o);
+      if (h.per_owner[o]++ == 0) h.owners.push_back(o);
+    }
+    std::sort(h.owners.begin(), h.owners.end());  // at most min(ids, ranks) of them
+    // per_owner[o] becomes where owner o's ids start among the bag's.
+    const std::size_t first = h.keys.size();
+    std::size_t at = first;
+    for (std::size_t o : h.owners) {
+      h.counts.push_back(static_cast<index_t>(h.per_owner[o]));
+      h.segment_dest.push_back(static_cast<std::int32_t>(o));
+      h.segment_bag.push_back(bag);
+      const std::size_t c = h.per_owner[o];
+      h.per_owner[o] = at;
+      at += c;
+    }
+    h.keys.resize(at);
+    h.entry_dest.resize(at);
+    if (weighted_) h.weights.resize(at);
+    for (std::size_t j = 0; j < m; ++j) {
+      const auto o = static_cast<std::size_t>(h.bag_owner[j]);
+      const std::size_t k = h.per_owner[o]++;
+      h.keys[k] = h.bag_keys[j];
+      h.entry_dest[k] = h.bag_owner[j];
+      if (weighted_) h.weights[k] = q.weights ? h.w[begin + j] : T(1);
+    }
+    for (std::size_t o : h.owners) h.per_owner[o] = 0;
+  }
+
   Engine* engine_;
+  Plan plan_;
   std::size_t cols_ = 0;
   bool weighted_ = false;  // some request weighted: every id travels with a weight (1 where none)
   Compression compress_ = Compression::none;  // the group's: replies and gradient rows in 16 bits
   std::vector<Request> requests_;
   std::vector<std::size_t> bag_first_of_;  // per request: its first bag among the batch's
-  std::vector<index_t> segment_bag_;       // per segment sent: its bag among the batch's
   // The asker's: ids as keys, their owners and weights; per segment its ids
   // and owner; per bag its first segment (bags + 1); each request's offsets.
   Buffer<index_t, space> keys_, counts_, bag_first_, reply_at_;
