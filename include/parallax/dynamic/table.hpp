@@ -348,6 +348,10 @@ class Table {
   const T* row(index_t r) const noexcept { return values_.data() + static_cast<std::size_t>(r) * options_.cols; }
   T* state(int k, index_t r) noexcept { return state_[k].data() + static_cast<std::size_t>(r) * options_.cols; }
   std::uint64_t key_of(index_t r) const noexcept { return keys_[static_cast<std::size_t>(r)]; }
+  /// Whether row r (in [0, capacity)) is live and holds `key`.
+  bool holds(index_t r, std::uint64_t key) const noexcept {
+    return (flags_[static_cast<std::size_t>(r)] & live) != 0 && keys_[static_cast<std::size_t>(r)] == key;
+  }
   std::uint64_t count_of(index_t r) const noexcept { return count_[static_cast<std::size_t>(r)]; }
   std::uint64_t last_step_of(index_t r) const noexcept { return last_[static_cast<std::size_t>(r)]; }
   /// The whole value array (capacity x cols) and state slot k's, as a
