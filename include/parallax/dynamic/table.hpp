@@ -13,8 +13,9 @@
 ///     rows of `cols` values each (laid out as optim::State lays out a
 ///     variable's, one array per slot, row r at r * cols), its key, the step
 ///     it was last seen and how often it was seen;
-///   * a free list of rows, and scratch for eviction (row numbers, and the
-///     scores of a user score function).
+///   * a free list of rows, a byte of flags per row, and the eviction
+///     cache (evict_lowest): an eighth of the capacity of entries, and for
+///     LFU and a user score the rows seen since it was built.
 /// A row's initial values are a pure function of (initializer, name, key,
 /// column), its state starts at the optimizer's slot_initial: the same key
 /// gets the same fresh row on any rank, in any order, after any eviction.
@@ -64,7 +65,7 @@ struct Options {
   /// For Evict::score: lower scores go first.
   std::function<double(std::uint64_t key, std::uint64_t count, std::uint64_t last_step)> score;
   /// When full, this fraction of the capacity goes at once (at least one
-  /// row), so that eviction costs O(capacity) once per that many inserts.
+  /// row): the batch whose keys are the lowest at that moment.
   double evict_fraction = 0.01;
   /// The index's load when every row is taken: buckets = capacity / max_load.
   double max_load = 0.7;
