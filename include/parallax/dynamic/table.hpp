@@ -339,8 +339,18 @@ class Table {
 
   /// out[0, cols) <- the initial row of `key`.
   void initial_row(std::uint64_t key, T* out) const {
-    const std::uint64_t base = parallax::detail::splitmix64(key);
-    for (std::size_t c = 0; c < options_.cols; ++c) out[c] = static_cast<T>(rule_.value(base + c));
+    namespace pd = parallax::detail;
+    const std::uint64_t base = pd::splitmix64(key);
+    const std::size_t cols = options_.cols;
+    if (rule_.kind == pd::InitRule::uniform) {
+      // InitRule::value's uniform case with the switch out of the loop (an
+      // insert's cost): the same arithmetic, so the same values.
+      const double low = rule_.a, span = rule_.b - rule_.a;
+      for (std::size_t c = 0; c < cols; ++c)
+        out[c] = static_cast<T>(low + span * pd::unit(pd::splitmix64(rule_.key ^ pd::splitmix64(base + c))));
+      return;
+    }
+    for (std::size_t c = 0; c < cols; ++c) out[c] = static_cast<T>(rule_.value(base + c));
   }
 
   /// Row r's values (cols of them), its state slot k, its key, and its
