@@ -156,6 +156,18 @@ struct Model {
   }
 };
 
+/// The table holds the model's keys, with its counts and last steps.
+void require_model(const pd::Table<float>& t, const Model& m) {
+  const auto snap = t.export_rows();
+  std::vector<std::uint64_t> model_keys;
+  for (const auto& kv : m.live) model_keys.push_back(kv.first);
+  REQUIRE(snap.keys == model_keys);
+  for (std::size_t i = 0; i < snap.size(); ++i) {
+    REQUIRE(snap.counts[i] == m.live.at(snap.keys[i]).first);
+    REQUIRE(snap.last_steps[i] == m.live.at(snap.keys[i]).second);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("LRU, LFU and a user score evict what the reference model evicts", "[dynamic][table]") {
@@ -186,14 +198,7 @@ TEST_CASE("LRU, LFU and a user score evict what the reference model evicts", "[d
         REQUIRE(t.size() == m.live.size());
       }
       INFO("policy " << static_cast<int>(policy) << " fraction " << fraction);
-      const auto snap = t.export_rows();
-      std::vector<std::uint64_t> model_keys;
-      for (const auto& kv : m.live) model_keys.push_back(kv.first);
-      REQUIRE(snap.keys == model_keys);
-      for (std::size_t i = 0; i < snap.size(); ++i) {
-        REQUIRE(snap.counts[i] == m.live.at(snap.keys[i]).first);
-        REQUIRE(snap.last_steps[i] == m.live.at(snap.keys[i]).second);
-      }
+      require_model(t, m);
       REQUIRE(t.stats().evictions > 0);
       REQUIRE(t.stats().inserts - t.stats().evictions == t.size());
     }
@@ -239,14 +244,7 @@ TEST_CASE("the eviction cache stays exact across erase(), evict() and import bet
       REQUIRE(t.size() == m.live.size());
     }
     INFO("policy " << static_cast<int>(policy));
-    const auto snap = t.export_rows();
-    std::vector<std::uint64_t> model_keys;
-    for (const auto& kv : m.live) model_keys.push_back(kv.first);
-    REQUIRE(snap.keys == model_keys);
-    for (std::size_t i = 0; i < snap.size(); ++i) {
-      REQUIRE(snap.counts[i] == m.live.at(snap.keys[i]).first);
-      REQUIRE(snap.last_steps[i] == m.live.at(snap.keys[i]).second);
-    }
+    require_model(t, m);
     REQUIRE(t.stats().evictions > 100);
   }
 }
