@@ -70,7 +70,7 @@ inline void add_options(po::options_description& desc, Args& a) {
      "rows per rank over all tables (each table holds its even share)")
     ("dynamic-evict", po::value(&a.evict)->default_value(a.evict), "eviction when a table is full: lru or lfu")
     ("dynamic-evict-fraction", po::value(&a.evict_fraction)->default_value(a.evict_fraction),
-     "the fraction of a full table's rows evicted at once (each eviction scans the table)")
+     "the fraction of a full table's rows evicted at once (the lowest at that moment)")
     ("dynamic-admit", po::value(&a.admit)->default_value(a.admit),
      "admission: always, count-min (a key takes a row at its --dynamic-sightings-th sighting) or probability")
     ("dynamic-sightings", po::value(&a.sightings)->default_value(a.sightings), "count-min admission's sightings")

@@ -156,6 +156,18 @@ struct Model {
   }
 };
 
+/// The table holds the model's keys, with its counts and last steps.
+void require_model(const pd::Table<float>& t, const Model& m) {
+  const auto snap = t.export_rows();
+  std::vector<std::uint64_t> model_keys;
+  for (const auto& kv : m.live) model_keys.push_back(kv.first);
+  REQUIRE(snap.keys == model_keys);
+  for (std::size_t i = 0; i < snap.size(); ++i) {
+    REQUIRE(snap.counts[i] == m.live.at(snap.keys[i]).first);
+    REQUIRE(snap.last_steps[i] == m.live.at(snap.keys[i]).second);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("LRU, LFU and a user score evict what the reference model evicts", "[dynamic][table]") {
@@ -186,17 +198,54 @@ TEST_CASE("LRU, LFU and a user score evict what the reference model evicts", "[d
         REQUIRE(t.size() == m.live.size());
       }
       INFO("policy " << static_cast<int>(policy) << " fraction " << fraction);
-      const auto snap = t.export_rows();
-      std::vector<std::uint64_t> model_keys;
-      for (const auto& kv : m.live) model_keys.push_back(kv.first);
-      REQUIRE(snap.keys == model_keys);
-      for (std::size_t i = 0; i < snap.size(); ++i) {
-        REQUIRE(snap.counts[i] == m.live.at(snap.keys[i]).first);
-        REQUIRE(snap.last_steps[i] == m.live.at(snap.keys[i]).second);
-      }
+      require_model(t, m);
       REQUIRE(t.stats().evictions > 0);
       REQUIRE(t.stats().inserts - t.stats().evictions == t.size());
     }
+  }
+}
+
+TEST_CASE("the eviction cache stays exact across erase(), evict() and import between evictions",
+          "[dynamic][table]") {
+  for (pd::Evict policy : {pd::Evict::lru, pd::Evict::lfu, pd::Evict::score}) {
+    auto o = small(200);
+    o.evict = policy;
+    o.evict_fraction = 0.02;  // 4 rows a batch; the cache holds 25
+    o.score = &Model::user;
+    pd::Table<float> t(o);
+    Model m{200, 4, policy, {}};
+    std::mt19937_64 rng(static_cast<std::uint64_t>(policy) + 40);
+    for (std::uint64_t step = 1; step <= 400; ++step) {
+      std::vector<std::uint64_t> keys;
+      for (int i = 0; i < 6; ++i) {
+        const std::uint64_t u = rng() % 3000;
+        keys.push_back(u % 5 == 0 ? u % 60 : u);
+      }
+      std::vector<px::index_t> slots(keys.size());
+      t.find_or_insert(keys.data(), keys.size(), step, slots.data());
+      for (std::uint64_t k : keys) m.see(k, step);
+      if (step % 7 == 0) {  // erase a live key and a missing one
+        const std::uint64_t gone[2] = {keys[0], 1u << 30};
+        REQUIRE(t.erase(gone, 2) == 1);
+        m.live.erase(keys[0]);
+      }
+      if (step % 11 == 0) {  // evict() the lowest 3, the current step's included
+        std::vector<std::tuple<double, std::uint64_t, std::uint64_t>> c;
+        for (const auto& kv : m.live) c.push_back(m.rank(kv.first));
+        std::sort(c.begin(), c.end());
+        for (std::size_t i = 0; i < 3 && i < c.size(); ++i) m.live.erase(std::get<2>(c[i]));
+        REQUIRE(t.evict(3) == std::min<std::size_t>(3, c.size()));
+      }
+      if (step % 50 == 0) {  // a round trip through a snapshot re-seats every row
+        const auto snap = t.export_rows();
+        REQUIRE(t.erase(snap.keys.data(), snap.size()) == snap.size());
+        REQUIRE(t.import_rows(snap) == snap.size());
+      }
+      REQUIRE(t.size() == m.live.size());
+    }
+    INFO("policy " << static_cast<int>(policy));
+    require_model(t, m);
+    REQUIRE(t.stats().evictions > 100);
   }
 }
 

@@ -105,7 +105,7 @@ class DynamicReplica final : public dynamic_ps::TableMember<Engine, Optimizer, V
     gathered_.gather(engine, keys, n, static_cast<const T*>(nullptr), 0);
     slots_.resize(gathered_.keys.size());
     try {
-      this->table_.find_or_insert(gathered_.keys.data(), gathered_.keys.size(), step, slots_.data());
+      this->insert(gathered_.keys.data(), gathered_.keys.size(), step, slots_.data());
     } catch (const error& e) {
       throw error(detail::concat("dynamic variable '", this->var_.name(), "': ", e.what()));
     }

@@ -242,11 +242,24 @@ class TableMember : public Shard<Engine, Optimizer> {
     var_.state().grad_touched = false;
     sums_.clear();
     push_slots_.clear();
+    looked_keys_.clear();
+    looked_slots_.clear();
   }
   const dynamic::Stats& local_stats() const override { return table_.stats(); }
   dynamic::Table<T>& table() noexcept { return table_; }
 
  protected:
+  /// find_or_insert on the table; the step's last such keys and rows are
+  /// kept, so that a push of the same keys finds its rows without hashing
+  /// them again (sum_pushed).
+  void insert(const std::uint64_t* keys, std::size_t n, std::uint64_t step, index_t* slots) {
+    looked_keys_.clear();
+    looked_slots_.clear();
+    table_.find_or_insert(keys, n, step, slots);
+    looked_keys_.assign(keys, keys + n);
+    looked_slots_.assign(slots, slots + n);
+  }
+
   /// The step's pushed rows, `n` keys with `cols` values each in arrival
   /// order, summed by the key's row in that order (so the sum is bit for
   /// bit what one process summing the global batch in rank order gets);
@@ -254,7 +267,17 @@ class TableMember : public Shard<Engine, Optimizer> {
   void sum_pushed(const std::uint64_t* keys, const T* rows, std::size_t n) {
     const std::size_t cols = var_.cols();
     arrived_.resize(n);
-    table_.find(keys, n, arrived_.data());
+    if (n != 0 && looked_keys_.size() == n && std::equal(keys, keys + n, looked_keys_.begin())) {
+      // The keys of this step's last lookup, in its order: its rows, where
+      // they still hold the key (a key refused then may hold one now).
+      for (std::size_t j = 0; j < n; ++j) {
+        const index_t s = looked_slots_[j];
+        if (s >= 0 && table_.holds(s, keys[j])) arrived_[j] = s;
+        else table_.find(keys + j, 1, arrived_.data() + j);
+      }
+    } else {
+      table_.find(keys, n, arrived_.data());
+    }
     if (at_.size() != table_.capacity()) at_.assign(table_.capacity(), unseen);
     push_slots_.clear();
     sums_.clear();
@@ -294,6 +317,8 @@ class TableMember : public Shard<Engine, Optimizer> {
   Placement placement_;
   static constexpr std::uint32_t unseen = UINT32_MAX;
   std::vector<index_t> arrived_;     // the row of each pushed key, or -1
+  std::vector<std::uint64_t> looked_keys_;  // the step's last lookup (insert()) and its rows
+  std::vector<index_t> looked_slots_;
   std::vector<std::uint32_t> at_;    // per row: its place in push_slots_ this step, or unseen
   std::vector<index_t> push_slots_;  // this step's pushed rows, in first-arrival order
   std::vector<T> sums_;              // and their summed gradients

@@ -178,20 +178,30 @@ class ShardOf final : public TableMember<Engine, Optimizer, Var> {
   void request(Engine& engine, const std::uint64_t* keys, std::size_t n, std::uint64_t step,
                std::optional<std::string>& problem) {
     Route& r = lookups_.emplace_back();
-    r.build(engine, keys, n);
-    slots_.resize(r.received());
+    // One rank owns every key: the caller's keys are what it receives.
+    const bool alone = engine.size() == 1;
+    if (alone) r.send_keys.assign(keys, keys + n);
+    else r.build(engine, keys, n);
+    const std::uint64_t* received = alone ? keys : r.recv_keys.data();
+    std::vector<index_t>& slots = requested_slots_.emplace_back(alone ? n : r.received());
     try {
-      this->table_.find_or_insert(r.recv_keys.data(), r.received(), step, slots_.data());
+      this->insert(received, slots.size(), step, slots.data());
     } catch (const error& e) {
       if (!problem) problem = detail::concat("dynamic variable '", this->var_.name(), "': ", e.what());
     }
-    requested_slots_.push_back(slots_);
   }
   /// Sends the rows of the last request() back; returns them aligned to its keys. Collective.
   Rows<T, HostSpace> reply(Engine& engine) {
     const Route& r = lookups_.back();
     const std::vector<index_t>& slots = requested_slots_.back();
     const std::size_t cols = this->var_.cols();
+    if (engine.size() == 1) {  // the rows land in place: no route
+      std::vector<T>& rows = results_.emplace_back(slots.size() * cols);
+      this->table_.gather(r.send_keys.data(), slots.data(), slots.size(), rows.data());
+      lookups_.pop_back();
+      requested_slots_.pop_back();
+      return Rows<T, HostSpace>{rows.data(), slots.size(), cols};
+    }
     std::vector<T> out_rows(r.received() * cols), back(r.send_keys.size() * cols);
     this->table_.gather(r.recv_keys.data(), slots.data(), r.received(), out_rows.data());
     r.move_rows(engine, out_rows.data(), back.data(), cols, true);
@@ -213,6 +223,10 @@ class ShardOf final : public TableMember<Engine, Optimizer, Var> {
   /// in arrival order (source rank, then the order added).
   void push(Engine& engine) override {
     const auto& g = this->var_.state().grad;
+    if (engine.size() == 1) {
+      this->sum_pushed(g.keys(), g.values(), g.size());
+      return;
+    }
     Route r;
     std::vector<T> recv;
     r.build(engine, g.keys(), g.size(), g.values(), this->var_.cols(), &recv);
@@ -229,7 +243,6 @@ class ShardOf final : public TableMember<Engine, Optimizer, Var> {
   std::deque<std::vector<T>> results_;  // this step's looked-up rows, valid until clear()
   std::deque<Route> lookups_;
   std::deque<std::vector<index_t>> requested_slots_;
-  std::vector<index_t> slots_;
 };
 
 }  // namespace dynamic_ps
