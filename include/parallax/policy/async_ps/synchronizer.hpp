@@ -40,6 +40,7 @@
 #include <parallax/policy/async_ps/clock.hpp>
 #include <parallax/policy/async_ps/rma.hpp>
 #include <parallax/policy/asynchronous.hpp>
+#include <parallax/policy/members.hpp>
 #include <parallax/policy/policy.hpp>
 #include <parallax/space.hpp>
 #include <parallax/types.hpp>
@@ -84,11 +85,7 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
     if (auto it = options_.partitions.find(name); it != options_.partitions.end() && it->second > 0) parts = it->second;
     parts = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(parts), var.rows()));
     const PartitionMap map(var.rows(), parts, engine_->size());
-    auto m = std::make_unique<Table<Var>>(std::move(var), *this, map);
-    Member& ref = *m;
-    tables_.push_back(m.get());
-    members_.push_back(std::move(m));
-    return ref;
+    return tables_.template add<Table<Var>>(std::move(var), *this, map);
   }
 
   /// The step clocks, then every table's windows. Collective.
@@ -442,9 +439,7 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
 
   template <class V>
   Table<V>& table_of(const V& var) {
-    for (auto& m : members_)
-      if (m->identity() == &var.state()) return static_cast<Table<V>&>(*m);
-    throw error(detail::concat("variable '", var.name(), "' is not synchronised by AsyncPS"));
+    return tables_.template of<Table<V>>(var, "AsyncPS");
   }
 
   Engine* engine_;
@@ -457,8 +452,7 @@ class AsyncSynchronizer final : public Synchronizer<Engine>, public Asynchronous
   std::unique_ptr<async::Clock> clock_;
   bool rma_ = false;  // the route across hosts (rma.hpp)
   std::unique_ptr<async::Watchdog> watchdog_;  // RMA route: the deadline of one-sided calls
-  std::vector<std::unique_ptr<Member>> members_;  // registration order
-  std::vector<TableBase*> tables_;                // the same, as tables
+  Members<TableBase> tables_;                     // registration order
   async::ReadBags<space> bags_;                   // this step's lookups of bags
 };
 
