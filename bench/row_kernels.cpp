@@ -349,7 +349,7 @@ void run_segments(benchmark::State& state, Step step, std::size_t bytes_per_elem
 }
 // The ring's add reads the gradient and the segment and writes the gradient.
 void AddInto_ring(benchmark::State& state) {
-  run_segments(state, [](float* dst, const float* src, std::size_t n) { px::detail::ContiguousView<float>(dst).add(host, 0, src, n); },
+  run_segments(state, [](float* dst, const float* src, std::size_t n) { px::policy::ring::ContiguousView<float>(dst).add(host, 0, src, n); },
                3 * sizeof(float));
 }
 void Memcpy_ring(benchmark::State& state) {

@@ -139,7 +139,7 @@ TEST_CASE("Tensors adjacent in memory are one piece of the ring's view", "[polic
                                         {arena.data() + 30, 50, px::DataType::f32},
                                         {apart.data(), 10, px::DataType::f32},
                                         {arena.data() + 80, 20, px::DataType::f32}};
-  px::detail::PieceView<float> view(refs.data(), refs.size());
+  px::policy::ring::PieceView<float> view(refs.data(), refs.size());
   CHECK(view.size() == 110);
   CHECK(view.pieces() == 3);  // [0, 80) of the arena, apart, [80, 100) of the arena
   CHECK(view.span(10, 70) == arena.data() + 10);

@@ -26,7 +26,7 @@ T inexact_value(int rank, std::size_t i) {
 }
 
 /// Whether the layout of `t` has every host of one size.
-bool uniform(const px::Topology& t) { return px::detail::uniform_hosts(t); }
+bool uniform(const px::Topology& t) { return px::policy::ring::uniform_hosts(t); }
 
 /// The traffic one all-reduce of `count` elements of `bytes` each must book
 /// on this rank: hierarchical, the host ring's reduce-scatter and all-gather
@@ -35,7 +35,7 @@ bool uniform(const px::Topology& t) { return px::detail::uniform_hosts(t); }
 px::Traffic expected_traffic(const px::Topology& t, bool hierarchical, std::size_t count, std::uint64_t bytes) {
   px::Traffic w;
   if (hierarchical) {
-    const px::detail::HostRings r(t);
+    const px::policy::ring::HostRings r(t);
     w.sent_intra = bytes * r.intra_sent(count);
     w.recv_intra = bytes * r.intra_received(count);
     w.sent_inter = bytes * r.inter_sent(count);
@@ -114,7 +114,7 @@ TEST_CASE("RingAllReduce picks the hierarchical ring from the host layout", "[po
     CHECK(!flat.hierarchical());
     CHECK(flat.choose(1 << 20) == Algorithm::ring);
     if (even) {
-      const px::detail::HostRings r(t);
+      const px::policy::ring::HostRings r(t);
       CHECK(r.host.size() == per_host);
       CHECK(r.across.size() == t.num_hosts());
       CHECK(r.host.peer(r.host.me) == t.rank());

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace parallax {
+namespace parallax::policy::allgatherv {
 
 /// Gathers sparse rows from every rank of an engine and sums duplicates.
 ///
@@ -109,4 +109,8 @@ class SparseAllGatherer {
   detail::CoalesceScratch<space> scratch_;
 };
 
+}  // namespace parallax::policy::allgatherv
+
+namespace parallax {
+using policy::allgatherv::SparseAllGatherer;  // as tests and benchmarks name it
 }  // namespace parallax

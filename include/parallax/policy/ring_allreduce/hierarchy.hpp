@@ -12,7 +12,7 @@
 #include <cstddef>
 #include <vector>
 
-namespace parallax::detail {
+namespace parallax::policy::ring {
 
 /// The ranks of one ring in ring order (position p sends to p + 1), and this
 /// rank's position. The ring runs over the engine's communicator: positions
@@ -22,7 +22,7 @@ struct RingGroup {
   int me = 0;
   int size() const noexcept { return static_cast<int>(ranks.size()); }
   /// The rank at `position` (any integer, taken modulo the size).
-  int peer(int position) const noexcept { return ranks[static_cast<std::size_t>(ring::mod(position, size()))]; }
+  int peer(int position) const noexcept { return ranks[static_cast<std::size_t>(detail::ring::mod(position, size()))]; }
   /// The rank this one sends to, and the one it receives from.
   int right() const noexcept { return peer(me + 1); }
   int left() const noexcept { return peer(me - 1); }
@@ -60,27 +60,27 @@ struct HostRings {
   /// The part of a buffer of `count` elements this rank reduces between
   /// hosts: the chunk the reduce-scatter inside the host leaves it.
   std::size_t share_offset(std::size_t count) const {
-    return ring::chunk_offset(count, host.size(), ring::owned_chunk(host.me, host.size()));
+    return detail::ring::chunk_offset(count, host.size(), detail::ring::owned_chunk(host.me, host.size()));
   }
   std::size_t share_count(std::size_t count) const {
-    return ring::chunk_count(count, host.size(), ring::owned_chunk(host.me, host.size()));
+    return detail::ring::chunk_count(count, host.size(), detail::ring::owned_chunk(host.me, host.size()));
   }
 
   /// Elements this rank sends to ranks of its own host in an all-reduce of
   /// `count` (the reduce-scatter and all-gather inside the host), and
   /// receives from them.
-  std::size_t intra_sent(std::size_t count) const { return ring::allreduce_sent(count, host.size(), host.me); }
+  std::size_t intra_sent(std::size_t count) const { return detail::ring::allreduce_sent(count, host.size(), host.me); }
   std::size_t intra_received(std::size_t count) const {
-    return ring::allreduce_received(count, host.size(), host.me);
+    return detail::ring::allreduce_received(count, host.size(), host.me);
   }
   /// Elements this rank sends to, and receives from, other hosts: a ring
   /// all-reduce of its share between the hosts, 2(H-1)/H of count / L.
   std::size_t inter_sent(std::size_t count) const {
-    return ring::allreduce_sent(share_count(count), across.size(), across.me);
+    return detail::ring::allreduce_sent(share_count(count), across.size(), across.me);
   }
   std::size_t inter_received(std::size_t count) const {
-    return ring::allreduce_received(share_count(count), across.size(), across.me);
+    return detail::ring::allreduce_received(share_count(count), across.size(), across.me);
   }
 };
 
-}  // namespace parallax::detail
+}  // namespace parallax::policy::ring

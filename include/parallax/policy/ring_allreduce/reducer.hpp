@@ -26,7 +26,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace parallax {
+namespace parallax::policy::ring {
 
 /// One gradient handed to tensor fusion, and the variable it belongs to
 /// (its bytes are booked to it; null: to the scope in force).
@@ -37,7 +37,6 @@ struct TensorRef {
   const char* label = nullptr;
 };
 
-namespace detail {
 template <class T>
 struct AddInto {
   T* dst;
@@ -136,9 +135,6 @@ class PieceView {
   std::vector<T*> pieces_;
   std::vector<std::size_t> starts_;  // starts_[p]: first element of piece p; back(): size
 };
-}  // namespace detail
-
-namespace policy::ring {
 
 /// Sums buffers over all ranks of an engine, in place.
 ///
@@ -164,14 +160,14 @@ class RingAllReducer {
   using space = engine::space_of_t<Engine>;
 
   explicit RingAllReducer(Engine& engine, RingOptions options = {})
-      : engine_(&engine), options_(options), world_(detail::world_ring(engine.topology())) {
+      : engine_(&engine), options_(options), world_(world_ring(engine.topology())) {
     PARALLAX_EXPECTS(options_.segment_bytes >= 64, "RingOptions::segment_bytes must be at least 64, got ",
                      options_.segment_bytes);
     const Topology& t = engine.topology();
     oversubscribed_ = t.oversubscribed();
     // The rings are drawn once, here; every rank draws the same ones.
     const bool several = t.num_hosts() > 1 && t.local_size() > 1;
-    if (detail::uniform_hosts(t) && (options_.algorithm == engine::Algorithm::hierarchical ||
+    if (uniform_hosts(t) && (options_.algorithm == engine::Algorithm::hierarchical ||
                                      (options_.algorithm != engine::Algorithm::ring && several)))
       rings_.emplace(t);
   }
@@ -185,7 +181,7 @@ class RingAllReducer {
   /// for it or leave it to automatic.
   bool hierarchical() const noexcept { return rings_.has_value(); }
   /// The rings of the hierarchical all-reduce (hierarchical() must hold).
-  const detail::HostRings& host_rings() const noexcept { return *rings_; }
+  const HostRings& host_rings() const noexcept { return *rings_; }
 
   /// The algorithm automatic picks for a buffer of this many bytes.
   engine::Algorithm choose(std::size_t bytes) const noexcept {
@@ -213,7 +209,7 @@ class RingAllReducer {
     if (choose(count * sizeof(T)) == engine::Algorithm::native) {
       engine_->allreduce(data, data, count, data_type_of_v<T>, ReduceOp::sum);
     } else {
-      detail::ContiguousView<T> view(data);
+      ContiguousView<T> view(data);
       run(view, count);
     }
   }
@@ -260,7 +256,7 @@ class RingAllReducer {
   template <class T>
   void ring_pieces(const TensorRef* tensors, std::size_t n) {
     if (engine_->size() == 1) return;
-    detail::PieceView<T> view(tensors, n);
+    PieceView<T> view(tensors, n);
     if (view.size() == 0) return;
     run(view, view.size());
   }
@@ -274,7 +270,7 @@ class RingAllReducer {
       return;
     }
     // Inside the host, between hosts (this rank's share), inside the host.
-    const detail::HostRings& r = *rings_;
+    const HostRings& r = *rings_;
     const std::size_t at = r.share_offset(count), share = r.share_count(count);
     reduce_scatter(view, 0, count, r.host);
     reduce_scatter(view, at, share, r.across);
@@ -351,7 +347,7 @@ class RingAllReducer {
   /// the left lands in land[g & 1] and is added into the view while segment
   /// g + 1 travels.
   template <class View>
-  void reduce_scatter(const View& view, std::size_t at, std::size_t count, const detail::RingGroup& group) {
+  void reduce_scatter(const View& view, std::size_t at, std::size_t count, const RingGroup& group) {
     using T = typename View::value_type;
     const int n = group.size(), me = group.me, right = group.right(), left = group.left();
     if (n == 1 || count == 0) return;
@@ -385,7 +381,7 @@ class RingAllReducer {
   /// message, in place; over tensors, segment by segment, straight into a
   /// tensor where the segment lies in one, else through land[g & 1].
   template <class View>
-  void all_gather(const View& view, std::size_t at, std::size_t count, const detail::RingGroup& group) {
+  void all_gather(const View& view, std::size_t at, std::size_t count, const RingGroup& group) {
     using T = typename View::value_type;
     const int n = group.size(), me = group.me, right = group.right(), left = group.left();
     if (n == 1 || count == 0) return;
@@ -425,13 +421,15 @@ class RingAllReducer {
   Engine* engine_;
   RingOptions options_;
   bool oversubscribed_ = false;
-  detail::RingGroup world_;                // the flat ring: every rank
-  std::optional<detail::HostRings> rings_;  // the hierarchical rings, where they run
+  RingGroup world_;                // the flat ring: every rank
+  std::optional<HostRings> rings_;  // the hierarchical rings, where they run
   Buffer<std::byte, space> scratch_;
 };
 
-}  // namespace policy::ring
+}  // namespace parallax::policy::ring
 
-using policy::ring::RingAllReducer;  // as tests and benchmarks name it
-
+namespace parallax {
+// The names tests, benchmarks and docs/gpu.md use.
+using policy::ring::RingAllReducer;
+using policy::ring::TensorRef;
 }  // namespace parallax
