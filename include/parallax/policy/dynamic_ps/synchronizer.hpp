@@ -220,7 +220,7 @@ class DynamicSynchronizer final : public Synchronizer<Engine> {
   }
   /// Every shard's gradient rows travel in one exchange.
   void finish_exchange(const StepInfo&) override {
-    if (engine_.size() == 1) {
+    if (engine_.size() == 1 || shards_.empty()) {  // nothing to route
       for (auto& s : shards_) s->push(engine_);
       return;
     }
