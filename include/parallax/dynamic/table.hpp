@@ -13,15 +13,17 @@
 ///     rows of `cols` values each (laid out as optim::State lays out a
 ///     variable's, one array per slot, row r at r * cols), its key, the step
 ///     it was last seen and how often it was seen;
-///   * a free list of rows, a byte of flags per row, and the eviction
-///     cache (evict_lowest): an eighth of the capacity of entries, and for
-///     LFU and a user score the rows seen since it was built.
+///   * a free list of rows, and the eviction order (EvictionOrder,
+///     eviction.hpp): a byte of flags per row, a cache of an eighth of the
+///     capacity of the lowest rows, and for LFU and a user score the rows
+///     seen since it was built.
 /// A row's initial values are a pure function of (initializer, name, key,
 /// column), its state starts at the optimizer's slot_initial: the same key
 /// gets the same fresh row on any rank, in any order, after any eviction.
 
 #include <parallax/config.hpp>
 #include <parallax/dynamic/admission.hpp>
+#include <parallax/dynamic/eviction.hpp>
 #include <parallax/error.hpp>
 #include <parallax/init.hpp>
 #include <parallax/optim/optimizer.hpp>
@@ -38,13 +40,6 @@
 #include <vector>
 
 namespace parallax::dynamic {
-
-/// Which rows go when the table is full: the lowest score first.
-enum class Evict : std::uint8_t {
-  lru,   ///< score: the step a row was last seen
-  lfu,   ///< score: how often it was seen since it took its row
-  score  ///< score: Options::score(key, count, last_step)
-};
 
 /// What an unadmitted key reads.
 enum class Unadmitted : std::uint8_t { zeros, initial };
@@ -63,7 +58,7 @@ struct Options {
   double slot_initial[optim::max_slots] = {0.0, 0.0};
   Evict evict = Evict::lru;
   /// For Evict::score: lower scores go first.
-  std::function<double(std::uint64_t key, std::uint64_t count, std::uint64_t last_step)> score;
+  ScoreFn score;
   /// When full, this fraction of the capacity goes at once (at least one
   /// row): the batch whose keys are the lowest at that moment.
   double evict_fraction = 0.01;
@@ -178,15 +173,10 @@ class Table {
     free_.resize(op.capacity);
     // Row 0 is handed out first.
     for (std::size_t r = 0; r < op.capacity; ++r) free_[r] = static_cast<std::uint32_t>(op.capacity - 1 - r);
-    flags_.assign(op.capacity, 0);
     // The eviction cache: an eighth of the rows (at least one batch), so a
     // full table scans its rows about once per capacity / 8 evictions.
-    cache_rows_ = std::min(op.capacity, std::max(evict_batch(), (op.capacity + 7) / 8));
-    cache_.reserve(cache_rows_);
-    if (tracks_seen()) {
-      extra_.reserve(cache_rows_);
-      seen_.reserve(op.capacity);
-    }
+    order_ = EvictionOrder(op.capacity, std::min(op.capacity, std::max(evict_batch(), (op.capacity + 7) / 8)),
+                           op.evict, op.score);
     stats_.capacity = op.capacity;
   }
 
@@ -318,7 +308,7 @@ class Table {
       if (mine(s.keys[i]) && index_[locate(s.keys[i])].row == none) ++fresh;
     if (fresh > free_.size())
       throw error(what + std::to_string(fresh) + " new keys, " + std::to_string(free_.size()) + " free rows");
-    cached_ = false;  // imported rows may lie anywhere in the eviction order
+    order_.forget();  // imported rows may lie anywhere in the eviction order
     std::size_t taken = 0;
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint64_t key = s.keys[i];
@@ -361,7 +351,7 @@ class Table {
   std::uint64_t key_of(index_t r) const noexcept { return keys_[static_cast<std::size_t>(r)]; }
   /// Whether row r (in [0, capacity)) is live and holds `key`.
   bool holds(index_t r, std::uint64_t key) const noexcept {
-    return (flags_[static_cast<std::size_t>(r)] & live) != 0 && keys_[static_cast<std::size_t>(r)] == key;
+    return order_.live(static_cast<std::size_t>(r)) && keys_[static_cast<std::size_t>(r)] == key;
   }
   std::uint64_t count_of(index_t r) const noexcept { return count_[static_cast<std::size_t>(r)]; }
   std::uint64_t last_step_of(index_t r) const noexcept { return last_[static_cast<std::size_t>(r)]; }
@@ -382,8 +372,7 @@ class Table {
   std::size_t bytes() const noexcept {
     std::size_t b = index_.capacity() * sizeof(Bucket) + values_.capacity() * sizeof(T) +
                     (keys_.capacity() + last_.capacity() + count_.capacity()) * sizeof(std::uint64_t) +
-                    (free_.capacity() + seen_.capacity()) * sizeof(std::uint32_t) + flags_.capacity() +
-                    (cache_.capacity() + extra_.capacity()) * sizeof(Candidate) + sketch_.bytes();
+                    free_.capacity() * sizeof(std::uint32_t) + order_.bytes() + sketch_.bytes();
     for (const auto& s : state_) b += s.capacity() * sizeof(T);
     return b;
   }
@@ -422,7 +411,7 @@ class Table {
       ++stats_.hits;
       last_[r] = step;
       ++count_[r];
-      if (cached_) mark_seen(r);
+      order_.seen(r);
       return static_cast<index_t>(r);
     }
     if (!admit(key, step)) {
@@ -443,7 +432,7 @@ class Table {
       std::fill_n(state_[k].data() + r * cols, cols, static_cast<T>(options_.slot_initial[k]));
     last_[r] = step;
     count_[r] = 1;
-    if (cached_) mark_seen(r);
+    order_.seen(r);
     ++stats_.inserts;
     stats_.size = size_;
     return static_cast<index_t>(r);
@@ -466,7 +455,7 @@ class Table {
     free_.pop_back();
     index_[b] = Bucket{key, r};
     keys_[r] = key;
-    flags_[r] |= live;
+    order_.set_live(r);
     ++size_;
     return r;
   }
@@ -474,7 +463,7 @@ class Table {
   /// Empties bucket b and shifts later entries of its probe run back.
   void remove_bucket(std::size_t b) {
     free_.push_back(index_[b].row);
-    flags_[index_[b].row] &= static_cast<std::uint8_t>(~live);
+    order_.clear_live(index_[b].row);
     --size_;
     std::size_t hole = b, j = b;
     for (;;) {
@@ -492,180 +481,16 @@ class Table {
     index_[hole].row = none;
   }
 
-  /// A row's place in the eviction order, as it was when the entry was
-  /// made: lower goes first. For LRU the score is 0 and (last, key) orders.
-  struct Candidate {
-    double score;
-    std::uint64_t last, key;
-    std::uint32_t row;
-  };
-  static bool before(const Candidate& a, const Candidate& b) noexcept {
-    if (a.score != b.score) return a.score < b.score;
-    return a.last != b.last ? a.last < b.last : a.key < b.key;
-  }
-  // As function objects, so that the heap algorithms inline them.
-  struct Before {
-    bool operator()(const Candidate& a, const Candidate& b) const noexcept { return before(a, b); }
-  };
-  struct After {
-    bool operator()(const Candidate& a, const Candidate& b) const noexcept { return before(b, a); }
-  };
-  Candidate candidate(std::uint32_t r) const {
-    double score = 0.0;
-    if (options_.evict == Evict::lfu) score = static_cast<double>(count_[r]);
-    else if (options_.evict == Evict::score) score = options_.score(keys_[r], count_[r], last_[r]);
-    return Candidate{score, last_[r], keys_[r], r};
-  }
-  /// An entry still describes its row: the row is live, holds the key and
-  /// has not been seen since (every lookup that finds or creates a row
-  /// sets its last step to one after every entry's).
-  bool current(const Candidate& c) const noexcept {
-    return (flags_[c.row] & live) != 0 && keys_[c.row] == c.key && last_[c.row] == c.last;
-  }
-  /// LFU's and a user score's rows move in the order when seen (a count
-  /// goes up, a score may go down); LRU's only go to the end.
-  bool tracks_seen() const noexcept { return options_.evict != Evict::lru; }
-  void mark_seen(std::uint32_t r) {
-    if (!tracks_seen() || (flags_[r] & seen) != 0) return;
-    flags_[r] |= seen;
-    seen_.push_back(r);
-  }
-
-  /// Rebuilds the eviction cache with the lowest live rows (sparing the
-  /// current step's with `spare_current`), at most `k` and about k / 2, in
-  /// ascending order. A systematic sample of the rows gives a threshold
-  /// (its place in the sample is k / 2 rows' in the table), one pass over
-  /// the rows keeps those at or below it, and a sort orders them; should
-  /// more than k pass, a bounded max-heap keeps the k lowest. `threshold_`
-  /// is then such that every row outside the cache lies above it.
-  void build_cache(std::size_t k, bool spare_current) {
-    cached_ = false;
-    cache_.clear();
-    extra_.clear();
-    at_ = 0;
-    for (std::uint32_t r : seen_) flags_[r] &= static_cast<std::uint8_t>(~seen);
-    seen_.clear();
-    if (k == 0) return;
-    const std::size_t capacity = options_.capacity;
-    const auto eligible = [&](std::uint32_t r) {
-      return (flags_[r] & live) != 0 && !(spare_current && last_[r] == step_);
-    };
-    // The sample, in cache_'s storage: every stride-th row.
-    const std::size_t stride = std::max<std::size_t>(1, capacity / std::min<std::size_t>(k, sample_rows));
-    for (std::size_t i = 0; i < capacity; i += stride)
-      if (eligible(static_cast<std::uint32_t>(i))) cache_.push_back(candidate(static_cast<std::uint32_t>(i)));
-    const std::size_t pick = k / 2 / stride;  // each sampled row stands for `stride` rows
-    const bool bounded = pick < cache_.size();
-    Candidate cut{};
-    if (bounded) {
-      std::nth_element(cache_.begin(), cache_.begin() + static_cast<std::ptrdiff_t>(pick), cache_.end(), Before{});
-      cut = cache_[pick];
-    }
-    cache_.clear();
-    bool heap = false;
-    for (std::size_t i = 0; i < capacity; ++i) {
-      const auto r = static_cast<std::uint32_t>(i);
-      if ((flags_[r] & live) == 0) continue;
-      if (spare_current && last_[r] == step_) {
-        mark_seen(r);  // may fall below the threshold once its step has passed
-        continue;
-      }
-      const Candidate c = candidate(r);
-      if (bounded && before(cut, c)) continue;
-      if (cache_.size() < k) {
-        cache_.push_back(c);
-      } else {
-        if (!heap) std::make_heap(cache_.begin(), cache_.end(), Before{});
-        heap = true;
-        if (before(c, cache_.front())) replace_top(c);
-      }
-    }
-    if (cache_.empty()) return;
-    std::sort(cache_.begin(), cache_.end(), Before{});
-    threshold_ = heap || !bounded ? cache_.back() : cut;
-    cached_ = true;
-  }
-
-  /// Replaces the top of the max-heap cache_ with c, which is below it, and sifts it down.
-  void replace_top(const Candidate& c) noexcept {
-    const std::size_t n = cache_.size();
-    std::size_t hole = 0;
-    for (;;) {
-      std::size_t child = 2 * hole + 1;
-      if (child >= n) break;
-      if (child + 1 < n && before(cache_[child], cache_[child + 1])) ++child;
-      if (!before(c, cache_[child])) break;
-      cache_[hole] = cache_[child];
-      hole = child;
-    }
-    cache_[hole] = c;
-  }
-
-  /// Rows seen since the cache was built whose place now lies at or below
-  /// its threshold join it (a min-heap beside the sorted cache); when
-  /// more than the cache holds would, the cache is dropped and rebuilt.
-  void catch_up(bool spare_current) {
-    std::size_t kept = 0;
-    for (std::size_t i = 0; i < seen_.size(); ++i) {
-      const std::uint32_t r = seen_[i];
-      if ((flags_[r] & live) == 0) {
-        flags_[r] &= static_cast<std::uint8_t>(~seen);
-        continue;
-      }
-      if (spare_current && last_[r] == step_) {
-        seen_[kept++] = r;  // not a candidate until its step has passed
-        continue;
-      }
-      flags_[r] &= static_cast<std::uint8_t>(~seen);
-      const Candidate c = candidate(r);
-      if (before(threshold_, c)) continue;
-      if (extra_.size() == extra_.capacity()) {  // rebuilt at once: every row is looked at again
-        cached_ = false;
-        for (std::uint32_t q : seen_) flags_[q] &= static_cast<std::uint8_t>(~seen);
-        seen_.clear();
-        return;
-      }
-      extra_.push_back(c);
-      std::push_heap(extra_.begin(), extra_.end(), After{});
-    }
-    seen_.resize(kept);
-  }
-
-  /// The lowest current entry of the cache, removed from it; false when none is left.
-  bool next_victim(Candidate& out) {
-    for (;;) {
-      const bool in_cache = at_ < cache_.size(), in_extra = !extra_.empty();
-      if (!in_cache && !in_extra) return false;
-      if (in_extra && (!in_cache || before(extra_.front(), cache_[at_]))) {
-        std::pop_heap(extra_.begin(), extra_.end(), After{});
-        out = extra_.back();
-        extra_.pop_back();
-      } else {
-        out = cache_[at_++];
-      }
-      if (current(out)) return true;
-    }
-  }
-
   /// Removes up to n live rows of lowest (score, last step, key); with
-  /// `spare_current`, rows seen at the current step stay. Those rows are
-  /// the lowest of a cache of `cache_rows_` rows kept from call to call,
-  /// so a full table scans its rows once per that many evictions, not
-  /// once per call; without `spare_current` (evict()), a one-off cache.
+  /// `spare_current`, rows seen at the current step stay (EvictionOrder
+  /// keeps its cache from call to call); without (evict()), a one-off cache.
   std::size_t evict_lowest(std::size_t n, bool spare_current) {
+    const RowMeta m{keys_.data(), last_.data(), count_.data(), step_};
     std::size_t gone = 0;
-    if (!spare_current) cached_ = false;  // its entries spare the current step
-    else if (cached_) catch_up(true);
-    while (gone < n) {
-      Candidate c;
-      if (!cached_ || !next_victim(c)) {
-        build_cache(spare_current ? cache_rows_ : std::min(n - gone, cache_rows_), spare_current);
-        if (!cached_ || !next_victim(c)) break;
-      }
-      remove_bucket(locate(c.key));
-      ++gone;
-    }
-    if (!spare_current) cached_ = false;
+    order_.begin(m, spare_current);
+    for (std::uint64_t key = 0; gone < n && order_.next(m, spare_current, n - gone, key); ++gone)
+      remove_bucket(locate(key));
+    order_.end(spare_current);
     stats_.evictions += gone;
     stats_.size = size_;
     return gone;
@@ -679,18 +504,7 @@ class Table {
   std::vector<T> state_[optim::max_slots];
   std::vector<std::uint64_t> keys_, last_, count_;
   std::vector<std::uint32_t> free_;
-  // Eviction (evict_lowest): per row whether it is live and whether it is
-  // in seen_; the cache of the lowest rows in ascending order, read from
-  // at_, with extra_ (a min-heap) for rows that fell below threshold_
-  // after it was built, and seen_, the rows seen since (LFU and score).
-  static constexpr std::uint8_t live = 1, seen = 2;
-  std::vector<std::uint8_t> flags_;
-  std::vector<Candidate> cache_, extra_;
-  std::vector<std::uint32_t> seen_;
-  Candidate threshold_{};
-  std::size_t at_ = 0, cache_rows_ = 0;
-  static constexpr std::size_t sample_rows = 1024;  // build_cache's sample of the rows
-  bool cached_ = false;
+  EvictionOrder order_;  // which rows are live, and which go first
   CountMinSketch sketch_;
   std::size_t size_ = 0;
   std::uint64_t step_ = 0;

@@ -11,7 +11,9 @@
 // a dynamic table with the fixed variables (saved at 2 ranks, restored at
 // 1-N, training goes on as one process's; another model and a torn file
 // are refused by name); clipping by the
-// global norm and a NaN gradient act alike at every rank count.
+// global norm and a NaN gradient act alike at every rank count; three
+// tables in one batched lookup (a push of the looked-up keys, of some of
+// them, none) equal one process's, a lookup taking 3 engine calls.
 #include "policy/dynamic_stream.hpp"
 #include "support.hpp"
 
@@ -139,6 +141,55 @@ void check_one_process(const Opt& opt) {
     moved = std::memcmp(initial, want.table.rows.data() + i * C, sizeof initial) != 0;
   }
   CHECK(moved);
+}
+
+
+// Three tables in one batched lookup a step: "a" pushes the keys it looked
+// up (its route's keys are left out), "b" the even ones of them (in the
+// same order, so the owners sum in one process's order; the keys travel),
+// "c" nothing. Returns the rows read and the tables; `calls`
+// and the step get each step's engine calls.
+struct Three {
+  std::vector<float> looked_up;
+  std::vector<px::dynamic::Snapshot<float>> tables;
+  std::vector<std::uint64_t> lookup_calls, step_calls;
+};
+template <class Opt>
+Three train_three(const px::Context& ctx, const Opt& opt) {
+  px::TrainerOptions to;
+  to.reduction = px::Reduction::sum;
+  Var a(ctx, "a", options(1000, false)), b(ctx, "b", options(1000, false)), c(ctx, "c", options(1000, false));
+  px::Trainer<px::arch::Hybrid, Opt> trainer(ctx, to, opt, a, b, c);
+  Three out;
+  const auto [first, last] = block(ctx.rank(), ctx.size());
+  for (std::uint64_t s = 1; s <= steps; ++s) {
+    std::vector<std::uint64_t> keys;
+    for (std::size_t j = first; j < last; ++j) keys.push_back(key_at(s, j));
+    const auto* ids = reinterpret_cast<const px::index_t*>(keys.data());
+    std::vector<px::Lookup<Var>> batch{{a, ids, keys.size()}, {b, ids, keys.size()}, {c, ids, keys.size()}};
+    const px::Traffic before = trainer.stats().total();
+    const auto rows = trainer.lookup(batch);
+    const px::Traffic looked = trainer.stats().total();
+    std::vector<float> ga(keys.size() * C), gb;
+    std::vector<std::uint64_t> even;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] % 2 == 0) even.push_back(keys[i]);
+      for (std::size_t k = 0; k < C; ++k) {
+        for (const auto& r : rows) out.looked_up.push_back(r.row(i)[k]);
+        ga[i * C + k] = grad_of(s, first + i, k, rows[0].row(i)[k]);
+        if (keys[i] % 2 == 0) gb.push_back(grad_of(s, first + i, k, rows[1].row(i)[k]));
+      }
+    }
+    a.grad().add(keys, ga);
+    b.grad().add(even, gb);
+    trainer.step();
+    const px::Traffic stepped = trainer.stats().total();
+    out.lookup_calls.push_back((looked - before).calls);
+    out.step_calls.push_back((stepped - looked).calls);
+  }
+  auto& sync = trainer.template synchronizer<px::DynamicPS>();
+  for (Var* v : {&a, &b, &c}) out.tables.push_back(sync.table(*v).export_rows());
+  return out;
 }
 
 }  // namespace
@@ -476,4 +527,29 @@ TEST_CASE("clipping by the global norm counts each summed dynamic row once, at a
     worst = std::max(worst, std::abs(double(got.table.rows[i]) - mine.rows[i]) / std::max(1e-3, std::abs(double(mine.rows[i]))));
   INFO("max relative error " << worst);
   CHECK(worst <= 1e-5);
+}
+
+TEST_CASE("a batched lookup of three dynamic tables and the step's push each route once, as one process would",
+          "[dynamic_ps]") {
+  const auto& ctx = test::world();
+  const px::optim::Adagrad opt{0.3f};
+  px::Context single(MPI_COMM_SELF);
+  const Three want = train_three(single, opt);
+  const Three got = train_three(ctx, opt);
+  const auto [first, last] = block(ctx.rank(), ctx.size());
+  std::vector<float> want_mine;
+  for (std::uint64_t s = 0; s < steps; ++s)
+    want_mine.insert(want_mine.end(), want.looked_up.begin() + static_cast<std::ptrdiff_t>((s * G + first) * 3 * C),
+                     want.looked_up.begin() + static_cast<std::ptrdiff_t>((s * G + last) * 3 * C));
+  CHECK(same_bits(got.looked_up, want_mine));
+  for (std::size_t t = 0; t < 3; ++t)
+    check_same(got.tables[t], px::dynamic::owned_share(want.tables[t], ctx.rank(), ctx.size()));
+  CHECK(want.tables[2].size() > 0);  // "c" took rows it never trained
+  if (ctx.size() == 1) return;  // one rank routes nothing: no calls to count
+  // A lookup: the keys' exchange, the agreement on its problems (one
+  // all-reduce), the rows' exchange; whatever the number of tables. The
+  // step: the push's one exchange beside the trainer's own calls, alike
+  // every step.
+  for (std::uint64_t n : got.lookup_calls) CHECK(n == 3);
+  for (std::uint64_t n : got.step_calls) CHECK(n == got.step_calls.front());
 }

@@ -15,6 +15,10 @@
 ///     were added), so the sum is bit for bit what one process summing the
 ///     global batch gets, and applies the optimizer to the keys that hold a
 ///     row (a key never looked up, refused or evicted pushes nothing).
+///
+/// A batched lookup routes the keys of all its tables in one exchange and
+/// their rows back in one; a step pushes every table's rows in one
+/// (policy/dynamic_ps/routes.hpp). At one rank nothing is routed.
 
 #include <parallax/detail/agreement.hpp>
 #include <parallax/dynamic/table.hpp>
@@ -25,6 +29,7 @@
 #include <parallax/optim/optimizer.hpp>
 #include <parallax/policy/dynamic_ps.hpp>
 #include <parallax/policy/dynamic_ps/member.hpp>
+#include <parallax/policy/dynamic_ps/routes.hpp>
 #include <parallax/policy/dynamic_ps/saves.hpp>
 #include <parallax/policy/policy.hpp>
 #include <parallax/space.hpp>
@@ -46,125 +51,23 @@ namespace parallax::policy {
 
 namespace dynamic_ps {
 
-/// Keys routed to their owners: this rank's keys grouped by owner (stable),
-/// and what every rank sent this one, in source rank order.
-struct Route {
-  std::vector<std::size_t> send_counts, send_displs, recv_counts, recv_displs;  // in keys
-  std::vector<std::size_t> order;  // order[j]: the caller's index of the j-th key sent
-  std::vector<std::uint64_t> send_keys, recv_keys;
+/// What the synchronizer batches of a shard: its part of the step's push.
+class Pushes {
+ public:
+  /// Fills `lane` with the step's gradient rows (their keys left out when
+  /// they are those of the shard's last lookup, in its order).
+  virtual void push_lane(Lane& lane) = 0;
+  /// Sums what the push brought (the lane push_lane() filled, exchanged).
+  virtual void pushed(const Lane& lane) = 0;
 
-  /// Groups keys[0, n) by owner and exchanges them, with `cols` values per
-  /// key from `rows` (none when null) landing in `recv_rows`, aligned to
-  /// recv_keys. Collective: one alltoallv_unsized where the engine has it
-  /// (the sizes ride in the messages), else a round of counts first and an
-  /// alltoallv each for the keys and the rows.
-  template <class Engine, class T = float>
-  void build(Engine& engine, const std::uint64_t* keys, std::size_t n, const T* rows = nullptr, std::size_t cols = 0,
-             std::vector<T>* recv_rows = nullptr) {
-    const int ranks = engine.size();
-    const auto un = static_cast<std::size_t>(ranks);
-    std::vector<int> owners(n);
-    send_counts.assign(un, 0);
-    for (std::size_t i = 0; i < n; ++i) {
-      owners[i] = dynamic::owner(keys[i], ranks);
-      ++send_counts[static_cast<std::size_t>(owners[i])];
-    }
-    send_displs = displacements(send_counts);
-    order.resize(n);
-    send_keys.resize(n);
-    std::vector<std::size_t> at = send_displs;
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::size_t j = at[static_cast<std::size_t>(owners[i])]++;
-      order[j] = i;
-      send_keys[j] = keys[i];
-    }
-    if (!rows) cols = 0;
-    // memcpy with a null pointer is undefined even for 0 bytes, and an empty
-    // vector's data() may be null.
-    const auto copy = [](void* to, const void* from, std::size_t bytes) {
-      if (bytes != 0) std::memcpy(to, from, bytes);
-    };
-    if constexpr (engine::supports_v<Engine, engine::op_alltoallv_unsized>) {
-      // Per destination: its keys, then their rows.
-      const std::size_t width = sizeof(std::uint64_t) + cols * sizeof(T);
-      std::vector<std::size_t> sbytes(un), sdispls(un), rbytes(un), rdispls(un);
-      packed_.resize(n * width);
-      for (std::size_t p = 0; p < un; ++p) {
-        sbytes[p] = send_counts[p] * width;
-        sdispls[p] = send_displs[p] * width;
-        std::byte* out = packed_.data() + sdispls[p];
-        copy(out, send_keys.data() + send_displs[p], send_counts[p] * sizeof(std::uint64_t));
-        out += send_counts[p] * sizeof(std::uint64_t);
-        if (rows != nullptr)  // a lookup sends keys alone
-          for (std::size_t j = send_displs[p]; j < send_displs[p] + send_counts[p]; ++j, out += cols * sizeof(T))
-            copy(out, rows + order[j] * cols, cols * sizeof(T));
-      }
-      engine.alltoallv_unsized(packed_.data(), sbytes.data(), sdispls.data(), rbytes.data(), rdispls.data(),
-                               [&](std::size_t total) {
-                                 received_.resize(total);
-                                 return received_.data();
-                               });
-      recv_counts.resize(un);
-      for (std::size_t p = 0; p < un; ++p) recv_counts[p] = rbytes[p] / width;
-      recv_displs = displacements(recv_counts);
-      recv_keys.resize(recv_displs.back() + recv_counts.back());
-      if (recv_rows) recv_rows->resize(recv_keys.size() * cols);
-      for (std::size_t p = 0; p < un; ++p) {
-        const std::byte* in = received_.data() + rdispls[p];
-        copy(recv_keys.data() + recv_displs[p], in, recv_counts[p] * sizeof(std::uint64_t));
-        if (recv_rows)
-          copy(recv_rows->data() + recv_displs[p] * cols, in + recv_counts[p] * sizeof(std::uint64_t),
-               recv_counts[p] * cols * sizeof(T));
-      }
-    } else {
-      std::vector<std::uint64_t> sc(send_counts.begin(), send_counts.end()), rc(un);
-      engine.alltoall(sc.data(), rc.data(), 1, DataType::i64);
-      recv_counts.assign(rc.begin(), rc.end());
-      recv_displs = displacements(recv_counts);
-      recv_keys.resize(recv_displs.back() + recv_counts.back());
-      engine.alltoallv(send_keys.data(), send_counts.data(), send_displs.data(), recv_keys.data(), recv_counts.data(),
-                       recv_displs.data(), DataType::i64);
-      if (recv_rows) {
-        std::vector<T> send(n * cols);
-        for (std::size_t j = 0; j < n; ++j) std::copy_n(rows + order[j] * cols, cols, send.data() + j * cols);
-        recv_rows->resize(recv_keys.size() * cols);
-        move_rows(engine, send.data(), recv_rows->data(), cols, false);
-      }
-    }
-  }
-
-  /// Moves `cols` values per key the way the keys went (`back`: the other
-  /// way, from owners to callers). Collective.
-  template <class Engine, class T>
-  void move_rows(Engine& engine, const T* send, T* recv, std::size_t cols, bool back) const {
-    auto scale = [&](const std::vector<std::size_t>& v) {
-      std::vector<std::size_t> out(v);
-      for (auto& x : out) x *= cols;
-      return out;
-    };
-    const auto& sc = back ? recv_counts : send_counts;
-    const auto& sd = back ? recv_displs : send_displs;
-    const auto& rc = back ? send_counts : recv_counts;
-    const auto& rd = back ? send_displs : recv_displs;
-    const auto scc = scale(sc), sdd = scale(sd), rcc = scale(rc), rdd = scale(rd);
-    engine.alltoallv(send, scc.data(), sdd.data(), recv, rcc.data(), rdd.data(), data_type_of_v<T>);
-  }
-
-  std::size_t received() const noexcept { return recv_keys.size(); }
-
- private:
-  std::vector<std::byte> packed_, received_;
-  static std::vector<std::size_t> displacements(const std::vector<std::size_t>& counts) {
-    std::vector<std::size_t> d(counts.size(), 0);
-    for (std::size_t p = 1; p < counts.size(); ++p) d[p] = d[p - 1] + counts[p - 1];
-    return d;
-  }
+ protected:
+  ~Pushes() = default;
 };
 
 /// A dynamic variable's shard on this rank: its keys' rows, lookups and pushes
-/// routed to their owners.
+/// routed to their owners (the synchronizer batches every shard's routes).
 template <class Engine, class Optimizer, class Var>
-class ShardOf final : public TableMember<Engine, Optimizer, Var> {
+class ShardOf final : public TableMember<Engine, Optimizer, Var>, public Pushes {
   using Base = TableMember<Engine, Optimizer, Var>;
 
  public:
@@ -173,76 +76,63 @@ class ShardOf final : public TableMember<Engine, Optimizer, Var> {
   ShardOf(Var var, const Optimizer& opt, Engine& engine, std::uint64_t& step)
       : Base(std::move(var), opt, engine, step, DynamicPS::name, Placement::sharded) {}
 
-  /// Routes keys to owners and inserts them there; the rows go back in
-  /// reply(). Collective (find_or_insert's error is kept for the agreement).
-  void request(Engine& engine, const std::uint64_t* keys, std::size_t n, std::uint64_t step,
+  /// Inserts the keys a lookup brought this owner (find_or_insert's error
+  /// is kept for the agreement).
+  void request(const std::uint64_t* received, std::size_t n, std::uint64_t step, index_t* slots,
                std::optional<std::string>& problem) {
-    Route& r = lookups_.emplace_back();
-    // One rank owns every key: the caller's keys are what it receives.
-    const bool alone = engine.size() == 1;
-    if (alone) r.send_keys.assign(keys, keys + n);
-    else r.build(engine, keys, n);
-    const std::uint64_t* received = alone ? keys : r.recv_keys.data();
-    std::vector<index_t>& slots = requested_slots_.emplace_back(alone ? n : r.received());
     try {
-      this->insert(received, slots.size(), step, slots.data());
+      this->insert(received, n, step, slots);
     } catch (const error& e) {
       if (!problem) problem = detail::concat("dynamic variable '", this->var_.name(), "': ", e.what());
     }
   }
-  /// Sends the rows of the last request() back; returns them aligned to its keys. Collective.
-  Rows<T, HostSpace> reply(Engine& engine) {
-    const Route& r = lookups_.back();
-    const std::vector<index_t>& slots = requested_slots_.back();
-    const std::size_t cols = this->var_.cols();
-    if (engine.size() == 1) {  // the rows land in place: no route
-      std::vector<T>& rows = results_.emplace_back(slots.size() * cols);
-      this->table_.gather(r.send_keys.data(), slots.data(), slots.size(), rows.data());
-      lookups_.pop_back();
-      requested_slots_.pop_back();
-      return Rows<T, HostSpace>{rows.data(), slots.size(), cols};
-    }
-    std::vector<T> out_rows(r.received() * cols), back(r.send_keys.size() * cols);
-    this->table_.gather(r.recv_keys.data(), slots.data(), r.received(), out_rows.data());
-    r.move_rows(engine, out_rows.data(), back.data(), cols, true);
-    std::vector<T>& rows = results_.emplace_back(back.size());
-    for (std::size_t j = 0; j < r.order.size(); ++j)
-      std::copy_n(back.data() + j * cols, cols, rows.data() + r.order[j] * cols);
-    lookups_.pop_back();  // the route's keys are not needed after the reply
-    requested_slots_.pop_back();
-    return Rows<T, HostSpace>{rows.data(), r.order.size(), cols};
+  /// Keeps `rows` (rows of keys[0, n), in the caller's order) until clear().
+  Rows<T, HostSpace> keep(std::vector<T> rows, std::size_t n) {
+    std::vector<T>& kept = results_.emplace_back(std::move(rows));
+    return Rows<T, HostSpace>{kept.data(), n, this->var_.cols()};
   }
+  /// The route of the step's last lookup, whose keys a push of the same keys leaves out.
+  void looked_up(Route route) { last_ = std::move(route), has_last_ = true; }
 
-  /// Forgets the last request() (its lookup failed on some rank).
-  void drop_request() {
-    lookups_.pop_back();
-    requested_slots_.pop_back();
-  }
-
-  /// The gradient rows go to their owners uncoalesced and are summed there
-  /// in arrival order (source rank, then the order added).
   void push(Engine& engine) override {
     const auto& g = this->var_.state().grad;
-    if (engine.size() == 1) {
+    if (engine.size() == 1) {  // the rows are summed in place: no route
       this->sum_pushed(g.keys(), g.values(), g.size());
       return;
     }
-    Route r;
-    std::vector<T> recv;
-    r.build(engine, g.keys(), g.size(), g.values(), this->var_.cols(), &recv);
-    this->sum_pushed(r.recv_keys.data(), recv.data(), r.received());
+    Lane lane;
+    push_lane(lane);
+    exchange(engine, &lane, 1, buffers_);
+    pushed(lane);
   }
+  void push_lane(Lane& lane) override {
+    const auto& g = this->var_.state().grad;
+    lane.keys = !(has_last_ && last_.carries(g.keys(), g.size()));
+    if (lane.keys) pushing_.plan(g.keys(), g.size(), this->engine_->size());
+    lane.send = lane.keys ? &pushing_ : &last_;
+    lane.recv = &pushing_;
+    lane.last = has_last_ ? &last_ : nullptr;
+    lane.rows = reinterpret_cast<const std::byte*>(g.values());
+    lane.row_bytes = this->var_.cols() * sizeof(T);
+    lane.land = [this](std::size_t n) -> void* {
+      arrived_.resize(n * this->var_.cols());
+      return arrived_.data();
+    };
+  }
+  void pushed(const Lane& lane) override { this->sum_pushed(lane.recv->recv_keys.data(), arrived_.data(), lane.recv->received()); }
+
   void clear() override {
     Base::clear();
     results_.clear();
-    lookups_.clear();
-    requested_slots_.clear();
+    has_last_ = false;
   }
 
  private:
   std::deque<std::vector<T>> results_;  // this step's looked-up rows, valid until clear()
-  std::deque<Route> lookups_;
-  std::deque<std::vector<index_t>> requested_slots_;
+  Route last_, pushing_;
+  bool has_last_ = false;
+  std::vector<T> arrived_;  // the pushed rows this owner received
+  Buffers buffers_;
 };
 
 }  // namespace dynamic_ps
@@ -262,7 +152,9 @@ class DynamicSynchronizer final : public Synchronizer<Engine> {
   Member& add(Var var) {
     static_assert(dynamic::is_dynamic_v<Var>,
                   "parallax DynamicPS: synchronises DynamicVariables only; a fixed Variable goes to another policy");
-    shards_.push_back(std::make_unique<dynamic_ps::ShardOf<Engine, Optimizer, Var>>(std::move(var), opt_, engine_, step_));
+    auto shard = std::make_unique<dynamic_ps::ShardOf<Engine, Optimizer, Var>>(std::move(var), opt_, engine_, step_);
+    pushes_.push_back(shard.get());
+    shards_.push_back(std::move(shard));
     return *shards_.back();
   }
 
@@ -271,18 +163,48 @@ class DynamicSynchronizer final : public Synchronizer<Engine> {
   /// exceed an owner's capacity throws on every rank.
   template <class V>
   std::vector<Rows<typename V::value_type, HostSpace>> lookup(const Lookup<V>* batch, std::size_t n) {
-    std::optional<std::string> problem;
-    for (std::size_t i = 0; i < n; ++i)
-      shard_of(*batch[i].var).request(engine_, reinterpret_cast<const std::uint64_t*>(batch[i].ids), batch[i].n, step_,
-                                      problem);
-    try {
-      detail::agree(engine_, problem);
-    } catch (...) {
-      for (std::size_t i = 0; i < n; ++i) shard_of(*batch[i].var).drop_request();
-      throw;
+    using T = typename V::value_type;
+    const bool alone = engine_.size() == 1;  // one rank owns every key: no routes
+    auto keys_of = [&](std::size_t i) { return reinterpret_cast<const std::uint64_t*>(batch[i].ids); };
+    std::vector<dynamic_ps::Route> routes(alone ? 0 : n);
+    std::vector<dynamic_ps::Lane> lanes(routes.size());
+    for (std::size_t i = 0; i < routes.size(); ++i) {
+      routes[i].plan(keys_of(i), batch[i].n, engine_.size());
+      lanes[i].send = lanes[i].recv = &routes[i];
     }
-    std::vector<Rows<typename V::value_type, HostSpace>> out(n);
-    for (std::size_t i = n; i-- > 0;) out[i] = shard_of(*batch[i].var).reply(engine_);
+    if (!alone) dynamic_ps::exchange(engine_, lanes.data(), n, buffers_);
+    std::optional<std::string> problem;
+    std::vector<std::vector<index_t>> slots(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t* keys = alone ? keys_of(i) : routes[i].recv_keys.data();
+      slots[i].resize(alone ? batch[i].n : routes[i].received());
+      shard_of(*batch[i].var).request(keys, slots[i].size(), step_, slots[i].data(), problem);
+    }
+    detail::agree(engine_, problem);
+    // The rows of what each owner received, then back to the callers.
+    std::vector<std::vector<T>> owned(n), back(n);
+    std::vector<std::size_t> row_bytes(n);
+    std::vector<const std::byte*> from(n);
+    std::vector<std::byte*> to(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      auto& shard = shard_of(*batch[i].var);
+      const std::size_t cols = batch[i].var->cols();
+      const std::uint64_t* keys = alone ? keys_of(i) : routes[i].recv_keys.data();
+      owned[i].resize(slots[i].size() * cols);
+      shard.table().gather(keys, slots[i].data(), slots[i].size(), owned[i].data());
+      if (alone) continue;
+      back[i].resize(batch[i].n * cols);
+      row_bytes[i] = cols * sizeof(T);
+      from[i] = reinterpret_cast<const std::byte*>(owned[i].data());
+      to[i] = reinterpret_cast<std::byte*>(back[i].data());
+    }
+    if (!alone) dynamic_ps::reply(engine_, lanes.data(), n, row_bytes.data(), from.data(), to.data(), buffers_);
+    std::vector<Rows<T, HostSpace>> out(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      auto& shard = shard_of(*batch[i].var);
+      out[i] = shard.keep(std::move(alone ? owned[i] : back[i]), batch[i].n);
+      if (!alone) shard.looked_up(std::move(routes[i]));  // a later lookup of the same table replaces it
+    }
     return out;
   }
 
@@ -296,8 +218,16 @@ class DynamicSynchronizer final : public Synchronizer<Engine> {
       if (s->has_gradient()) return true;
     return false;
   }
+  /// Every shard's gradient rows travel in one exchange.
   void finish_exchange(const StepInfo&) override {
-    for (auto& s : shards_) s->push(engine_);
+    if (engine_.size() == 1 || shards_.empty()) {  // nothing to route
+      for (auto& s : shards_) s->push(engine_);
+      return;
+    }
+    std::vector<dynamic_ps::Lane> lanes(pushes_.size());
+    for (std::size_t k = 0; k < pushes_.size(); ++k) pushes_[k]->push_lane(lanes[k]);
+    dynamic_ps::exchange(engine_, lanes.data(), lanes.size(), buffers_);
+    for (std::size_t k = 0; k < pushes_.size(); ++k) pushes_[k]->pushed(lanes[k]);
   }
   std::optional<double> gradient_square_sum() override {
     double sum = 0.0;
@@ -369,6 +299,8 @@ class DynamicSynchronizer final : public Synchronizer<Engine> {
   Engine& engine_;
   const Optimizer& opt_;
   std::vector<std::unique_ptr<ShardBase>> shards_;
+  std::vector<dynamic_ps::Pushes*> pushes_;  // shards_, as their pushes
+  dynamic_ps::Buffers buffers_;              // the lookups' exchanges
   std::uint64_t step_ = 1;  // the step lookups insert at: the trainer's next
 };
 

@@ -1,0 +1,269 @@
+#pragma once
+/// @file
+/// The eviction order of a dynamic table (dynamic::Table, table.hpp): which
+/// live rows go first when the table is full, and the per-row flags that
+/// say which rows are live. Rows go by lowest (score, last step, key), so
+/// the same contents evict the same keys whatever their insertion order.
+///
+/// Finding the lowest rows anew for every eviction would scan the table
+/// each time; instead a cache of the lowest rows (an eighth of the
+/// capacity) is kept from call to call and read in order, so a full table
+/// scans its rows about once per that many evictions. Rows seen after the
+/// cache was built either stay above its threshold (LRU: a seen row only
+/// rises) or, for LFU and a user score, are looked at again (catch_up).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+namespace parallax::dynamic {
+
+/// Which rows go when the table is full: the lowest score first.
+enum class Evict : std::uint8_t {
+  lru,   ///< score: the step a row was last seen
+  lfu,   ///< score: how often it was seen since it took its row
+  score  ///< score: Options::score(key, count, last_step)
+};
+
+/// A user's eviction score (Evict::score): lower goes first.
+using ScoreFn = std::function<double(std::uint64_t key, std::uint64_t count, std::uint64_t last_step)>;
+
+/// What the eviction order reads of a table's rows: each row's key, the
+/// step it was last seen, how often it was seen, and the current step.
+struct RowMeta {
+  const std::uint64_t* keys;
+  const std::uint64_t* last;
+  const std::uint64_t* count;
+  std::uint64_t step;
+};
+
+/// The eviction order of `capacity` rows, with their live flags.
+class EvictionOrder {
+ public:
+  EvictionOrder() = default;
+  /// `cache_rows`: the lowest rows kept from call to call (at most capacity).
+  EvictionOrder(std::size_t capacity, std::size_t cache_rows, Evict evict, ScoreFn score)
+      : evict_(evict), score_(std::move(score)), capacity_(capacity), cache_rows_(cache_rows) {
+    flags_.assign(capacity, 0);
+    cache_.reserve(cache_rows_);
+    if (tracks_seen()) {
+      extra_.reserve(cache_rows_);
+      seen_.reserve(capacity);
+    }
+  }
+
+  bool live(std::size_t r) const noexcept { return (flags_[r] & live_flag) != 0; }
+  void set_live(std::size_t r) noexcept { flags_[r] |= live_flag; }
+  void clear_live(std::size_t r) noexcept { flags_[r] &= static_cast<std::uint8_t>(~live_flag); }
+
+  /// Row r was found or created (its last step and count updated).
+  void seen(std::uint32_t r) {
+    if (cached_) mark_seen(r);
+  }
+
+  /// Starts a round of evictions; with `spare_current`, rows seen at the
+  /// current step stay, and the cache is kept for later rounds.
+  void begin(const RowMeta& m, bool spare_current) {
+    if (!spare_current) cached_ = false;  // its entries spare the current step
+    else if (cached_) catch_up(m, true);
+  }
+  /// The key of the next row to go, `wanted` being how many more this
+  /// round takes at most; false when no row is left to evict. The caller
+  /// removes the row (clear_live) before asking for another.
+  bool next(const RowMeta& m, bool spare_current, std::size_t wanted, std::uint64_t& key) {
+    Candidate c;
+    if (!cached_ || !next_victim(m, c)) {
+      build_cache(m, spare_current ? cache_rows_ : std::min(wanted, cache_rows_), spare_current);
+      if (!cached_ || !next_victim(m, c)) return false;
+    }
+    key = c.key;
+    return true;
+  }
+  /// Drops the cache (rows changed behind it: an import).
+  void forget() noexcept { cached_ = false; }
+  /// Ends the round begun with the same `spare_current`.
+  void end(bool spare_current) noexcept {
+    if (!spare_current) cached_ = false;  // a one-off cache
+  }
+
+  /// The bytes held, all reserved at construction.
+  std::size_t bytes() const noexcept {
+    return flags_.capacity() + (cache_.capacity() + extra_.capacity()) * sizeof(Candidate) +
+           seen_.capacity() * sizeof(std::uint32_t);
+  }
+
+ private:
+  /// A row's place in the eviction order, as it was when the entry was
+  /// made: lower goes first. For LRU the score is 0 and (last, key) orders.
+  struct Candidate {
+    double score;
+    std::uint64_t last, key;
+    std::uint32_t row;
+  };
+  static bool before(const Candidate& a, const Candidate& b) noexcept {
+    if (a.score != b.score) return a.score < b.score;
+    return a.last != b.last ? a.last < b.last : a.key < b.key;
+  }
+  // As function objects, so that the heap algorithms inline them.
+  struct Before {
+    bool operator()(const Candidate& a, const Candidate& b) const noexcept { return before(a, b); }
+  };
+  struct After {
+    bool operator()(const Candidate& a, const Candidate& b) const noexcept { return before(b, a); }
+  };
+  Candidate candidate(const RowMeta& m, std::uint32_t r) const {
+    double score = 0.0;
+    if (evict_ == Evict::lfu) score = static_cast<double>(m.count[r]);
+    else if (evict_ == Evict::score) score = score_(m.keys[r], m.count[r], m.last[r]);
+    return Candidate{score, m.last[r], m.keys[r], r};
+  }
+  /// An entry still describes its row: the row is live, holds the key and
+  /// has not been seen since (every lookup that finds or creates a row
+  /// sets its last step to one after every entry's).
+  bool current(const RowMeta& m, const Candidate& c) const noexcept {
+    return live(c.row) && m.keys[c.row] == c.key && m.last[c.row] == c.last;
+  }
+  /// LFU's and a user score's rows move in the order when seen (a count
+  /// goes up, a score may go down); LRU's only go to the end.
+  bool tracks_seen() const noexcept { return evict_ != Evict::lru; }
+  void mark_seen(std::uint32_t r) {
+    if (!tracks_seen() || (flags_[r] & seen_flag) != 0) return;
+    flags_[r] |= seen_flag;
+    seen_.push_back(r);
+  }
+  void unmark_seen(std::uint32_t r) noexcept { flags_[r] &= static_cast<std::uint8_t>(~seen_flag); }
+
+  /// Rebuilds the cache with the lowest live rows (sparing the current
+  /// step's with `spare_current`), at most `k` and about k / 2, in
+  /// ascending order. A systematic sample of the rows gives a threshold
+  /// (its place in the sample is k / 2 rows' in the table), one pass over
+  /// the rows keeps those at or below it, and a sort orders them; should
+  /// more than k pass, a bounded max-heap keeps the k lowest. `threshold_`
+  /// is then such that every row outside the cache lies above it.
+  void build_cache(const RowMeta& m, std::size_t k, bool spare_current) {
+    cached_ = false;
+    cache_.clear();
+    extra_.clear();
+    at_ = 0;
+    for (std::uint32_t r : seen_) unmark_seen(r);
+    seen_.clear();
+    if (k == 0) return;
+    const auto eligible = [&](std::uint32_t r) { return live(r) && !(spare_current && m.last[r] == m.step); };
+    // The sample, in cache_'s storage: every stride-th row.
+    const std::size_t stride = std::max<std::size_t>(1, capacity_ / std::min<std::size_t>(k, sample_rows));
+    for (std::size_t i = 0; i < capacity_; i += stride)
+      if (eligible(static_cast<std::uint32_t>(i))) cache_.push_back(candidate(m, static_cast<std::uint32_t>(i)));
+    const std::size_t pick = k / 2 / stride;  // each sampled row stands for `stride` rows
+    const bool bounded = pick < cache_.size();
+    Candidate cut{};
+    if (bounded) {
+      std::nth_element(cache_.begin(), cache_.begin() + static_cast<std::ptrdiff_t>(pick), cache_.end(), Before{});
+      cut = cache_[pick];
+    }
+    cache_.clear();
+    bool heap = false;
+    for (std::size_t i = 0; i < capacity_; ++i) {
+      const auto r = static_cast<std::uint32_t>(i);
+      if (!live(r)) continue;
+      if (spare_current && m.last[r] == m.step) {
+        mark_seen(r);  // may fall below the threshold once its step has passed
+        continue;
+      }
+      const Candidate c = candidate(m, r);
+      if (bounded && before(cut, c)) continue;
+      if (cache_.size() < k) {
+        cache_.push_back(c);
+      } else {
+        if (!heap) std::make_heap(cache_.begin(), cache_.end(), Before{});
+        heap = true;
+        if (before(c, cache_.front())) replace_top(c);
+      }
+    }
+    if (cache_.empty()) return;
+    std::sort(cache_.begin(), cache_.end(), Before{});
+    threshold_ = heap || !bounded ? cache_.back() : cut;
+    cached_ = true;
+  }
+
+  /// Replaces the top of the max-heap cache_ with c, which is below it, and sifts it down.
+  void replace_top(const Candidate& c) noexcept {
+    const std::size_t n = cache_.size();
+    std::size_t hole = 0;
+    for (;;) {
+      std::size_t child = 2 * hole + 1;
+      if (child >= n) break;
+      if (child + 1 < n && before(cache_[child], cache_[child + 1])) ++child;
+      if (!before(c, cache_[child])) break;
+      cache_[hole] = cache_[child];
+      hole = child;
+    }
+    cache_[hole] = c;
+  }
+
+  /// Rows seen since the cache was built whose place now lies at or below
+  /// its threshold join it (a min-heap beside the sorted cache); when
+  /// more than the cache holds would, the cache is dropped and rebuilt.
+  void catch_up(const RowMeta& m, bool spare_current) {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < seen_.size(); ++i) {
+      const std::uint32_t r = seen_[i];
+      if (!live(r)) {
+        unmark_seen(r);
+        continue;
+      }
+      if (spare_current && m.last[r] == m.step) {
+        seen_[kept++] = r;  // not a candidate until its step has passed
+        continue;
+      }
+      unmark_seen(r);
+      const Candidate c = candidate(m, r);
+      if (before(threshold_, c)) continue;
+      if (extra_.size() == extra_.capacity()) {  // rebuilt at once: every row is looked at again
+        cached_ = false;
+        for (std::uint32_t q : seen_) unmark_seen(q);
+        seen_.clear();
+        return;
+      }
+      extra_.push_back(c);
+      std::push_heap(extra_.begin(), extra_.end(), After{});
+    }
+    seen_.resize(kept);
+  }
+
+  /// The lowest current entry of the cache, removed from it; false when none is left.
+  bool next_victim(const RowMeta& m, Candidate& out) {
+    for (;;) {
+      const bool in_cache = at_ < cache_.size(), in_extra = !extra_.empty();
+      if (!in_cache && !in_extra) return false;
+      if (in_extra && (!in_cache || before(extra_.front(), cache_[at_]))) {
+        std::pop_heap(extra_.begin(), extra_.end(), After{});
+        out = extra_.back();
+        extra_.pop_back();
+      } else {
+        out = cache_[at_++];
+      }
+      if (current(m, out)) return true;
+    }
+  }
+
+  Evict evict_ = Evict::lru;
+  ScoreFn score_;
+  std::size_t capacity_ = 0, cache_rows_ = 0;
+  // Per row whether it is live and whether it is in seen_; the cache of
+  // the lowest rows in ascending order, read from at_, with extra_ (a
+  // min-heap) for rows that fell below threshold_ after it was built, and
+  // seen_, the rows seen since (LFU and score).
+  static constexpr std::uint8_t live_flag = 1, seen_flag = 2;
+  std::vector<std::uint8_t> flags_;
+  std::vector<Candidate> cache_, extra_;
+  std::vector<std::uint32_t> seen_;
+  Candidate threshold_{};
+  std::size_t at_ = 0;
+  static constexpr std::size_t sample_rows = 1024;  // build_cache's sample of the rows
+  bool cached_ = false;
+};
+
+}  // namespace parallax::dynamic
