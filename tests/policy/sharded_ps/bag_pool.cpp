@@ -318,14 +318,14 @@ TEMPLATE_TEST_CASE("ShardedPS: a bag lookup carries one row per (bag, owner) eac
   const auto t = mpi.stats().policy("ShardedPS");
   CHECK(t.sent() == sent);
   CHECK(t.received() == recv);
-  CHECK(mpi.stats().total().calls == 3);  // the check's agreement, the route, the reply
+  CHECK(mpi.stats().total().calls == 2);  // the route (which carries the check), the reply
   mpi.stats().reset();
   const px::BagGradient<Table> grad(emb, s.grads);
   sync.bag_gradients(&grad, 1);
   const auto g = mpi.stats().policy("ShardedPS");
   CHECK(g.sent() == push_sent);
   CHECK(g.received() == push_recv);
-  CHECK(mpi.stats().total().calls == 2);  // the check's agreement, the route
+  CHECK(mpi.stats().total().calls == 1);  // the route, which carries the check
   sync.clear();
 }
 
@@ -364,17 +364,22 @@ TEST_CASE("bad bags and gradients throw one message on every rank", "[policy][sh
       {offsets, ids, px::Combiner::weighted_sum, {}, "combiner weighted_sum needs a weight per id; none were given"},
       {offsets, ids, px::Combiner::mean, w, "weights were given with combiner mean (they are for weighted_sum)"},
   };
-  for (const Case& c : cases) {
-    // Only the last rank's request is bad.
-    const px::Bags<Var> q = me == odd ? px::Bags<Var>(emb, c.offsets, c.ids, c.combiner, c.weights)
-                                      : px::Bags<Var>(emb, offsets, ids);
-    const std::string msg = test::error_of([&] { lookup(q); });
-    INFO(msg);
-    CHECK(msg == at + c.message);
-    CHECK(test::same_on_every_rank(msg));
-  }
+  // Pooled at the owners, the check travels in the route; otherwise it is
+  // agreed on first. The words are the same.
+  for (const px::Pooling pooling : {px::Pooling::automatic, px::Pooling::owner})
+    for (const Case& c : cases) {
+      // Only the last rank's request is bad.
+      px::Bags<Var> q = me == odd ? px::Bags<Var>(emb, c.offsets, c.ids, c.combiner, c.weights)
+                                  : px::Bags<Var>(emb, offsets, ids);
+      q.pooled_at(pooling);
+      const std::string msg = test::error_of([&] { lookup(q); });
+      INFO(msg << (pooling == px::Pooling::owner ? " (at the owners)" : " (automatic)"));
+      CHECK(msg == at + c.message);
+      CHECK(test::same_on_every_rank(msg));
+    }
   // A gradient of the wrong shape, and one for no lookup.
-  const px::Bags<Var> good(emb, offsets, ids);
+  px::Bags<Var> good(emb, offsets, ids);
+  good.pooled_at(GENERATE(px::Pooling::automatic, px::Pooling::owner, px::Pooling::local));
   lookup(good);
   std::vector<float> g(me == odd ? 3 * C : 2 * C, 1.f);
   const px::BagGradient<Var> grad(emb, g);

@@ -27,6 +27,17 @@
 #include <utility>
 #include <vector>
 
+namespace parallax::detail {
+
+/// The shape of a bag route that carries its batch's check
+/// (CallShape::problems_first).
+inline CallShape checked(CallShape shape) {
+  shape.problems_first = true;
+  return shape;
+}
+
+}  // namespace parallax::detail
+
 namespace parallax::policy {
 
 /// A lookup_bags() batch, kept until clear() for its gradient.
@@ -147,7 +158,21 @@ auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, s
     -> std::vector<Rows<typename V::value_type, space>> {
   using T = typename V::value_type;
   using S = storage_type_t<V>;
-  auto offsets = check_bags(*engine_, batch, count);
+  // A batch pooled at the owners alone is checked by its route (a problem
+  // travels in its headers, and only then do the ranks agree on its words):
+  // no call of its own. Others are checked first, as they may look up rows
+  // here and weigh their pooling before any route.
+  std::vector<std::vector<index_t>> offsets;
+  std::optional<std::string> problem = detail::batch_problem(engine_->exec(), batch, count, offsets);
+  const bool checked_by_route =
+      std::all_of(batch, batch + count, [](const Bags<V>& q) { return q.pooling == Pooling::owner; });
+  if (!checked_by_route) detail::agree(*engine_, problem);
+  if (checked_by_route && problem) {
+    auto scope = engine_->stats().scope("", "control");
+    detail::route_lanes(*engine_, nullptr, 0, bag_route_, detail::checked(detail::lookup_shape(0)), [](bool) { return std::string(); },
+                        index_t{0});
+    detail::agree(*engine_, problem);  // throws, on every rank
+  }
   auto record = std::make_unique<BagBatch<S>>();
   BagBatch<S>& b = *record;
   b.local = choose_pooling(batch, count, offsets);
@@ -220,8 +245,9 @@ auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, s
     for (const auto& [name, weight] : parts) shared.part(*name, weight);
     {
       const detail::Span span("bags: route");
-      detail::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_, detail::lookup_shape(b.word),
-                          [&](bool detailed) { return b.describe(detailed, "bags of "); });
+      if (detail::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_, detail::checked(detail::lookup_shape(b.word)),
+                              [&](bool detailed) { return b.describe(detailed, "bags of "); }))
+        detail::agree(*engine_, std::optional<std::string>());  // another rank's problem: throws, on every rank
     }
     {
       const detail::Span span("bags: owners pool and reply");
@@ -259,12 +285,23 @@ void ShardedSynchronizer<Engine, Optimizer>::bag_gradients(const BagGradient<V>*
                                                grads[i].cols);
     }
   }
-  detail::agree(*engine_, problem);
+  // The check travels in the gradients' route (CallShape::problems_first):
+  // every rank routes once, a rank with a problem (or a batch pooled here
+  // alone) with no lanes, booked as control; if any rank reports one, the
+  // ranks agree on its words and throw them.
+  const bool routes_rows = !problem && !b->groups.empty();
+  if (problem || !routes_rows) {
+    auto scope = engine_->stats().scope("", "control");
+    if (detail::route_lanes(*engine_, nullptr, 0, bag_route_,
+                            detail::checked(detail::push_shape(detail::Fingerprint().add("bag gradients").value())),
+                            [](bool) { return std::string(); }, problem ? index_t{0} : detail::no_problem))
+      detail::agree(*engine_, problem);  // throws, on every rank
+  }
   b->given = true;
   bag_gradients_given_ = true;
   for (std::size_t i = 0; i < count; ++i)
     if (b->local[i]) local_bags_.template of<T>().expand(engine_->exec(), b->local_first + b->request_at[i], grads[i]);
-  if (b->groups.empty()) return;
+  if (!routes_rows) return;
   std::vector<std::vector<const T*>> per_group(b->groups.size());
   for (std::size_t gi = 0; gi < b->groups.size(); ++gi) per_group[gi].resize(b->pools[gi]->requests());
   std::vector<detail::RouteLane*> lanes;
@@ -283,9 +320,11 @@ void ShardedSynchronizer<Engine, Optimizer>::bag_gradients(const BagGradient<V>*
   }
   {
     const detail::Span span("bag gradients: route");
-    detail::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_,
-                        detail::push_shape(detail::Fingerprint().add("bag gradients").add(b->word).value()),
-                        [&](bool detailed) { return b->describe(detailed, "gradients of bags of "); });
+    if (detail::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_,
+                            detail::checked(detail::push_shape(
+                                detail::Fingerprint().add("bag gradients").add(b->word).value())),
+                            [&](bool detailed) { return b->describe(detailed, "gradients of bags of "); }))
+      detail::agree(*engine_, std::optional<std::string>());  // another rank's problem: throws, on every rank
   }
   const detail::Span span("bag gradients: owners expand");
   for (std::size_t gi = 0; gi < b->groups.size(); ++gi) b->pools[gi]->expand(b->groups[gi]->tables);

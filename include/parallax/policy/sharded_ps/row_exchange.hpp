@@ -121,6 +121,13 @@ struct CallShape {
   std::uint64_t word = 0;
   const char* what = "routes of rows";  ///< "ranks make different <what>"
   const char* rule = "Every rank must make the same call.";
+  /// A rank's report of a problem is heard before the shapes are compared:
+  /// if any rank reports one, route_lanes() returns at once (the lowest such
+  /// rank, its id and lanes unread), whatever the shapes. For a caller
+  /// whose problem is a sentence it then agrees on (detail::agree), so its
+  /// check costs no call of its own; a rank with a problem may then route
+  /// no lanes at all.
+  bool problems_first = false;
 };
 
 /// Words at the front of every route message: the shape word, then the
@@ -235,6 +242,12 @@ std::optional<RemoteProblem> route_lanes(Engine& engine, RouteLane* const* lanes
 
   // Every rank's shape and rest; ranks that disagree take nothing.
   b.shapes.resize(un);
+  auto first_report = [&]() -> std::optional<RemoteProblem> {
+    if (shape.problems_first)
+      for (std::size_t p = 0; p < un; ++p)
+        if (b.recv_header[width * p + 1] == reports_problem) return RemoteProblem{static_cast<int>(p), bad_id};
+    return std::nullopt;
+  };
   auto check_shapes = [&] {
     bool agree = true;
     for (std::size_t p = 0; p < un; ++p) {
@@ -252,6 +265,7 @@ std::optional<RemoteProblem> route_lanes(Engine& engine, RouteLane* const* lanes
     for (std::size_t p = 0; p < un; ++p)
       space_traits<space>::copy_to_host(b.recv_header.data() + width * p, b.recv.data() + b.recv_displs[p],
                                         std::min(b.recv_bytes[p], route_prefix * word));
+    if (auto report = first_report()) return report;
     check_shapes();
     for (std::size_t p = 0; p < un; ++p) {
       const std::size_t words = head_words(b.recv_header[width * p + 1] == reports_problem) - route_prefix;
@@ -266,6 +280,7 @@ std::optional<RemoteProblem> route_lanes(Engine& engine, RouteLane* const* lanes
     engine.alltoall(prefix.data(), got.data(), route_prefix, DataType::i64);
     for (std::size_t p = 0; p < un; ++p)
       std::copy_n(got.data() + route_prefix * p, route_prefix, b.recv_header.data() + width * p);
+    if (auto report = first_report()) return report;
     check_shapes();
     std::size_t rt = 0;
     for (std::size_t p = 0; p < un; ++p) {
