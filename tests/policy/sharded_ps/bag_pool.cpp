@@ -297,7 +297,8 @@ TEMPLATE_TEST_CASE("ShardedPS: a bag lookup carries one row per (bag, owner) eac
   };
   auto pad8 = [](std::uint64_t x) { return (x + 7) / 8 * 8; };
   const bool packed = compress != px::Compression::none;
-  const std::uint64_t id = packed ? 4 : 8, value = packed ? 2 : 4;  // an id or count, a row's value
+  const std::uint64_t id = packed ? 4 : 8, value = packed ? 2 : 4;  // an id, a row's value
+  const std::uint64_t count = 4;  // a segment's count: 4 bytes with float rows, compressed or not
   const std::uint64_t id_bytes = id + (weighted ? 4 : 0);  // the weight is a float either way
   std::uint64_t sent = 0, recv = 0, push_sent = 0, push_recv = 0;
   for (int p = 0; p < n; ++p) {
@@ -307,11 +308,12 @@ TEMPLATE_TEST_CASE("ShardedPS: a bag lookup carries one row per (bag, owner) eac
     counts(p, me, ids_from, pairs_from);
     // The route: a header of 4 words (shape, rest, a count per lane), the
     // ids (and weights), a count per pair; the reply: a row per pair.
-    sent += 32 + pad8(id_bytes * ids_to) + pad8(id * pairs_to) + value * C * pairs_from;
-    recv += 32 + pad8(id_bytes * ids_from) + pad8(id * pairs_from) + value * C * pairs_to;
-    // The gradients: a header of 3 words and a row (and its count) per pair.
-    push_sent += 24 + pad8((id + value * C) * pairs_to);
-    push_recv += 24 + pad8((id + value * C) * pairs_from);
+    sent += 32 + pad8(id_bytes * ids_to) + pad8(count * pairs_to) + value * C * pairs_from;
+    recv += 32 + pad8(id_bytes * ids_from) + pad8(count * pairs_from) + value * C * pairs_to;
+    // The gradients: a header of 3 words and a row per pair (no ids: the
+    // owner knows the pairs from the route).
+    push_sent += 24 + pad8(value * C * pairs_to);
+    push_recv += 24 + pad8(value * C * pairs_from);
   }
   mpi.stats().reset();
   sync.lookup_bags(&request, 1);

@@ -109,6 +109,7 @@ std::vector<bool> ShardedSynchronizer<Engine, Optimizer>::choose_pooling(
     // 8 bytes or 4 (narrowed); rows read in place as the table stores them.
     const bool half = tables.compression() != Compression::none;
     const std::int64_t id = tables.narrows_ids() ? 4 : 8;
+    const std::int64_t count = BagPool<T, Engine, storage_type_t<V>>::narrow_counts || tables.narrows_ids() ? 4 : 8;
     const std::int64_t row = static_cast<std::int64_t>(tables.cols() * (half ? 2 : sizeof(T)));
     const std::int64_t read = static_cast<std::int64_t>(tables.cols() * sizeof(storage_type_t<V>));
     const std::int64_t per_id = id + (q.combiner == Combiner::weighted_sum ? static_cast<std::int64_t>(sizeof(T)) : 0);
@@ -128,10 +129,10 @@ std::vector<bool> ShardedSynchronizer<Engine, Optimizer>::choose_pooling(
       }
     std::sort(remote_ids.begin(), remote_ids.end());
     const auto unique = static_cast<std::int64_t>(std::unique(remote_ids.begin(), remote_ids.end()) - remote_ids.begin());
-    // At the owners: the ids, a count and a row back per pair; a row and its
-    // count per pair pushed. Here: a key and a row back per unique id (rows
+    // At the owners: the ids, a count and a row back per pair; a row per
+    // pair pushed. Here: a key and a row back per unique id (rows
     // read in place: a row per id, repeats too), and each pushed.
-    cost.push_back(per_id * remote + pairs * (2 * id + 2 * row));
+    cost.push_back(per_id * remote + pairs * (count + 2 * row));
     cost.push_back((tables.reads_directly() ? remote * read : unique * (id + row)) + unique * (id + row));
   }
   if (automatic.empty()) return local;

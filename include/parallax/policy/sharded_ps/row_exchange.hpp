@@ -334,11 +334,20 @@ class RowExchange final : public RouteLane {
   void narrow_ids(std::size_t span) {
     PARALLAX_EXPECTS(sizeof(T) <= sizeof(std::uint32_t), "RowExchange: narrowed ids need row values of at most 4 bytes");
     narrow_ = true;
+    omit_ = false;
     span_ = span;
   }
   /// Ids at their full 8 bytes again (the default).
-  void wide_ids() noexcept { narrow_ = false; }
-  std::size_t id_bytes() const noexcept { return narrow_ ? sizeof(std::uint32_t) : sizeof(index_t); }
+  void wide_ids() noexcept { narrow_ = omit_ = false; }
+  /// No ids on the wire from now on, the rows' values alone: for a receiver
+  /// that knows each row from the order they come in (BagPool's gradient
+  /// rows, in the order of the segments its forward route brought).
+  /// received_ids() then holds no values. Every rank's exchange must omit
+  /// alike (their shape words say).
+  void omit_ids() noexcept { omit_ = true; }
+  std::size_t id_bytes() const noexcept {
+    return omit_ ? 0 : narrow_ ? sizeof(std::uint32_t) : sizeof(index_t);
+  }
 
   /// Sends row i (ids[i] and, if cols > 0, values.row(i)) to rank dest[i]. Collective. `bad_id` is this rank's problem to share
   /// (no_problem if none); if any rank has one, no rows move and every rank
@@ -413,7 +422,7 @@ class RowExchange final : public RouteLane {
     for (std::size_t p = 0; p < un; ++p) host_meta_[un + 1 + p] = static_cast<index_t>(offsets[p]);
     space_traits<space>::copy_from_host(meta_.data() + un + 1, host_meta_.data() + un + 1, un * sizeof(index_t));
     if (k_) {
-      for_each(ex, k_, PackIds<T>{ids_, order_.data(), keys_.data(), meta_.data(), n, send, narrow_, span_});
+      if (!omit_) for_each(ex, k_, PackIds<T>{ids_, order_.data(), keys_.data(), meta_.data(), n, send, narrow_, span_});
       for_each_rows(ex, k_, cols_,
                     PackValues<T>{values_, order_.data(), keys_.data(), meta_.data(), n, cols_, send, id_bytes()});
     }
@@ -517,6 +526,7 @@ class RowExchange final : public RouteLane {
   RowsAt<T> values_;
   std::size_t k_ = 0, cols_ = 0;
   bool narrow_ = false;  // narrow_ids()
+  bool omit_ = false;    // omit_ids()
   std::size_t span_ = 0;
   Buffer<std::int32_t, space> keys_;
   Buffer<index_t, space> order_;
