@@ -79,7 +79,8 @@ class ReceivedRows {
 
   /// Takes rows[p] rows of `cols` values from each source p < sources, in
   /// source order, from the RowBlock at recv + offsets[p] (bytes). Ids of
-  /// `id_bytes` 4 arrived as offsets from `id_base` (RowBlock).
+  /// `id_bytes` 4 arrived as offsets from `id_base` (RowBlock); with
+  /// `id_bytes` 0 none came (ids() then holds no values).
   void unpack(const Exec<Space>& ex, const std::byte* recv, const std::size_t* offsets, const std::size_t* rows,
               std::size_t sources, std::size_t cols, std::size_t id_bytes = sizeof(index_t), index_t id_base = 0) {
     std::size_t total = 0;
@@ -94,7 +95,7 @@ class ReceivedRows {
       std::byte* block = const_cast<std::byte*>(recv) + offsets[p];
       if (id_bytes == sizeof(index_t))
         ex.copy(ids_.data() + first, RowBlock<T>::ids(block), r * sizeof(index_t));
-      else
+      else if (id_bytes)
         for_each(ex, r, WidenIds{RowBlock<T>::narrow_ids(block), id_base, ids_.data() + first});
       if (cols) {
         if constexpr (in_place) {

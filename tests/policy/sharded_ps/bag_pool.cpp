@@ -297,7 +297,8 @@ TEMPLATE_TEST_CASE("ShardedPS: a bag lookup carries one row per (bag, owner) eac
   };
   auto pad8 = [](std::uint64_t x) { return (x + 7) / 8 * 8; };
   const bool packed = compress != px::Compression::none;
-  const std::uint64_t id = packed ? 4 : 8, value = packed ? 2 : 4;  // an id or count, a row's value
+  const std::uint64_t id = packed ? 4 : 8, value = packed ? 2 : 4;  // an id, a row's value
+  const std::uint64_t count = 4;  // a segment's count: 4 bytes with float rows, compressed or not
   const std::uint64_t id_bytes = id + (weighted ? 4 : 0);  // the weight is a float either way
   std::uint64_t sent = 0, recv = 0, push_sent = 0, push_recv = 0;
   for (int p = 0; p < n; ++p) {
@@ -307,25 +308,26 @@ TEMPLATE_TEST_CASE("ShardedPS: a bag lookup carries one row per (bag, owner) eac
     counts(p, me, ids_from, pairs_from);
     // The route: a header of 4 words (shape, rest, a count per lane), the
     // ids (and weights), a count per pair; the reply: a row per pair.
-    sent += 32 + pad8(id_bytes * ids_to) + pad8(id * pairs_to) + value * C * pairs_from;
-    recv += 32 + pad8(id_bytes * ids_from) + pad8(id * pairs_from) + value * C * pairs_to;
-    // The gradients: a header of 3 words and a row (and its count) per pair.
-    push_sent += 24 + pad8((id + value * C) * pairs_to);
-    push_recv += 24 + pad8((id + value * C) * pairs_from);
+    sent += 32 + pad8(id_bytes * ids_to) + pad8(count * pairs_to) + value * C * pairs_from;
+    recv += 32 + pad8(id_bytes * ids_from) + pad8(count * pairs_from) + value * C * pairs_to;
+    // The gradients: a header of 3 words and a row per pair (no ids: the
+    // owner knows the pairs from the route).
+    push_sent += 24 + pad8(value * C * pairs_to);
+    push_recv += 24 + pad8(value * C * pairs_from);
   }
   mpi.stats().reset();
   sync.lookup_bags(&request, 1);
   const auto t = mpi.stats().policy("ShardedPS");
   CHECK(t.sent() == sent);
   CHECK(t.received() == recv);
-  CHECK(mpi.stats().total().calls == 3);  // the check's agreement, the route, the reply
+  CHECK(mpi.stats().total().calls == 2);  // the route (which carries the check), the reply
   mpi.stats().reset();
   const px::BagGradient<Table> grad(emb, s.grads);
   sync.bag_gradients(&grad, 1);
   const auto g = mpi.stats().policy("ShardedPS");
   CHECK(g.sent() == push_sent);
   CHECK(g.received() == push_recv);
-  CHECK(mpi.stats().total().calls == 2);  // the check's agreement, the route
+  CHECK(mpi.stats().total().calls == 1);  // the route, which carries the check
   sync.clear();
 }
 
@@ -364,17 +366,22 @@ TEST_CASE("bad bags and gradients throw one message on every rank", "[policy][sh
       {offsets, ids, px::Combiner::weighted_sum, {}, "combiner weighted_sum needs a weight per id; none were given"},
       {offsets, ids, px::Combiner::mean, w, "weights were given with combiner mean (they are for weighted_sum)"},
   };
-  for (const Case& c : cases) {
-    // Only the last rank's request is bad.
-    const px::Bags<Var> q = me == odd ? px::Bags<Var>(emb, c.offsets, c.ids, c.combiner, c.weights)
-                                      : px::Bags<Var>(emb, offsets, ids);
-    const std::string msg = test::error_of([&] { lookup(q); });
-    INFO(msg);
-    CHECK(msg == at + c.message);
-    CHECK(test::same_on_every_rank(msg));
-  }
+  // Pooled at the owners, the check travels in the route; otherwise it is
+  // agreed on first. The words are the same.
+  for (const px::Pooling pooling : {px::Pooling::automatic, px::Pooling::owner})
+    for (const Case& c : cases) {
+      // Only the last rank's request is bad.
+      px::Bags<Var> q = me == odd ? px::Bags<Var>(emb, c.offsets, c.ids, c.combiner, c.weights)
+                                  : px::Bags<Var>(emb, offsets, ids);
+      q.pooled_at(pooling);
+      const std::string msg = test::error_of([&] { lookup(q); });
+      INFO(msg << (pooling == px::Pooling::owner ? " (at the owners)" : " (automatic)"));
+      CHECK(msg == at + c.message);
+      CHECK(test::same_on_every_rank(msg));
+    }
   // A gradient of the wrong shape, and one for no lookup.
-  const px::Bags<Var> good(emb, offsets, ids);
+  px::Bags<Var> good(emb, offsets, ids);
+  good.pooled_at(GENERATE(px::Pooling::automatic, px::Pooling::owner, px::Pooling::local));
   lookup(good);
   std::vector<float> g(me == odd ? 3 * C : 2 * C, 1.f);
   const px::BagGradient<Var> grad(emb, g);

@@ -27,6 +27,17 @@
 #include <utility>
 #include <vector>
 
+namespace parallax::detail {
+
+/// The shape of a bag route that carries its batch's check
+/// (CallShape::problems_first).
+inline CallShape checked(CallShape shape) {
+  shape.problems_first = true;
+  return shape;
+}
+
+}  // namespace parallax::detail
+
 namespace parallax::policy {
 
 /// A lookup_bags() batch, kept until clear() for its gradient.
@@ -68,12 +79,14 @@ class ShardedSynchronizer<Engine, Optimizer>::BagBatch final : public BagBatchBa
 /// Per request of a bag batch: whether it is pooled locally. Requests of
 /// Pooling::automatic weigh the bytes both ways would move (this rank's
 /// sends: ids and pairs, or unique ids, each way), added over the ranks,
-/// so every rank picks alike; the ranks check first that they look up
-/// the same tables with the same pooling (else they throw, on every rank).
+/// so every rank picks alike; the ranks check first that no batch has a
+/// `problem` (else they throw its words) and that they look up the same
+/// tables with the same pooling (else they throw, on every rank).
 template <class Engine, class Optimizer>
 template <class V>
 std::vector<bool> ShardedSynchronizer<Engine, Optimizer>::choose_pooling(
-    const Bags<V>* batch, std::size_t count, const std::vector<std::vector<index_t>>& offsets) {
+    const Bags<V>* batch, std::size_t count, const std::vector<std::vector<index_t>>& offsets,
+    const std::optional<std::string>& problem) {
   using T = typename V::value_type;
   std::vector<bool> local(count, false);
   std::vector<std::int64_t> cost;
@@ -89,6 +102,7 @@ std::vector<bool> ShardedSynchronizer<Engine, Optimizer>::choose_pooling(
       continue;
     }
     automatic.push_back(i);
+    if (problem) continue;  // its offsets may not hold: the ranks throw before weighing
     const auto& tables = static_cast<Group<storage_type_t<V>>&>(t.group()).tables;
     const PartitionMap& map = tables.map(t.index());
     std::vector<index_t> ids(q.n);
@@ -98,6 +112,8 @@ std::vector<bool> ShardedSynchronizer<Engine, Optimizer>::choose_pooling(
     // 8 bytes or 4 (narrowed); rows read in place as the table stores them.
     const bool half = tables.compression() != Compression::none;
     const std::int64_t id = tables.narrows_ids() ? 4 : 8;
+    const std::int64_t count_bytes =
+        BagPool<T, Engine, storage_type_t<V>>::narrow_counts || tables.narrows_ids() ? 4 : 8;
     const std::int64_t row = static_cast<std::int64_t>(tables.cols() * (half ? 2 : sizeof(T)));
     const std::int64_t read = static_cast<std::int64_t>(tables.cols() * sizeof(storage_type_t<V>));
     const std::int64_t per_id = id + (q.combiner == Combiner::weighted_sum ? static_cast<std::int64_t>(sizeof(T)) : 0);
@@ -117,18 +133,23 @@ std::vector<bool> ShardedSynchronizer<Engine, Optimizer>::choose_pooling(
       }
     std::sort(remote_ids.begin(), remote_ids.end());
     const auto unique = static_cast<std::int64_t>(std::unique(remote_ids.begin(), remote_ids.end()) - remote_ids.begin());
-    // At the owners: the ids, a count and a row back per pair; a row and its
-    // count per pair pushed. Here: a key and a row back per unique id (rows
+    // At the owners: the ids, a count and a row back per pair; a row per
+    // pair pushed. Here: a key and a row back per unique id (rows
     // read in place: a row per id, repeats too), and each pushed.
-    cost.push_back(per_id * remote + pairs * (2 * id + 2 * row));
+    cost.push_back(per_id * remote + pairs * (count_bytes + 2 * row));
     cost.push_back((tables.reads_directly() ? remote * read : unique * (id + row)) + unique * (id + row));
   }
   if (automatic.empty()) return local;
-  std::int64_t agree[2] = {static_cast<std::int64_t>(word.value()), -static_cast<std::int64_t>(word.value())};
+  // The shape word, and the lowest rank whose batch has a problem (the
+  // check's agreement rides this all-reduce: its words follow only then).
+  const int n = engine_->size();
+  std::int64_t agree[3] = {static_cast<std::int64_t>(word.value()), -static_cast<std::int64_t>(word.value()),
+                           problem ? engine_->rank() : n};
   {
     auto scope = engine_->stats().scope("", "control");
-    engine_->allreduce(agree, agree, 2, DataType::i64, ReduceOp::min);
+    engine_->allreduce(agree, agree, 3, DataType::i64, ReduceOp::min);
   }
+  if (agree[2] < n) detail::agree(*engine_, problem);  // throws, on every rank
   if (agree[0] != -agree[1])
     throw error("parallax: ranks make different batched lookups of bags: every rank must look up the same sparse variables, "
                 "with the same combiners and pooling, in the same order, in each batch (the ids may differ, and may "
@@ -147,10 +168,27 @@ auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, s
     -> std::vector<Rows<typename V::value_type, space>> {
   using T = typename V::value_type;
   using S = storage_type_t<V>;
-  auto offsets = check_bags(*engine_, batch, count);
+  // A batch pooled at the owners alone is checked by its route (a problem
+  // travels in its headers, and only then do the ranks agree on its words),
+  // one with automatic requests by the all-reduce that compares the ranks'
+  // batches (choose_pooling): no call of its own. Others are checked first,
+  // as they look up rows here before any route.
+  std::vector<std::vector<index_t>> offsets;
+  std::optional<std::string> problem = detail::batch_problem(engine_->exec(), batch, count, offsets);
+  const bool checked_by_route =
+      std::all_of(batch, batch + count, [](const Bags<V>& q) { return q.pooling == Pooling::owner; });
+  const bool checked_by_choice =
+      std::any_of(batch, batch + count, [](const Bags<V>& q) { return q.pooling == Pooling::automatic; });
+  if (!checked_by_route && !checked_by_choice) detail::agree(*engine_, problem);
+  if (checked_by_route && problem) {
+    auto scope = engine_->stats().scope("", "control");
+    detail::route_lanes(*engine_, nullptr, 0, bag_route_, detail::checked(detail::lookup_shape(0)),
+                        [](bool) { return std::string(); }, index_t{0});
+    detail::agree(*engine_, problem);  // throws, on every rank
+  }
   auto record = std::make_unique<BagBatch<S>>();
   BagBatch<S>& b = *record;
-  b.local = choose_pooling(batch, count, offsets);
+  b.local = choose_pooling(batch, count, offsets, problem);
   b.rows.resize(count);
   b.request_group.assign(count, 0);
   b.request_at.assign(count, 0);
@@ -220,8 +258,9 @@ auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, s
     for (const auto& [name, weight] : parts) shared.part(*name, weight);
     {
       const detail::Span span("bags: route");
-      detail::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_, detail::lookup_shape(b.word),
-                          [&](bool detailed) { return b.describe(detailed, "bags of "); });
+      if (detail::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_, detail::checked(detail::lookup_shape(b.word)),
+                              [&](bool detailed) { return b.describe(detailed, "bags of "); }))
+        detail::agree(*engine_, std::optional<std::string>());  // another rank's problem: throws, on every rank
     }
     {
       const detail::Span span("bags: owners pool and reply");
@@ -259,12 +298,23 @@ void ShardedSynchronizer<Engine, Optimizer>::bag_gradients(const BagGradient<V>*
                                                grads[i].cols);
     }
   }
-  detail::agree(*engine_, problem);
+  // The check travels in the gradients' route (CallShape::problems_first):
+  // every rank routes once, a rank with a problem (or a batch pooled here
+  // alone) with no lanes, booked as control; if any rank reports one, the
+  // ranks agree on its words and throw them.
+  const bool routes_rows = !problem && !b->groups.empty();
+  if (problem || !routes_rows) {
+    auto scope = engine_->stats().scope("", "control");
+    if (detail::route_lanes(*engine_, nullptr, 0, bag_route_,
+                            detail::checked(detail::push_shape(detail::Fingerprint().add("bag gradients").value())),
+                            [](bool) { return std::string(); }, problem ? index_t{0} : detail::no_problem))
+      detail::agree(*engine_, problem);  // throws, on every rank
+  }
   b->given = true;
   bag_gradients_given_ = true;
   for (std::size_t i = 0; i < count; ++i)
     if (b->local[i]) local_bags_.template of<T>().expand(engine_->exec(), b->local_first + b->request_at[i], grads[i]);
-  if (b->groups.empty()) return;
+  if (!routes_rows) return;
   std::vector<std::vector<const T*>> per_group(b->groups.size());
   for (std::size_t gi = 0; gi < b->groups.size(); ++gi) per_group[gi].resize(b->pools[gi]->requests());
   std::vector<detail::RouteLane*> lanes;
@@ -283,9 +333,11 @@ void ShardedSynchronizer<Engine, Optimizer>::bag_gradients(const BagGradient<V>*
   }
   {
     const detail::Span span("bag gradients: route");
-    detail::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_,
-                        detail::push_shape(detail::Fingerprint().add("bag gradients").add(b->word).value()),
-                        [&](bool detailed) { return b->describe(detailed, "gradients of bags of "); });
+    if (detail::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_,
+                            detail::checked(detail::push_shape(
+                                detail::Fingerprint().add("bag gradients").add(b->word).value())),
+                            [&](bool detailed) { return b->describe(detailed, "gradients of bags of "); }))
+      detail::agree(*engine_, std::optional<std::string>());  // another rank's problem: throws, on every rank
   }
   const detail::Span span("bag gradients: owners expand");
   for (std::size_t gi = 0; gi < b->groups.size(); ++gi) b->pools[gi]->expand(b->groups[gi]->tables);

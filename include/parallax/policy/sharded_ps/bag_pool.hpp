@@ -20,12 +20,12 @@
 ///   rows the push brings.
 ///
 /// Bytes per rank and peer: 8 per id sent (12, weighted, padded to 8 per
-/// block), 8 per segment and cols x sizeof(T) per segment replied; the
-/// backward 8 + cols x sizeof(T) per segment. A plain lookup sends 8 per
-/// unique id and replies a row per unique id, and pushes one per unique id.
-/// With compression (TableGroup::compression()) the replies and gradient
-/// rows travel in 16 bits and the ids and counts in 4 bytes
-/// (TableGroup::narrows_ids()).
+/// block), 4 per segment (its count; 8 where T has 8 bytes) and cols x
+/// sizeof(T) per segment replied; the backward cols x sizeof(T) per segment
+/// (padded to 8 per block). A plain lookup sends 8 per unique id and replies a row per
+/// unique id, and pushes one per unique id. With compression
+/// (TableGroup::compression()) the replies and gradient rows travel in 16
+/// bits and the ids in 4 bytes (TableGroup::narrows_ids()).
 ///
 /// The group's shard may hold S (bf16, fp16): an owner widens its rows to T
 /// as it pools them, and the expanded gradients are T rows like any pushed.
@@ -101,6 +101,10 @@ class BagPool {
     std::size_t bags() const noexcept { return offsets.size() - 1; }
   };
 
+  /// Whether counts travel in 4 bytes: with values of at most 4 bytes (the
+  /// alignment a 4-byte id leaves them), as RowExchange::narrow_ids needs.
+  static constexpr bool narrow_counts = sizeof(T) <= sizeof(std::uint32_t);
+
   explicit BagPool(Engine& engine)
       : engine_(&engine), entries_(engine), segments_(engine), gradients_(engine), half_gradients_(engine) {}
   BagPool(const BagPool&) = delete;
@@ -118,15 +122,16 @@ class BagPool {
     cols_ = tables.cols();
     const std::size_t span = tables.span();
     compress_ = tables.compression();
-    // Keys as offsets in their owner's shard, counts as they are (span 0).
-    if (tables.narrows_ids()) {
-      entries_.narrow_ids(span);
-      segments_.narrow_ids(0);
-    } else {
-      entries_.wide_ids();
-      segments_.wide_ids();
-    }
-    half_gradients_.narrow_ids(tables.narrows_ids(), 0);
+    // Keys as offsets in their owner's shard where the group narrows them;
+    // counts in 4 bytes as they are (span 0) wherever the rows' values allow
+    // 4-byte ids. The gradient rows carry no ids: the owner knows each from
+    // the order of the segments the forward brought it.
+    if (tables.narrows_ids()) entries_.narrow_ids(span);
+    else entries_.wide_ids();
+    if (narrow_counts || tables.narrows_ids()) segments_.narrow_ids(0);
+    else segments_.wide_ids();
+    gradients_.omit_ids();
+    half_gradients_.omit_ids();
     weighted_ = false;
     std::size_t total_ids = 0, total_bags = 0;
     for (const Request& q : requests_) {
@@ -136,6 +141,8 @@ class BagPool {
       total_ids += q.n;
       total_bags += q.bags();
     }
+    PARALLAX_EXPECTS(!narrow_counts || total_ids <= 0xffffffffu, "BagPool: ", total_ids,
+                     " ids in one batch of bags; counts travel in 32 bits");
     Plan& h = plan_;  // host arrays, kept across steps so plan() allocates nothing once warm
     h.clear();
     h.keys.reserve(total_ids);

@@ -51,6 +51,12 @@ class HalfLane {
     }
   }
 
+  /// No ids on the wire (RowExchange::omit_ids).
+  void omit_ids() noexcept {
+    bf16_.omit_ids();
+    fp16_.omit_ids();
+  }
+
   /// RowExchange::plan() of k rows narrowed to `compress`'s type. The ids
   /// must stay valid until the route; the rows are read here.
   RouteLane& plan(Compression compress, const index_t* ids, RowsAt<T> rows, const std::int32_t* dest, std::size_t k,

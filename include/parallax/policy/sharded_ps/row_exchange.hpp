@@ -121,6 +121,13 @@ struct CallShape {
   std::uint64_t word = 0;
   const char* what = "routes of rows";  ///< "ranks make different <what>"
   const char* rule = "Every rank must make the same call.";
+  /// A rank's report of a problem is heard before the shapes are compared:
+  /// if any rank reports one, route_lanes() returns at once (the lowest such
+  /// rank, its id and lanes unread), whatever the shapes. For a caller
+  /// whose problem is a sentence it then agrees on (detail::agree), so its
+  /// check costs no call of its own; a rank with a problem may then route
+  /// no lanes at all.
+  bool problems_first = false;
 };
 
 /// Words at the front of every route message: the shape word, then the
@@ -235,6 +242,12 @@ std::optional<RemoteProblem> route_lanes(Engine& engine, RouteLane* const* lanes
 
   // Every rank's shape and rest; ranks that disagree take nothing.
   b.shapes.resize(un);
+  auto first_report = [&]() -> std::optional<RemoteProblem> {
+    if (shape.problems_first)
+      for (std::size_t p = 0; p < un; ++p)
+        if (b.recv_header[width * p + 1] == reports_problem) return RemoteProblem{static_cast<int>(p), bad_id};
+    return std::nullopt;
+  };
   auto check_shapes = [&] {
     bool agree = true;
     for (std::size_t p = 0; p < un; ++p) {
@@ -252,6 +265,7 @@ std::optional<RemoteProblem> route_lanes(Engine& engine, RouteLane* const* lanes
     for (std::size_t p = 0; p < un; ++p)
       space_traits<space>::copy_to_host(b.recv_header.data() + width * p, b.recv.data() + b.recv_displs[p],
                                         std::min(b.recv_bytes[p], route_prefix * word));
+    if (auto report = first_report()) return report;
     check_shapes();
     for (std::size_t p = 0; p < un; ++p) {
       const std::size_t words = head_words(b.recv_header[width * p + 1] == reports_problem) - route_prefix;
@@ -266,6 +280,7 @@ std::optional<RemoteProblem> route_lanes(Engine& engine, RouteLane* const* lanes
     engine.alltoall(prefix.data(), got.data(), route_prefix, DataType::i64);
     for (std::size_t p = 0; p < un; ++p)
       std::copy_n(got.data() + route_prefix * p, route_prefix, b.recv_header.data() + width * p);
+    if (auto report = first_report()) return report;
     check_shapes();
     std::size_t rt = 0;
     for (std::size_t p = 0; p < un; ++p) {
@@ -319,11 +334,20 @@ class RowExchange final : public RouteLane {
   void narrow_ids(std::size_t span) {
     PARALLAX_EXPECTS(sizeof(T) <= sizeof(std::uint32_t), "RowExchange: narrowed ids need row values of at most 4 bytes");
     narrow_ = true;
+    omit_ = false;
     span_ = span;
   }
   /// Ids at their full 8 bytes again (the default).
-  void wide_ids() noexcept { narrow_ = false; }
-  std::size_t id_bytes() const noexcept { return narrow_ ? sizeof(std::uint32_t) : sizeof(index_t); }
+  void wide_ids() noexcept { narrow_ = omit_ = false; }
+  /// No ids on the wire from now on, the rows' values alone: for a receiver
+  /// that knows each row from the order they come in (BagPool's gradient
+  /// rows, in the order of the segments its forward route brought).
+  /// received_ids() then holds no values. Every rank's exchange must omit
+  /// alike (their shape words say).
+  void omit_ids() noexcept { omit_ = true; }
+  std::size_t id_bytes() const noexcept {
+    return omit_ ? 0 : narrow_ ? sizeof(std::uint32_t) : sizeof(index_t);
+  }
 
   /// Sends row i (ids[i] and, if cols > 0, values.row(i)) to rank dest[i]. Collective. `bad_id` is this rank's problem to share
   /// (no_problem if none); if any rank has one, no rows move and every rank
@@ -398,7 +422,7 @@ class RowExchange final : public RouteLane {
     for (std::size_t p = 0; p < un; ++p) host_meta_[un + 1 + p] = static_cast<index_t>(offsets[p]);
     space_traits<space>::copy_from_host(meta_.data() + un + 1, host_meta_.data() + un + 1, un * sizeof(index_t));
     if (k_) {
-      for_each(ex, k_, PackIds<T>{ids_, order_.data(), keys_.data(), meta_.data(), n, send, narrow_, span_});
+      if (!omit_) for_each(ex, k_, PackIds<T>{ids_, order_.data(), keys_.data(), meta_.data(), n, send, narrow_, span_});
       for_each_rows(ex, k_, cols_,
                     PackValues<T>{values_, order_.data(), keys_.data(), meta_.data(), n, cols_, send, id_bytes()});
     }
@@ -502,6 +526,7 @@ class RowExchange final : public RouteLane {
   RowsAt<T> values_;
   std::size_t k_ = 0, cols_ = 0;
   bool narrow_ = false;  // narrow_ids()
+  bool omit_ = false;    // omit_ids()
   std::size_t span_ = 0;
   Buffer<std::int32_t, space> keys_;
   Buffer<index_t, space> order_;

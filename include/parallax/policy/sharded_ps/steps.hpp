@@ -266,7 +266,8 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   class BagBatch;  // a lookup_bags() batch of tables stored as S, kept until clear() for its gradient
   template <class V>
   std::vector<bool> choose_pooling(const Bags<V>* batch, std::size_t count,
-                                   const std::vector<std::vector<index_t>>& offsets);
+                                   const std::vector<std::vector<index_t>>& offsets,
+                                   const std::optional<std::string>& problem);
   Engine* engine_;
   const Optimizer* opt_;  // the trainer's: its learning rate changes between steps
   struct Settings : Common {
