@@ -28,7 +28,7 @@
 //                            written with no arithmetic, prefetched: its floor
 //   GatherRows/library       detail::GatherRows (a lookup's gather)
 //   GatherRows/no_prefetch   the same kernel with its prefetch(r) hidden
-//   GatherAt/library         detail::GatherAt (the gather from shared shards)
+//   GatherAt/library         sharded::GatherAt (the gather from shared shards)
 //   Memcpy/rows              the baseline of the row kernels: as many rows of the
 //                            same table, contiguous, copied by the same team
 //   Coalesce/library         detail::coalesce_rows (SparseGrad::coalesce of rows not
@@ -150,7 +150,7 @@ void Memcpy_rows(benchmark::State& state) { run_rows(state, memcpy_rows, 2 * kRo
 
 void gather_at(pb::RowWorkload& w, std::size_t s) {
   px::for_each_rows(host, pb::RowWorkload::touched, pb::RowWorkload::cols,
-                    px::detail::GatherAt<float>{w.row_pointers(s), w.out.data(), pb::RowWorkload::cols});
+                    px::policy::sharded::GatherAt<float>{w.row_pointers(s), w.out.data(), pb::RowWorkload::cols});
 }
 void GatherAt_library(benchmark::State& state) {
   pb::RowWorkload::of(state.range(0)).row_pointers(0);  // made before the timed loop

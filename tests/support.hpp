@@ -182,7 +182,7 @@ struct engine_for<px::CudaSpace> {
 template <class Space>
 using engine_for = typename detail::engine_for<Space>::type;
 
-/// Engine calls one route of rows takes (detail::route_lanes): one where the
+/// Engine calls one route of rows takes (sharded::route_lanes): one where the
 /// engine has alltoallv_unsized (the header rides in front of the rows),
 /// else a header alltoall and an alltoallv.
 template <class Engine>

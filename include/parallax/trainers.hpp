@@ -46,7 +46,7 @@
 /// What parallax::trainers holds that does not depend on the optimizer.
 #define PARALLAX_TRAINERS_COMMON(EXTERN)                                                               \
   EXTERN template class ::parallax::Checkpoints<::parallax::engine::Mpi>;                              \
-  EXTERN template class ::parallax::TableGroup<float, ::parallax::engine::Mpi>;                        \
+  EXTERN template class ::parallax::policy::sharded::TableGroup<float, ::parallax::engine::Mpi>;                        \
   EXTERN template class ::parallax::policy::ring::FusedAllReducer<::parallax::engine::Mpi>;                       \
   EXTERN template class ::parallax::engine::Comm<::parallax::engine::backend::Mpi>;                    \
   EXTERN template parallax::engine::Comm<::parallax::engine::backend::Mpi>::Comm(                      \
@@ -58,9 +58,9 @@
                                                     ::parallax::Shape, ::parallax::Init);              \
   EXTERN template class ::parallax::policy::MemberOf<PARALLAX_TRAINERS_SPARSE_>;                       \
   EXTERN template class ::parallax::policy::MemberOf<PARALLAX_TRAINERS_DENSE_>;                        \
-  EXTERN template class ::parallax::DenseShards<float, ::parallax::engine::Mpi>;                       \
+  EXTERN template class ::parallax::policy::sharded::DenseShards<float, ::parallax::engine::Mpi>;                       \
   EXTERN template class ::parallax::policy::ring::RingAllReducer<::parallax::engine::Mpi>;                        \
-  EXTERN template class ::parallax::detail::RowExchange<float, ::parallax::engine::Mpi>;               \
+  EXTERN template class ::parallax::policy::sharded::RowExchange<float, ::parallax::engine::Mpi>;               \
   EXTERN template void parallax::detail::agree_on_variables<::parallax::engine::Mpi>(                  \
       ::parallax::engine::Mpi&, const std::vector<::parallax::detail::VarRecord>&);
 

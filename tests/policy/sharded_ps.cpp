@@ -472,7 +472,7 @@ TEMPLATE_TEST_CASE("DenseShards reduces by rank and gathers the whole variable b
   const int n = mpi.size(), me = mpi.rank();
   const int parts = GENERATE_COPY(1, n, 2 * n + 1);
   const std::size_t rows = 17, cols = 2;
-  px::DenseShards<float, test::engine_for<Space>> shards(mpi, px::PartitionMap(rows, parts, n), cols);
+  px::policy::sharded::DenseShards<float, test::engine_for<Space>> shards(mpi, px::PartitionMap(rows, parts, n), cols);
   const px::PartitionMap& map = shards.map();
   std::vector<float> grad(rows * cols);
   for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(me * 1000 + static_cast<int>(i));

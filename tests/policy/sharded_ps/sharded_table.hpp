@@ -62,10 +62,10 @@ class ShardedTable {
 
   /// out[i*cols ...] = row ids[i] of the variable, for i < n. Collective.
   void lookup(const px::index_t* ids, std::size_t n, T* out) {
-    const typename px::TableGroup<T, Engine>::Request request{0, ids, n, out};
-    px::detail::RouteLane* lane = &group_.plan_lookup(&request, 1);
-    const auto shape = px::detail::lookup_shape(px::detail::Fingerprint().add("lookup").add(group_.identity()).add(0).value());
-    if (auto p = px::detail::route_lanes(*engine_, &lane, 1, buffers_, shape, [&](bool d) { return group_.label(0, d); },
+    const typename px::policy::sharded::TableGroup<T, Engine>::Request request{0, ids, n, out};
+    px::policy::sharded::RouteLane* lane = &group_.plan_lookup(&request, 1);
+    const auto shape = px::policy::sharded::lookup_shape(px::detail::Fingerprint().add("lookup").add(group_.identity()).add(0).value());
+    if (auto p = px::policy::sharded::route_lanes(*engine_, &lane, 1, buffers_, shape, [&](bool d) { return group_.label(0, d); },
                                      group_.lookup_problem()))
       group_.fail(*p, "lookup id");
     group_.start_reply();
@@ -79,10 +79,10 @@ class ShardedTable {
   /// rank. Collective.
   std::size_t push(const px::index_t* ids, const T* values, std::size_t k, px::Buffer<px::index_t, space>& local_rows,
                    px::Buffer<T, space>& sums) {
-    const typename px::TableGroup<T, Engine>::Push push{0, ids, values, k};
-    px::detail::RouteLane* lane = &group_.plan_push(&push, 1);
-    const auto shape = px::detail::push_shape(px::detail::Fingerprint().add("push").add(group_.identity()).value());
-    px::detail::route_lanes(*engine_, &lane, 1, buffers_, shape, [&](bool d) { return "groups " + group_.describe(d); });
+    const typename px::policy::sharded::TableGroup<T, Engine>::Push push{0, ids, values, k};
+    px::policy::sharded::RouteLane* lane = &group_.plan_push(&push, 1);
+    const auto shape = px::policy::sharded::push_shape(px::detail::Fingerprint().add("push").add(group_.identity()).value());
+    px::policy::sharded::route_lanes(*engine_, &lane, 1, buffers_, shape, [&](bool d) { return "groups " + group_.describe(d); });
     const std::size_t m = group_.finish_push(local_rows, sums);
     const auto local = local_rows.to_host();
     std::vector<px::index_t> global(m);
@@ -96,8 +96,8 @@ class ShardedTable {
 
  private:
   Engine* engine_;
-  px::TableGroup<T, Engine> group_;
-  px::detail::RouteBuffers<space> buffers_;
+  px::policy::sharded::TableGroup<T, Engine> group_;
+  px::policy::sharded::RouteBuffers<space> buffers_;
   px::Buffer<px::index_t, space> pushed_;
 };
 

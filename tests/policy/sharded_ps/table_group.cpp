@@ -21,7 +21,7 @@ float initial(std::size_t t, px::index_t id, std::size_t c) {
 }
 
 template <class Space>
-using Group = px::TableGroup<float, test::engine_for<Space>>;
+using Group = px::policy::sharded::TableGroup<float, test::engine_for<Space>>;
 
 /// What a route of this test carries, named for a disagreement (none here).
 std::string describe(bool) { return "the test's tables"; }
@@ -92,10 +92,10 @@ TEMPLATE_TEST_CASE("a batch of lookups of several tables takes one route and one
     requests.push_back({order[i], ids[i].data(), ids[i].size(), outs[i].data()});
 
   const px::Traffic before = mpi.stats().total();
-  px::detail::RouteBuffers<Space> buffers;
-  px::detail::RouteLane* lane = &group.plan_lookup(requests.data(), requests.size());
-  CHECK(group.lookup_problem() == px::detail::no_problem);
-  CHECK_FALSE(px::detail::route_lanes(mpi, &lane, 1, buffers, px::detail::CallShape{group.identity()}, describe));
+  px::policy::sharded::RouteBuffers<Space> buffers;
+  px::policy::sharded::RouteLane* lane = &group.plan_lookup(requests.data(), requests.size());
+  CHECK(group.lookup_problem() == px::policy::sharded::no_problem);
+  CHECK_FALSE(px::policy::sharded::route_lanes(mpi, &lane, 1, buffers, px::policy::sharded::CallShape{group.identity()}, describe));
   group.start_reply();
   if constexpr (px::engine::supports_v<Engine, px::engine::op_start_alltoallv>) mpi.wait_started();
   group.finish_lookup();
@@ -152,10 +152,10 @@ TEST_CASE("a bad id in one table of a batch names that table on every rank", "[p
   std::vector<float> oa(a.size() * C), ob(b.size() * C), oc(c.size() * C);
   const std::vector<Group<px::HostSpace>::Request> requests{
       {0, a.data(), a.size(), oa.data()}, {1, b.data(), b.size(), ob.data()}, {2, c.data(), c.size(), oc.data()}};
-  px::detail::RouteBuffers<px::HostSpace> buffers;
-  px::detail::RouteLane* lane = &group.plan_lookup(requests.data(), requests.size());
+  px::policy::sharded::RouteBuffers<px::HostSpace> buffers;
+  px::policy::sharded::RouteLane* lane = &group.plan_lookup(requests.data(), requests.size());
   const std::string msg = test::error_of([&] {
-    if (auto p = px::detail::route_lanes(mpi, &lane, 1, buffers, px::detail::CallShape{group.identity()}, describe,
+    if (auto p = px::policy::sharded::route_lanes(mpi, &lane, 1, buffers, px::policy::sharded::CallShape{group.identity()}, describe,
                                          group.lookup_problem(), 0, group.problem_table()))
       group.fail(*p, "lookup id");
   });
@@ -194,9 +194,9 @@ TEMPLATE_TEST_CASE("a push of several tables sums each row at its owner, by row 
     values.push_back(px::Buffer<float, Space>::from_host(v));
   }
   for (std::size_t t = 0; t < tables.rows.size(); ++t) pushes.push_back({t, ids[t].data(), values[t].data(), ids[t].size()});
-  px::detail::RouteBuffers<Space> buffers;
-  px::detail::RouteLane* lane = &group.plan_push(pushes.data(), pushes.size());
-  px::detail::route_lanes(mpi, &lane, 1, buffers, px::detail::CallShape{group.identity()}, describe);
+  px::policy::sharded::RouteBuffers<Space> buffers;
+  px::policy::sharded::RouteLane* lane = &group.plan_push(pushes.data(), pushes.size());
+  px::policy::sharded::route_lanes(mpi, &lane, 1, buffers, px::policy::sharded::CallShape{group.identity()}, describe);
   px::Buffer<px::index_t, Space> local_in_space;
   px::Buffer<float, Space> sums_in_space;
   const std::size_t m = group.finish_push(local_in_space, sums_in_space);

@@ -27,7 +27,7 @@
 #include <utility>
 #include <vector>
 
-namespace parallax::detail {
+namespace parallax::policy::sharded {
 
 /// The shape of a bag route that carries its batch's check
 /// (CallShape::problems_first).
@@ -36,7 +36,7 @@ inline CallShape checked(CallShape shape) {
   return shape;
 }
 
-}  // namespace parallax::detail
+}  // namespace parallax::policy::sharded
 
 namespace parallax::policy {
 
@@ -53,7 +53,7 @@ class ShardedSynchronizer<Engine, Optimizer>::BagBatch final : public BagBatchBa
  public:
   using T = compute_t<S>;
   std::vector<Group<S>*> groups;  // in the order the batch first names them
-  std::vector<BagPool<T, Engine, S>*> pools;  // per group
+  std::vector<sharded::BagPool<T, Engine, S>*> pools;  // per group
   std::vector<bool> local;        // per request: pooled here (LocalBags), not at the owners
   std::size_t local_first = 0;    // the LocalBags index of the first request pooled here
   std::vector<const void*> vars;  // per request: its variable's state
@@ -113,7 +113,7 @@ std::vector<bool> ShardedSynchronizer<Engine, Optimizer>::choose_pooling(
     const bool half = tables.compression() != Compression::none;
     const std::int64_t id = tables.narrows_ids() ? 4 : 8;
     const std::int64_t count_bytes =
-        BagPool<T, Engine, storage_type_t<V>>::narrow_counts || tables.narrows_ids() ? 4 : 8;
+        sharded::BagPool<T, Engine, storage_type_t<V>>::narrow_counts || tables.narrows_ids() ? 4 : 8;
     const std::int64_t row = static_cast<std::int64_t>(tables.cols() * (half ? 2 : sizeof(T)));
     const std::int64_t read = static_cast<std::int64_t>(tables.cols() * sizeof(storage_type_t<V>));
     const std::int64_t per_id = id + (q.combiner == Combiner::weighted_sum ? static_cast<std::int64_t>(sizeof(T)) : 0);
@@ -182,7 +182,7 @@ auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, s
   if (!checked_by_route && !checked_by_choice) detail::agree(*engine_, problem);
   if (checked_by_route && problem) {
     auto scope = engine_->stats().scope("", "control");
-    detail::route_lanes(*engine_, nullptr, 0, bag_route_, detail::checked(detail::lookup_shape(0)),
+    sharded::route_lanes(*engine_, nullptr, 0, bag_route_, sharded::checked(sharded::lookup_shape(0)),
                         [](bool) { return std::string(); }, index_t{0});
     detail::agree(*engine_, problem);  // throws, on every rank
   }
@@ -217,7 +217,7 @@ auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, s
       if (b.local[i]) b.rows[i] = pooled[b.request_at[i]];
   }
   // Pooled at the owners.
-  std::vector<std::vector<typename BagPool<T, Engine, S>::Request>> requests;
+  std::vector<std::vector<typename sharded::BagPool<T, Engine, S>::Request>> requests;
   std::vector<std::pair<const std::string*, std::uint64_t>> parts;
   detail::Fingerprint word;
   word.add("bags");
@@ -243,11 +243,11 @@ auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, s
   }
   b.word = word.value();
   if (!b.groups.empty()) {
-    std::vector<detail::RouteLane*> lanes;
+    std::vector<sharded::RouteLane*> lanes;
     {
       const detail::Span span("bags: plan");
       for (std::size_t gi = 0; gi < b.groups.size(); ++gi) {
-        BagPool<T, Engine, S>& pool = b.groups[gi]->next_bag_pool();
+        sharded::BagPool<T, Engine, S>& pool = b.groups[gi]->next_bag_pool();
         pool.plan(b.groups[gi]->tables, std::move(requests[gi]));
         b.pools.push_back(&pool);
         lanes.push_back(&pool.entry_lane());
@@ -258,7 +258,7 @@ auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, s
     for (const auto& [name, weight] : parts) shared.part(*name, weight);
     {
       const detail::Span span("bags: route");
-      if (detail::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_, detail::checked(detail::lookup_shape(b.word)),
+      if (sharded::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_, sharded::checked(sharded::lookup_shape(b.word)),
                               [&](bool detailed) { return b.describe(detailed, "bags of "); }))
         detail::agree(*engine_, std::optional<std::string>());  // another rank's problem: throws, on every rank
     }
@@ -305,9 +305,9 @@ void ShardedSynchronizer<Engine, Optimizer>::bag_gradients(const BagGradient<V>*
   const bool routes_rows = !problem && !b->groups.empty();
   if (problem || !routes_rows) {
     auto scope = engine_->stats().scope("", "control");
-    if (detail::route_lanes(*engine_, nullptr, 0, bag_route_,
-                            detail::checked(detail::push_shape(detail::Fingerprint().add("bag gradients").value())),
-                            [](bool) { return std::string(); }, problem ? index_t{0} : detail::no_problem))
+    if (sharded::route_lanes(*engine_, nullptr, 0, bag_route_,
+                            sharded::checked(sharded::push_shape(detail::Fingerprint().add("bag gradients").value())),
+                            [](bool) { return std::string(); }, problem ? index_t{0} : sharded::no_problem))
       detail::agree(*engine_, problem);  // throws, on every rank
   }
   b->given = true;
@@ -317,7 +317,7 @@ void ShardedSynchronizer<Engine, Optimizer>::bag_gradients(const BagGradient<V>*
   if (!routes_rows) return;
   std::vector<std::vector<const T*>> per_group(b->groups.size());
   for (std::size_t gi = 0; gi < b->groups.size(); ++gi) per_group[gi].resize(b->pools[gi]->requests());
-  std::vector<detail::RouteLane*> lanes;
+  std::vector<sharded::RouteLane*> lanes;
   auto shared = engine_->stats().shared(ShardedPS::name);
   for (std::size_t i = 0; i < count; ++i) {
     if (b->local[i]) continue;
@@ -333,8 +333,8 @@ void ShardedSynchronizer<Engine, Optimizer>::bag_gradients(const BagGradient<V>*
   }
   {
     const detail::Span span("bag gradients: route");
-    if (detail::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_,
-                            detail::checked(detail::push_shape(
+    if (sharded::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_,
+                            sharded::checked(sharded::push_shape(
                                 detail::Fingerprint().add("bag gradients").add(b->word).value())),
                             [&](bool detailed) { return b->describe(detailed, "gradients of bags of "); }))
       detail::agree(*engine_, std::optional<std::string>());  // another rank's problem: throws, on every rank

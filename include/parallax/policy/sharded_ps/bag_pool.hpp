@@ -46,9 +46,8 @@
 #include <utility>
 #include <vector>
 
-namespace parallax {
+namespace parallax::policy::sharded {
 
-namespace detail {
 
 /// at[j] = where the shard row of key keys[j] starts (elements): (key -
 /// base) x cols, base being this rank x span.
@@ -75,12 +74,11 @@ struct ReplyOffsetOfSegment {
 /// out[j] = the first value of row j (a received weight).
 template <class T>
 struct FirstOfRow {
-  RowsAt<T> rows;
+  detail::RowsAt<T> rows;
   T* out;
   PARALLAX_HOST_DEVICE void operator()(std::size_t j) const { out[j] = rows.row(j, 1)[0]; }
 };
 
-}  // namespace detail
 
 template <class T, class Engine, class S = T>
 class BagPool {
@@ -112,7 +110,7 @@ class BagPool {
 
   // ---------------------------------------------------------------- forward
   //
-  // plan() (local), then detail::route_lanes() over lanes() (with other
+  // plan() (local), then route_lanes() over lanes() (with other
   // groups' lanes), then serve() (the owners pool and reply: one collective),
   // the engine's wait_started() where it has one, and finish().
 
@@ -182,8 +180,8 @@ class BagPool {
   }
 
   /// The forward route's lanes: the ids (and weights), then the segments.
-  detail::RouteLane& entry_lane() noexcept { return entries_; }
-  detail::RouteLane& segment_lane() noexcept { return segments_; }
+  RouteLane& entry_lane() noexcept { return entries_; }
+  RouteLane& segment_lane() noexcept { return segments_; }
   /// Ids this rank sends (segments: one per (bag, owner) pair).
   std::size_t ids_sent() const noexcept { return keys_.size(); }
   std::size_t segments_sent() const noexcept { return counts_.size(); }
@@ -207,9 +205,9 @@ class BagPool {
     owner_weights_.resize_discard(weighted_ ? ids : 0);
     if (ids) {
       ex.copy(owner_keys_.data(), entries_.received_ids(), ids * sizeof(index_t));
-      if (weighted_) for_each(ex, ids, detail::FirstOfRow<T>{entries_.received_values(), owner_weights_.data()});
+      if (weighted_) for_each(ex, ids, FirstOfRow<T>{entries_.received_values(), owner_weights_.data()});
       const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * tables.span());
-      for_each(ex, ids, detail::ShardOffsetOfKey{owner_keys_.data(), base, cols_, owner_at_.data()});
+      for_each(ex, ids, ShardOffsetOfKey{owner_keys_.data(), base, cols_, owner_at_.data()});
     }
     served_.resize_discard(segments * cols_);
     detail::pool_segments(ex,
@@ -236,7 +234,7 @@ class BagPool {
     const std::size_t segments = counts_.size();
     if (compress_ != Compression::none) replies_ = half_reply_.finish(segments, cols_, ex);
     reply_at_.resize_discard(segments);
-    if (segments) for_each(ex, segments, detail::ReplyOffsetOfSegment{segments_.sent_order(), cols_, reply_at_.data()});
+    if (segments) for_each(ex, segments, ReplyOffsetOfSegment{segments_.sent_order(), cols_, reply_at_.data()});
     for (std::size_t r = 0; r < requests_.size(); ++r) {
       const Request& q = requests_[r];
       detail::pool_segments(ex,
@@ -254,7 +252,7 @@ class BagPool {
 
   // ---------------------------------------------------------------- backward
   //
-  // plan_gradients() (local), then detail::route_lanes() over gradient_lane()
+  // plan_gradients() (local), then route_lanes() over gradient_lane()
   // (with other groups' lanes), then expand().
 
   /// Plans the rows of the bags' gradients: `grads[r]` holds request r's
@@ -286,7 +284,7 @@ class BagPool {
       gradient_lane_ = &half_gradients_.plan(compress_, counts_.data(), values, segment_dest_.data(), rows.size(), cols_);
     }
   }
-  detail::RouteLane& gradient_lane() noexcept { return *gradient_lane_; }
+  RouteLane& gradient_lane() noexcept { return *gradient_lane_; }
 
   /// The owner's half: each segment's gradient row given to the segment's
   /// ids (times their weights), as rows of its shard for the step's push.
@@ -386,11 +384,11 @@ class BagPool {
   // segment starts) and the partial sums it replied.
   Buffer<index_t, space> owner_keys_, owner_at_, owner_first_;
   Buffer<T, space> owner_weights_, served_;
-  detail::RowExchange<T, Engine> entries_, segments_, gradients_;
+  RowExchange<T, Engine> entries_, segments_, gradients_;
   // Compressed: the reply and the gradient rows on a 16-bit wire.
-  detail::HalfReply<T, Engine> half_reply_;
-  detail::HalfLane<T, Engine> half_gradients_;
-  detail::RouteLane* gradient_lane_ = &gradients_;
+  HalfReply<T, Engine> half_reply_;
+  HalfLane<T, Engine> half_gradients_;
+  RouteLane* gradient_lane_ = &gradients_;
 };
 
-}  // namespace parallax
+}  // namespace parallax::policy::sharded

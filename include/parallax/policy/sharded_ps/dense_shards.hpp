@@ -11,9 +11,8 @@
 #include <cstddef>
 #include <vector>
 
-namespace parallax {
+namespace parallax::policy::sharded {
 
-namespace detail {
 
 template <class T>
 struct SumBlocks {
@@ -28,7 +27,6 @@ struct SumBlocks {
   }
 };
 
-}  // namespace detail
 
 /// A dense variable sharded over the ranks (arch::PS): each rank sends every
 /// owner its rows of the gradient, the owner sums them by rank and updates
@@ -84,7 +82,7 @@ class DenseShards {
     received_.resize_discard(mine_ * static_cast<std::size_t>(engine_->size()));
     engine_->alltoallv(send, counts_.data(), displs_.data(), received_.data(), rcounts_.data(), rdispls_.data(),
                        data_type_of_v<T>);
-    if (mine_) for_each(ex, mine_, detail::SumBlocks<T>{received_.data(), sum, mine_, engine_->size()});
+    if (mine_) for_each(ex, mine_, SumBlocks<T>{received_.data(), sum, mine_, engine_->size()});
     ex.synchronize();
   }
 
@@ -130,4 +128,4 @@ class DenseShards {
   Buffer<T, space> shard_, received_, staging_;
 };
 
-}  // namespace parallax
+}  // namespace parallax::policy::sharded

@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace parallax::detail {
+namespace parallax::policy::sharded {
 
 /// out[j] = the group key of row ids[j] of a table (see table_layout.hpp).
 struct GroupKeyOf {
@@ -88,7 +88,7 @@ struct GatherKeyedRows {
 /// widened back from it.
 template <class To, class From>
 struct ConvertRows {
-  RowsAt<From> rows;
+  detail::RowsAt<From> rows;
   To* out;
   std::size_t cols;
   PARALLAX_HOST_DEVICE void operator()(std::size_t j, std::size_t c) const {
@@ -146,7 +146,7 @@ struct GatherReply {
 /// out[j] = where row j of `rows` lies.
 template <class T>
 struct RowAddresses {
-  RowsAt<T> rows;
+  detail::RowsAt<T> rows;
   std::size_t cols;
   const T** out;
   PARALLAX_HOST_DEVICE void operator()(std::size_t j) const { out[j] = rows.row(j, cols); }
@@ -211,4 +211,4 @@ class SharedReads final : public RouteLane {
   std::vector<std::size_t> counts_;
 };
 
-}  // namespace parallax::detail
+}  // namespace parallax::policy::sharded

@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <type_traits>
 
-namespace parallax::detail {
+namespace parallax::policy::sharded {
 
 /// Calls f(W{}) with W the wire type `c` names (bf16 or fp16; not none).
 template <class F>
@@ -59,7 +59,7 @@ class HalfLane {
 
   /// RowExchange::plan() of k rows narrowed to `compress`'s type. The ids
   /// must stay valid until the route; the rows are read here.
-  RouteLane& plan(Compression compress, const index_t* ids, RowsAt<T> rows, const std::int32_t* dest, std::size_t k,
+  RouteLane& plan(Compression compress, const index_t* ids, detail::RowsAt<T> rows, const std::int32_t* dest, std::size_t k,
                   std::size_t cols) {
     compress_ = compress;
     cols_ = cols;
@@ -71,7 +71,7 @@ class HalfLane {
       if (k && cols) for_each_rows(ex, k, cols, ConvertRows<W, T>{rows, out, cols});
       ex.synchronize();
       auto& wire = exchange<W>();
-      wire.plan(ids, RowsAt<W>(out), dest, k, cols);
+      wire.plan(ids, detail::RowsAt<W>(out), dest, k, cols);
       return wire;
     });
   }
@@ -82,7 +82,7 @@ class HalfLane {
   const index_t* received_ids() {
     return with_wire(compress_, [&](auto w) { return exchange<decltype(w)>().received_ids(); });
   }
-  RowsAt<T> received_values() {
+  detail::RowsAt<T> received_values() {
     with_wire(compress_, [&](auto w) {
       using W = decltype(w);
       auto& ex = engine_->exec();
@@ -92,7 +92,7 @@ class HalfLane {
       if (k && cols_) for_each_rows(ex, k, cols_, ConvertRows<T, W>{wire.received_values(), widened_.data(), cols_});
       ex.synchronize();
     });
-    return RowsAt<T>(widened_.data());
+    return detail::RowsAt<T>(widened_.data());
   }
 
  private:
@@ -140,7 +140,7 @@ class HalfReply {
     T* out = into ? into : (widened_.resize_discard(n * cols), widened_.data());
     with_wire(compress_, [&](auto w) {
       using W = decltype(w);
-      if (n * cols != 0) for_each(ex, n * cols, Convert<T, W>{static_cast<const W*>(landed_), out});
+      if (n * cols != 0) for_each(ex, n * cols, detail::Convert<T, W>{static_cast<const W*>(landed_), out});
     });
     ex.synchronize();
     return out;
@@ -153,4 +153,4 @@ class HalfReply {
   Buffer<T, space> widened_;
 };
 
-}  // namespace parallax::detail
+}  // namespace parallax::policy::sharded

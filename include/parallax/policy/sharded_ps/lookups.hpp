@@ -40,15 +40,15 @@ template <class Engine, class Optimizer>
 template <class S>
 class ShardedSynchronizer<Engine, Optimizer>::Batch final : public BatchBase {
  public:
-  using Request = typename TableGroup<compute_t<S>, Engine, S>::Request;
-  using Pull = typename TableGroup<compute_t<S>, Engine, S>::Pull;
+  using Request = typename sharded::TableGroup<compute_t<S>, Engine, S>::Request;
+  using Pull = typename sharded::TableGroup<compute_t<S>, Engine, S>::Pull;
 
   bool ahead = false;  // a lookup ahead (start_lookup): its groups' ahead_pull(), the ahead route
   std::vector<Group<S>*> groups;  // in the order the batch first names them
   std::vector<std::vector<Request>> requests;  // per group
   std::vector<std::size_t> request_group, request_at;  // per request of the batch: its group, its place there
   std::vector<std::pair<const std::string*, std::uint64_t>> parts;  // per request: its table's name, share of the bytes
-  std::vector<detail::RouteLane*> lanes;
+  std::vector<sharded::RouteLane*> lanes;
   std::uint64_t word = 0;  // the route's shape: each request's (group, table), in order
   Buffer<index_t, space> ids;  // a lookup ahead's copy of the ids
   std::exception_ptr failure;  // what a lookup ahead's route threw
@@ -113,13 +113,13 @@ template <class Engine, class Optimizer>
 template <class T>
 void ShardedSynchronizer<Engine, Optimizer>::route(Batch<T>& b) {
   b.lanes.clear();
-  index_t bad = detail::no_problem;
+  index_t bad = sharded::no_problem;
   std::size_t bad_lane = 0, bad_table = 0;
   detail::Span plan(b.ahead ? "prefetch: plan" : "lookup: plan");
   for (std::size_t gi = 0; gi < b.groups.size(); ++gi) {
     auto& p = b.pull(*b.groups[gi]);
     b.lanes.push_back(&b.groups[gi]->tables.plan_lookup(b.requests[gi].data(), b.requests[gi].size(), p));
-    if (bad == detail::no_problem && p.problem() != detail::no_problem) {
+    if (bad == sharded::no_problem && p.problem() != sharded::no_problem) {
       bad = p.problem();
       bad_lane = gi;
       bad_table = p.problem_table();
@@ -130,8 +130,8 @@ void ShardedSynchronizer<Engine, Optimizer>::route(Batch<T>& b) {
   // out as they arrive, and pushes route only inside a step); a lookup
   // ahead has its own, since a step's push comes between.
   const detail::Span span(b.ahead ? "prefetch: route" : "lookup: route");
-  if (auto problem = detail::route_lanes(*engine_, b.lanes.data(), b.lanes.size(), b.ahead ? ahead_route_ : route_,
-                                         b.ahead ? detail::prefetch_shape(b.word) : detail::lookup_shape(b.word),
+  if (auto problem = sharded::route_lanes(*engine_, b.lanes.data(), b.lanes.size(), b.ahead ? ahead_route_ : route_,
+                                         b.ahead ? sharded::prefetch_shape(b.word) : sharded::lookup_shape(b.word),
                                          [&](bool detailed) { return b.describe(detailed); }, bad, bad_lane,
                                          bad_table))
     b.groups[problem->lane]->tables.fail(*problem, "lookup id");
@@ -230,7 +230,7 @@ auto ShardedSynchronizer<Engine, Optimizer>::finish_lookup() -> std::vector<Rows
     const detail::Span span("prefetch: owners updated");
     for (auto* g : b->groups) g->tables.sync_shard();
     const auto word = detail::Fingerprint().add("prefetch rows").add(b->word).value();
-    detail::route_lanes(*engine_, nullptr, 0, ahead_route_, detail::prefetch_shape(word),
+    sharded::route_lanes(*engine_, nullptr, 0, ahead_route_, sharded::prefetch_shape(word),
                         [&](bool detailed) { return b->describe(detailed); });
   }
   return serve(*b);

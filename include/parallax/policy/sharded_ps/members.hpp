@@ -40,7 +40,7 @@ class ShardedSynchronizer<Engine, Optimizer>::GroupBase {
   /// Plans this step's push of every table. `validate`: a table whose
   /// gradient has a problem sends no rows (its problem waits for the
   /// step's agreement).
-  virtual detail::RouteLane& plan_push(CommStats::Shared& route, bool validate) = 0;
+  virtual sharded::RouteLane& plan_push(CommStats::Shared& route, bool validate) = 0;
   virtual std::uint64_t identity() const = 0;
   virtual std::string describe(bool detailed) const = 0;
   /// Marks table t ready; true when every table of the group is.
@@ -67,7 +67,7 @@ class ShardedSynchronizer<Engine, Optimizer>::GroupBase {
   bool pushed = false;  // this step's push has started (ready())
   /// The buffers of a push ready() started: the group's own, since the
   /// rows it brings are summed where they landed, after other routes.
-  detail::RouteBuffers<space> early_route;
+  sharded::RouteBuffers<space> early_route;
 
  private:
   std::vector<bool> ready_;
@@ -91,7 +91,7 @@ template <class Engine, class Optimizer>
 template <class S>
 class ShardedSynchronizer<Engine, Optimizer>::TableMember : public Table {
  public:
-  using Tables = TableGroup<compute_t<S>, Engine, S>;
+  using Tables = sharded::TableGroup<compute_t<S>, Engine, S>;
   /// Coalesces this step's gradient and says where it lies.
   virtual typename Tables::Push push() = 0;
   virtual void fill_initial(Tables& tables) = 0;
@@ -122,7 +122,7 @@ class ShardedSynchronizer<Engine, Optimizer>::Group final : public GroupBase {
   std::size_t tables_count() const override { return members.size(); }
   std::uint64_t identity() const override { return tables.identity(); }
   std::string describe(bool detailed) const override { return tables.describe(detailed); }
-  detail::RouteLane& plan_push(CommStats::Shared& route, bool validate) override {
+  sharded::RouteLane& plan_push(CommStats::Shared& route, bool validate) override {
     pushes_.clear();
     for (std::size_t t = 0; t < members.size(); ++t) {
       if (validate && members[t]->problem()) pushes_.push_back({t, nullptr, nullptr, 0});
@@ -177,12 +177,12 @@ class ShardedSynchronizer<Engine, Optimizer>::Group final : public GroupBase {
   }
   /// A BagPool for this step's next bag lookup of the group (kept, with
   /// what its owners hold for the backward pass, until clear()).
-  BagPool<T, Engine, S>& next_bag_pool() {
-    if (bag_pools_used_ == bag_pools_.size()) bag_pools_.push_back(std::make_unique<BagPool<T, Engine, S>>(*engine_));
+  sharded::BagPool<T, Engine, S>& next_bag_pool() {
+    if (bag_pools_used_ == bag_pools_.size()) bag_pools_.push_back(std::make_unique<sharded::BagPool<T, Engine, S>>(*engine_));
     return *bag_pools_[bag_pools_used_++];
   }
 
-  TableGroup<T, Engine, S> tables;
+  sharded::TableGroup<T, Engine, S> tables;
   std::vector<TableMember<S>*> members;  // by table index
   optim::State<Optimizer, T, space> state;  // shaped like the group shard, in T
   LookupBuffers<T, space> outputs;
@@ -190,8 +190,8 @@ class ShardedSynchronizer<Engine, Optimizer>::Group final : public GroupBase {
  private:
   Engine* engine_;
   optim::Bound<Optimizer> opt_;  // every table's: the trainer's optimizer, whose learning rate changes
-  std::vector<typename TableGroup<T, Engine, S>::Push> pushes_;
-  std::vector<std::unique_ptr<BagPool<T, Engine, S>>> bag_pools_;
+  std::vector<typename sharded::TableGroup<T, Engine, S>::Push> pushes_;
+  std::vector<std::unique_ptr<sharded::BagPool<T, Engine, S>>> bag_pools_;
   std::size_t bag_pools_used_ = 0;
   Buffer<index_t, space> local_rows_;
   Buffer<T, space> sums_;
@@ -242,7 +242,7 @@ class ShardedSynchronizer<Engine, Optimizer>::TableOf final : public MemberOf<Va
   /// The rows as T (16-bit rows widened, exactly, before they are gathered).
   void fetch(void* out) override {
     auto scope = engine_->stats().scope(this->var_.name(), ShardedPS::name);
-    DenseShards<T, Engine> layout(*engine_, group_->tables.map(index_), this->var_.cols());
+    sharded::DenseShards<T, Engine> layout(*engine_, group_->tables.map(index_), this->var_.cols());
     Buffer<T, space> full(this->var_.shape().elements());
     if constexpr (is_half_v<S>) {
       auto& ex = engine_->exec();
@@ -376,7 +376,7 @@ class ShardedSynchronizer<Engine, Optimizer>::DenseOf final : public MemberOf<Va
  private:
   Engine* engine_;
   optim::Bound<Optimizer> opt_;  // the trainer's optimizer: its learning rate changes between steps
-  DenseShards<T, Engine> shards_;
+  sharded::DenseShards<T, Engine> shards_;
   optim::State<Optimizer, T, space> state_;
   Buffer<T, space> sum_;
 };

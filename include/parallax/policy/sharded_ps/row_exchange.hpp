@@ -41,7 +41,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace parallax::detail {
+namespace parallax::policy::sharded {
 
 inline constexpr index_t no_problem = std::numeric_limits<index_t>::min();
 
@@ -69,16 +69,16 @@ struct PackIds {
     const index_t t = static_cast<index_t>(j) - meta[p];
     std::byte* block = out + meta[ranks + 1 + p];
     if (narrow)
-      RowBlock<T>::narrow_ids(block)[t] =
+      detail::RowBlock<T>::narrow_ids(block)[t] =
           static_cast<std::uint32_t>(ids[order[j]] - static_cast<index_t>(static_cast<std::size_t>(p) * span));
     else
-      RowBlock<T>::ids(block)[t] = ids[order[j]];
+      detail::RowBlock<T>::ids(block)[t] = ids[order[j]];
   }
 };
 
 template <class T>
 struct PackValues {
-  RowsAt<T> values;
+  detail::RowsAt<T> values;
   const index_t* order;
   const std::int32_t* dest;
   const index_t* meta;
@@ -90,7 +90,7 @@ struct PackValues {
     const int p = dest[j];
     const index_t t = static_cast<index_t>(j) - meta[p];
     const auto count = static_cast<std::size_t>(meta[p + 1] - meta[p]);
-    T* block = RowBlock<T>::values(out + meta[ranks + 1 + p], count, id_bytes);
+    T* block = detail::RowBlock<T>::values(out + meta[ranks + 1 + p], count, id_bytes);
     block[static_cast<std::size_t>(t) * cols + c] = values.row(static_cast<std::size_t>(order[j]), cols)[c];
   }
   void prefetch(std::size_t j) const { prefetch_bytes(values.row(static_cast<std::size_t>(order[j]), cols), cols * sizeof(T)); }
@@ -254,7 +254,7 @@ std::optional<RemoteProblem> route_lanes(Engine& engine, RouteLane* const* lanes
       b.shapes[p] = static_cast<std::uint64_t>(b.recv_header[width * p]);
       agree = agree && b.shapes[p] == shape.word;
     }
-    if (!agree) throw_different_calls(engine, b.shapes, shape.what, shape.rule, describe);
+    if (!agree) detail::throw_different_calls(engine, b.shapes, shape.what, shape.rule, describe);
   };
   if constexpr (unsized) {
     engine.alltoallv_unsized(b.send.data(), b.send_bytes.data(), b.send_displs.data(), b.recv_bytes.data(),
@@ -352,15 +352,15 @@ class RowExchange final : public RouteLane {
   /// Sends row i (ids[i] and, if cols > 0, values.row(i)) to rank dest[i]. Collective. `bad_id` is this rank's problem to share
   /// (no_problem if none); if any rank has one, no rows move and every rank
   /// gets the lowest such rank's report.
-  std::optional<RemoteProblem> route(const index_t* ids, RowsAt<T> values, const std::int32_t* dest, std::size_t k,
+  std::optional<RemoteProblem> route(const index_t* ids, detail::RowsAt<T> values, const std::int32_t* dest, std::size_t k,
                                      std::size_t cols, index_t bad_id = no_problem) {
-    const CallShape shape{Fingerprint().add("rows").add(static_cast<std::uint64_t>(data_type_of_v<T>)).add(cols).value()};
+    const CallShape shape{detail::Fingerprint().add("rows").add(static_cast<std::uint64_t>(data_type_of_v<T>)).add(cols).value()};
     return route(ids, values, dest, k, cols, shape,
-                 [&](bool) { return concat("rows of ", cols, " x ", to_string(data_type_of_v<T>)); }, bad_id);
+                 [&](bool) { return detail::concat("rows of ", cols, " x ", to_string(data_type_of_v<T>)); }, bad_id);
   }
   /// route() of a call with its own shape (see route_lanes()).
   template <class Describe>
-  std::optional<RemoteProblem> route(const index_t* ids, RowsAt<T> values, const std::int32_t* dest, std::size_t k,
+  std::optional<RemoteProblem> route(const index_t* ids, detail::RowsAt<T> values, const std::int32_t* dest, std::size_t k,
                                      std::size_t cols, const CallShape& shape, Describe&& describe,
                                      index_t bad_id = no_problem) {
     plan(ids, values, dest, bad_id != no_problem ? 0 : k, cols);
@@ -371,7 +371,7 @@ class RowExchange final : public RouteLane {
   /// The local half of route(): groups the rows by destination, to be sent
   /// by route_lanes() with this exchange as one of its lanes. The inputs
   /// must stay valid until then.
-  void plan(const index_t* ids, RowsAt<T> values, const std::int32_t* dest, std::size_t k, std::size_t cols) {
+  void plan(const index_t* ids, detail::RowsAt<T> values, const std::int32_t* dest, std::size_t k, std::size_t cols) {
     const int n = engine_->size();
     const auto un = static_cast<std::size_t>(n);
     auto& ex = engine_->exec();
@@ -390,7 +390,7 @@ class RowExchange final : public RouteLane {
     if constexpr (std::is_same_v<space, HostSpace>) {
       index_t* order = order_.data();
       std::int32_t* keys = keys_.data();
-      group_stably(k, un, [&](std::size_t i) { return dest[i]; }, meta_.data(), [&](std::size_t i, index_t at) {
+      detail::group_stably(k, un, [&](std::size_t i) { return dest[i]; }, meta_.data(), [&](std::size_t i, index_t at) {
         order[at] = static_cast<index_t>(i);
         keys[at] = dest[i];
       });
@@ -414,7 +414,7 @@ class RowExchange final : public RouteLane {
   std::size_t rows_to(int p) const override {
     return static_cast<std::size_t>(host_meta_[static_cast<std::size_t>(p) + 1] - host_meta_[static_cast<std::size_t>(p)]);
   }
-  std::size_t bytes_of(std::size_t k) const override { return RowBlock<T>::bytes(k, cols_, id_bytes()); }
+  std::size_t bytes_of(std::size_t k) const override { return detail::RowBlock<T>::bytes(k, cols_, id_bytes()); }
   void pack(std::byte* send, const std::vector<std::size_t>& offsets) override {
     const int n = engine_->size();
     const auto un = static_cast<std::size_t>(n);
@@ -447,7 +447,7 @@ class RowExchange final : public RouteLane {
   /// same buffers; see ReceivedRows).
   std::size_t received() const noexcept { return received_.size(); }
   const index_t* received_ids() const noexcept { return received_.ids(); }
-  RowsAt<T> received_values() const noexcept { return received_.values(); }
+  detail::RowsAt<T> received_values() const noexcept { return received_.values(); }
   std::size_t received_from(int rank) const noexcept { return recv_rows_[static_cast<std::size_t>(rank)]; }
   /// The order the last plan() sends its rows in: the row sent j-th (rows
   /// grouped by destination, in input order within one) is input row
@@ -523,7 +523,7 @@ class RowExchange final : public RouteLane {
 
   Engine* engine_;
   const index_t* ids_ = nullptr;
-  RowsAt<T> values_;
+  detail::RowsAt<T> values_;
   std::size_t k_ = 0, cols_ = 0;
   bool narrow_ = false;  // narrow_ids()
   bool omit_ = false;    // omit_ids()
@@ -535,8 +535,8 @@ class RowExchange final : public RouteLane {
   std::vector<std::size_t> recv_rows_, recv_first_;
   std::vector<std::size_t> reply_scounts_, reply_sdispls_, reply_rcounts_, reply_rdispls_;
   RouteBuffers<space> buffers_;
-  ReceivedRows<T, space> received_;
+  detail::ReceivedRows<T, space> received_;
   Buffer<T, space> replies_;
 };
 
-}  // namespace parallax::detail
+}  // namespace parallax::policy::sharded

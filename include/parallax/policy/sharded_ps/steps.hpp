@@ -226,9 +226,9 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   /// ready()'s push, on the communication thread (a table whose gradient has
   /// a problem sends no rows: the step's agreement reports it); otherwise
   /// start_exchange()'s, of the groups ready() did not push.
-  void push(const std::vector<GroupBase*>& groups, bool early, detail::RouteBuffers<space>& buffers) {
+  void push(const std::vector<GroupBase*>& groups, bool early, sharded::RouteBuffers<space>& buffers) {
     auto shared = engine_->stats().shared(ShardedPS::name);
-    std::vector<detail::RouteLane*> lanes;
+    std::vector<sharded::RouteLane*> lanes;
     detail::Fingerprint word;
     word.add("push");
     {
@@ -240,7 +240,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
     }
     if (lanes.empty()) return;
     const detail::Span span(early ? "push: route (early)" : "push: route");
-    detail::route_lanes(*engine_, lanes.data(), lanes.size(), buffers, detail::push_shape(word.value()),
+    sharded::route_lanes(*engine_, lanes.data(), lanes.size(), buffers, sharded::push_shape(word.value()),
                         [&](bool detailed) {
                           std::string out = "groups ";
                           for (std::size_t k = 0; k < groups.size(); ++k)
@@ -279,10 +279,10 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   std::vector<std::size_t> group_cols_;
   Members<Table> tables_;  // the sparse variables, in registration order
   Members<Dense> dense_;
-  detail::RouteBuffers<space> route_;  // the push's route, and batched lookups'
-  detail::RouteBuffers<space> ahead_route_;  // a lookup ahead's route (start_lookup)
+  sharded::RouteBuffers<space> route_;  // the push's route, and batched lookups'
+  sharded::RouteBuffers<space> ahead_route_;  // a lookup ahead's route (start_lookup)
   std::unique_ptr<BatchBase> ahead_;         // the lookup ahead, from start_lookup() to finish_lookup()
-  detail::RouteBuffers<space> bag_route_;    // bag lookups' and their gradients' routes
+  sharded::RouteBuffers<space> bag_route_;    // bag lookups' and their gradients' routes
   std::vector<std::unique_ptr<BagBatchBase>> bag_batches_;  // this step's lookup_bags(), in order
   LocalBagsOfEachType<space> local_bags_;                    // its requests pooled here
   bool bag_gradients_given_ = false;

@@ -39,7 +39,7 @@
 #include <utility>
 #include <vector>
 
-namespace parallax {
+namespace parallax::policy::sharded {
 
 /// Sparse tables of element type T and one width, sharded over the ranks of
 /// an engine and exchanged together (see the file comment).
@@ -145,7 +145,7 @@ class TableGroup : public TableLayout<T, Engine, S> {
 
   // ---------------------------------------------------------------- lookup
   //
-  // plan_lookup() (local), then detail::route_lanes() over the returned lane
+  // plan_lookup() (local), then route_lanes() over the returned lane
   // and any others, passing the problem() and problem_table() of the first
   // Pull that has one (fail() when the route reports a problem), then
   // place() of any request planned without an output, start_reply() (serves
@@ -164,7 +164,7 @@ class TableGroup : public TableLayout<T, Engine, S> {
     Pull(const Pull&) = delete;
     Pull& operator=(const Pull&) = delete;
     /// The id outside its table's [0, rows) that the last plan_lookup()
-    /// found on this rank (detail::no_problem if none), and the table.
+    /// found on this rank (no_problem if none), and the table.
     index_t problem() const noexcept { return problem_; }
     std::size_t problem_table() const noexcept { return problem_table_; }
     /// True when the last plan_lookup() was one request whose keys were
@@ -179,7 +179,7 @@ class TableGroup : public TableLayout<T, Engine, S> {
     std::vector<std::size_t> first_, unique_first_;
     std::vector<bool> in_order_;
     bool single_in_order_ = false;
-    index_t problem_ = detail::no_problem;
+    index_t problem_ = no_problem;
     std::size_t problem_table_ = 0;
     std::vector<index_t> group_first_;  // group_ascending_ids(): where each owner's keys start
     Buffer<index_t, space> keys_, unique_, inverse_, where_;
@@ -188,10 +188,10 @@ class TableGroup : public TableLayout<T, Engine, S> {
     const T* by_unique_ = nullptr;      // where the last start_reply()'s rows land
     // A compressed reply (TrainerOptions::compress): the rows served in 16 bits.
     bool narrowed_ = false;
-    detail::HalfReply<T, Engine> half_reply_;
+    HalfReply<T, Engine> half_reply_;
     Buffer<const S*, space> reads_at_;  // where each looked-up row lies, when read directly
-    detail::SharedReads reads_;         // the lane, when read directly
-    detail::RowExchange<T, Engine> exchange_;  // the lane otherwise
+    SharedReads reads_;         // the lane, when read directly
+    RowExchange<T, Engine> exchange_;  // the lane otherwise
   };
   Pull& plain_pull() noexcept { return plain_; }
   Pull& ahead_pull() noexcept { return ahead_; }
@@ -199,13 +199,13 @@ class TableGroup : public TableLayout<T, Engine, S> {
   /// Plans a batch's lookups of this group's tables: validates every id,
   /// makes the keys, and de-duplicates them per request. Local. The ids are
   /// read here and not after.
-  detail::RouteLane& plan_lookup(const Request* requests, std::size_t count) {
+  RouteLane& plan_lookup(const Request* requests, std::size_t count) {
     return plan_lookup(requests, count, plain_);
   }
-  detail::RouteLane& plan_lookup(const Request* requests, std::size_t count, Pull& p) {
+  RouteLane& plan_lookup(const Request* requests, std::size_t count, Pull& p) {
     auto& ex = engine_->exec();
     p.requests_.assign(requests, requests + count);
-    p.problem_ = detail::no_problem;
+    p.problem_ = no_problem;
     p.problem_table_ = 0;
     p.first_.resize(count + 1);
     p.first_[0] = 0;
@@ -231,7 +231,7 @@ class TableGroup : public TableLayout<T, Engine, S> {
     p.unique_first_.assign(count + 1, 0);
     p.in_order_.assign(count, false);
     std::size_t u = 0;
-    if (p.problem_ == detail::no_problem) {
+    if (p.problem_ == no_problem) {
       for (std::size_t r = 0; r < count; ++r) {
         const Request& q = p.requests_[r];
         index_t* keys = p.keys_.data() + p.first_[r];
@@ -239,7 +239,7 @@ class TableGroup : public TableLayout<T, Engine, S> {
         index_t* inverse = p.inverse_.data() + p.first_[r];
         p.unique_first_[r] = u;
         if (q.n == 0) continue;
-        for_each(ex, q.n, detail::GroupKeyOf{tables_[q.table].map, base_of(q.table), span_, q.ids, keys});
+        for_each(ex, q.n, GroupKeyOf{tables_[q.table].map, base_of(q.table), span_, q.ids, keys});
         if (detail::strictly_ascending(ex, keys, q.n)) {
           p.in_order_[r] = true;
           if (count > 1) ex.copy(unique, keys, q.n * sizeof(index_t));
@@ -265,7 +265,7 @@ class TableGroup : public TableLayout<T, Engine, S> {
     p.single_in_order_ = count == 1 && p.in_order_[0];
     const index_t* unique = p.single_in_order_ ? p.keys_.data() : p.unique_.data();
     p.dest_.resize_discard(u);
-    if (u) for_each(ex, u, detail::OwnerOfKey{span_, unique, p.dest_.data()});
+    if (u) for_each(ex, u, OwnerOfKey{span_, unique, p.dest_.data()});
     ex.synchronize();
     p.exchange_.plan(unique, nullptr, p.dest_.data(), u, 0);
     return p.exchange_;
@@ -293,11 +293,11 @@ class TableGroup : public TableLayout<T, Engine, S> {
       // The last collective came from every rank after its last update of
       // its shard: the rows are final. Read them where they lie.
       this->sync_shard();
-      if (p.problem_ == detail::no_problem)
+      if (p.problem_ == no_problem)
         for (std::size_t r = 0; r < p.requests_.size(); ++r)
           if (p.requests_[r].n)
             for_each_rows(ex, p.requests_[r].n, cols_,
-                          detail::GatherAt<T, S>{p.reads_at_.data() + p.first_[r], p.requests_[r].out, cols_});
+                          GatherAt<T, S>{p.reads_at_.data() + p.first_[r], p.requests_[r].out, cols_});
       ex.synchronize();
       return;
     }
@@ -306,7 +306,7 @@ class TableGroup : public TableLayout<T, Engine, S> {
     const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * span_);
     if (asked)
       for_each_rows(ex, asked, cols_,
-                    detail::GatherKeyedRows<T, S>{shard_.data(), p.exchange_.received_ids(), base, p.served_.data(), cols_});
+                    GatherKeyedRows<T, S>{shard_.data(), p.exchange_.received_ids(), base, p.served_.data(), cols_});
     ex.synchronize();
     p.narrowed_ = compress_ != Compression::none;
     if (p.narrowed_) {
@@ -314,7 +314,7 @@ class TableGroup : public TableLayout<T, Engine, S> {
         using W = std::remove_pointer_t<decltype(served)>;
         if (asked)
           for_each_rows(ex, asked, cols_,
-                        detail::GatherKeyedRows<W, S>{shard_.data(), p.exchange_.received_ids(), base, served, cols_});
+                        GatherKeyedRows<W, S>{shard_.data(), p.exchange_.received_ids(), base, served, cols_});
         ex.synchronize();
       });
       return;
@@ -338,21 +338,21 @@ class TableGroup : public TableLayout<T, Engine, S> {
     const index_t* where = nullptr;
     if (count > 1 && u) {
       p.where_.resize_discard(u);
-      for_each(ex, u, detail::InvertOrder{p.exchange_.sent_order(), p.where_.data()});
+      for_each(ex, u, InvertOrder{p.exchange_.sent_order(), p.where_.data()});
       where = p.where_.data();
     }
     for (std::size_t r = 0; r < count; ++r) {
       const Request& q = p.requests_[r];
       if (q.n == 0) continue;
       for_each_rows(ex, q.n, cols_,
-                    detail::GatherReply<T>{p.by_unique_, where, p.in_order_[r] ? nullptr : p.inverse_.data() + p.first_[r],
+                    GatherReply<T>{p.by_unique_, where, p.in_order_[r] ? nullptr : p.inverse_.data() + p.first_[r],
                                            static_cast<index_t>(p.unique_first_[r]), q.out, cols_});
     }
     ex.synchronize();
   }
 
   /// Throws the error of a problem a route reported (`what`: "lookup id", ...).
-  [[noreturn]] void fail(const detail::RemoteProblem& p, const char* what) const {
+  [[noreturn]] void fail(const RemoteProblem& p, const char* what) const {
     const Table& t = tables_[p.table < tables_.size() ? p.table : 0];
     throw error(detail::concat("variable '", t.name, "': ", what, " ", p.id, " is outside [0, ", t.map.rows,
                                ") on rank ", p.rank));
@@ -361,10 +361,10 @@ class TableGroup : public TableLayout<T, Engine, S> {
   // ---------------------------------------------------------------- push
   //
   // plan_push() (collective only with local aggregation, whose first hop it
-  // takes), then detail::route_lanes() over the returned lane and any
+  // takes), then route_lanes() over the returned lane and any
   // others, then finish_push(). The inputs must stay valid until the route.
 
-  detail::RouteLane& plan_push(const Push* pushes, std::size_t count) {
+  RouteLane& plan_push(const Push* pushes, std::size_t count) {
     auto& ex = engine_->exec();
     std::size_t k = 0;
     for (std::size_t i = 0; i < count; ++i) k += pushes[i].k;
@@ -376,7 +376,7 @@ class TableGroup : public TableLayout<T, Engine, S> {
       const Push& p = pushes[i];
       if (p.k)
         for_each(ex, p.k,
-                 detail::PushRowOf<T>{tables_[p.table].map, base_of(p.table), span_,
+                 PushRowOf<T>{tables_[p.table].map, base_of(p.table), span_,
                                       aggregate_ ? first_hop_.data() : nullptr, p.ids, p.values, cols_,
                                       push_keys_.data() + first, dest_.data() + first, at_.data() + first});
       first += p.k;
@@ -392,13 +392,13 @@ class TableGroup : public TableLayout<T, Engine, S> {
     // Hop 1, inside the host: to the owner, or to this host's aggregator
     // for it, which sums what its host sends; then on to the owners.
     aggregate_exchange_.route(push_keys_.data(), rows, dest_.data(), k, cols_,
-                              detail::push_shape(detail::Fingerprint().add("aggregate").add(identity_).value()),
+                              push_shape(detail::Fingerprint().add("aggregate").add(identity_).value()),
                               [&](bool detailed) { return "groups " + this->describe(detailed); });
     const std::size_t hop_k =
         detail::coalesce_rows(ex, aggregate_exchange_.received_ids(), aggregate_exchange_.received_values(),
                               aggregate_exchange_.received(), cols_, hop_keys_, hop_values_, scratch_);
     dest_.resize_discard(hop_k);
-    if (hop_k) for_each(ex, hop_k, detail::OwnerOfKey{span_, hop_keys_.data(), dest_.data()});
+    if (hop_k) for_each(ex, hop_k, OwnerOfKey{span_, hop_keys_.data(), dest_.data()});
     ex.synchronize();
     exchange_.plan(hop_keys_.data(), hop_values_.data(), dest_.data(), hop_k, cols_);
     return exchange_;
@@ -441,10 +441,10 @@ class TableGroup : public TableLayout<T, Engine, S> {
       merged_at_.resize_discard(received + extra);
       if (received) {
         ex.copy(merged_keys_.data(), ids, received * sizeof(index_t));
-        for_each(ex, received, detail::RowAddresses<T>{values, cols_, merged_at_.data()});
+        for_each(ex, received, RowAddresses<T>{values, cols_, merged_at_.data()});
       }
       ex.copy(merged_keys_.data() + received, extra_keys_.data(), extra * sizeof(index_t));
-      for_each(ex, extra, detail::RowAddresses<T>{detail::RowsAt<T>(extra_values_.data()), cols_, merged_at_.data() + received});
+      for_each(ex, extra, RowAddresses<T>{detail::RowsAt<T>(extra_values_.data()), cols_, merged_at_.data() + received});
       ex.synchronize();
       ids = merged_keys_.data();
       values = detail::RowsAt<T>(merged_at_.data());
@@ -474,9 +474,9 @@ class TableGroup : public TableLayout<T, Engine, S> {
   /// plan_lookup() when every row can be read where it lies: where each one
   /// lies, and how many rows of each owner this rank will read (the route's
   /// headers).
-  detail::RouteLane& plan_direct_reads(Pull& p) {
+  RouteLane& plan_direct_reads(Pull& p) {
     // A bad id reads nothing: the route reports it on every rank.
-    const std::size_t total = p.problem_ == detail::no_problem ? p.first_.back() : 0;
+    const std::size_t total = p.problem_ == no_problem ? p.first_.back() : 0;
     p.reads_at_.resize_discard(total);
     auto& counts = p.reads_.counts();
     counts.assign(static_cast<std::size_t>(engine_->size()), 0);
@@ -487,13 +487,13 @@ class TableGroup : public TableLayout<T, Engine, S> {
       for (std::size_t r = 0; r < p.requests_.size() && total; ++r) {
         const Request& q = p.requests_[r];
         if (q.n)
-          for_each(ex, q.n, detail::LocalRowAt<S>{tables_[q.table].map, base_of(q.table), shard_.data(), cols_, q.ids,
+          for_each(ex, q.n, LocalRowAt<S>{tables_[q.table].map, base_of(q.table), shard_.data(), cols_, q.ids,
                                                   p.reads_at_.data() + p.first_[r]});
       }
       ex.synchronize();
       return p.reads_;
     }
-    if constexpr (detail::shares_host_memory<Engine>::value) {
+    if constexpr (shares_host_memory<Engine>::value) {
       // Our last writes to our shard before the headers that tell peers
       // they may read it.
       window_.sync();
@@ -555,13 +555,13 @@ class TableGroup : public TableLayout<T, Engine, S> {
   Buffer<const T*, space> merged_at_;
   Buffer<const T*, space> at_;
   Buffer<T, space> hop_values_;
-  detail::RowExchange<T, Engine> exchange_, aggregate_exchange_;  // the push's
+  RowExchange<T, Engine> exchange_, aggregate_exchange_;  // the push's
   detail::CoalesceScratch<space> scratch_;
   // A compressed push (TrainerOptions::compress).
   Compression compress_;
   bool narrow_ids_ = false;  // narrows_ids()
   bool narrowed_ = false;    // the last plan_push() went out compressed
-  detail::HalfLane<T, Engine> half_push_;
+  HalfLane<T, Engine> half_push_;
 };
 
-}  // namespace parallax
+}  // namespace parallax::policy::sharded

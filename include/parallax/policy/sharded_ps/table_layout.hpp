@@ -26,9 +26,8 @@
 #include <utility>
 #include <vector>
 
-namespace parallax {
+namespace parallax::policy::sharded {
 
-namespace detail {
 
 /// An engine whose ranks can share host memory (an MPI communicator over
 /// host buffers): a group may keep its shard where peers read it.
@@ -39,7 +38,6 @@ struct shares_host_memory<Engine, std::void_t<decltype(std::declval<Engine&>().c
     : std::bool_constant<std::is_same_v<engine::space_of_t<Engine>, HostSpace> &&
                          std::is_same_v<decltype(std::declval<Engine&>().comm()), MPI_Comm>> {};
 
-}  // namespace detail
 
 /// A table group's tables and this rank's shard of them (see the file
 /// comment); TableGroup adds their lookups and pushes. The shard holds S:
@@ -131,7 +129,7 @@ class TableLayout {
   /// Makes this rank's writes to its shard visible to the peers that read
   /// it (shared memory), before a collective that tells them they may.
   void sync_shard() {
-    if constexpr (detail::shares_host_memory<Engine>::value)
+    if constexpr (shares_host_memory<Engine>::value)
       if (window_) window_.sync();
   }
 
@@ -158,7 +156,7 @@ class TableLayout {
       }
     base_ = Buffer<index_t, space>::from_host(host_base_);
     const std::size_t elements = shard_rows_[static_cast<std::size_t>(me)] * cols_;
-    if constexpr (detail::shares_host_memory<Engine>::value) {
+    if constexpr (shares_host_memory<Engine>::value) {
       const bool shared = want_shared_;  // PARALLAX_SHARED_SHARDS=0 turned it off in TrainerOptions::resolve()
       // Every rank on one host: the hosts of the topology (real or emulated
       // for tests) and the machine's own say so (SharedWindow checks).
@@ -193,4 +191,4 @@ class TableLayout {
   Buffer<S, space> shard_;
 };
 
-}  // namespace parallax
+}  // namespace parallax::policy::sharded
