@@ -6,9 +6,10 @@
 /// the same contents evict the same keys whatever their insertion order.
 ///
 /// Finding the lowest rows anew for every eviction would scan the table
-/// each time; instead a cache of the lowest rows (an eighth of the
-/// capacity) is kept from call to call and read in order, so a full table
-/// scans its rows about once per that many evictions. Rows seen after the
+/// each time; instead a cache of the lowest rows (a table gives it room for
+/// a quarter of its capacity, a rebuild fills about half of that) is kept
+/// from call to call and read in order, so a full table scans its rows
+/// about once per that many evictions. Rows seen after the
 /// cache was built either stay above its threshold (LRU: a seen row only
 /// rises) or, for LFU and a user score, are looked at again (catch_up).
 

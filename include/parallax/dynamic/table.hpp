@@ -14,7 +14,7 @@
 ///     variable's, one array per slot, row r at r * cols), its key, the step
 ///     it was last seen and how often it was seen;
 ///   * a free list of rows, and the eviction order (EvictionOrder,
-///     eviction.hpp): a byte of flags per row, a cache of an eighth of the
+///     eviction.hpp): a byte of flags per row, a cache of a quarter of the
 ///     capacity of the lowest rows, and for LFU and a user score the rows
 ///     seen since it was built.
 /// A row's initial values are a pure function of (initializer, name, key,
@@ -173,9 +173,9 @@ class Table {
     free_.resize(op.capacity);
     // Row 0 is handed out first.
     for (std::size_t r = 0; r < op.capacity; ++r) free_[r] = static_cast<std::uint32_t>(op.capacity - 1 - r);
-    // The eviction cache: an eighth of the rows (at least one batch), so a
+    // The eviction cache: a quarter of the rows (at least one batch), so a
     // full table scans its rows about once per capacity / 8 evictions.
-    order_ = EvictionOrder(op.capacity, std::min(op.capacity, std::max(evict_batch(), (op.capacity + 7) / 8)),
+    order_ = EvictionOrder(op.capacity, std::min(op.capacity, std::max(evict_batch(), (op.capacity + 3) / 4)),
                            op.evict, op.score);
     stats_.capacity = op.capacity;
   }
@@ -192,10 +192,14 @@ class Table {
       throw error("parallax::dynamic::Table \"" + options_.name + "\": step " + std::to_string(step) +
                   " is before the last one seen, " + std::to_string(step_));
     step_ = step;
-    constexpr std::size_t ahead = 8;
+    // Two stages ahead: key i + 8's home bucket, then key i + 4's row
+    // metadata (a hit's last step and count) from that bucket.
+    constexpr std::size_t ahead = 8, near = 4;
     for (std::size_t i = 0; i < std::min(n, ahead); ++i) prefetch_home(keys[i]);
+    for (std::size_t i = 0; i < std::min(n, near); ++i) prefetch_meta(keys[i]);
     for (std::size_t i = 0; i < n; ++i) {
       if (i + ahead < n) prefetch_home(keys[i + ahead]);
+      if (i + near < n) prefetch_meta(keys[i + near]);
       slots_out[i] = find_or_insert_one(keys[i], step);
     }
   }
@@ -233,12 +237,28 @@ class Table {
     const std::size_t cols = options_.cols;
     T* s0 = options_.slots > 0 ? state_[0].data() : nullptr;
     T* s1 = options_.slots > 1 ? state_[1].data() : nullptr;
+    T* const w = values_.data();
+    // The rows are scattered over the table: ask for those a few entries ahead.
+    constexpr std::size_t ahead = 4;
+    auto prefetch_row = [&](std::size_t j) {
+      if (slots[j] < 0) return;
+      const std::size_t at = static_cast<std::size_t>(slots[j]) * cols;
+      prefetch_bytes(w + at, cols * sizeof(T));
+      if (s0) prefetch_bytes(s0 + at, cols * sizeof(T));
+      if (s1) prefetch_bytes(s1 + at, cols * sizeof(T));
+    };
+    for (std::size_t j = 0; j < std::min(n, ahead); ++j) prefetch_row(j);
     optim::detail::with_decay_known<T>(opt.template rule<T>(step), [&](auto rule) {
       for (std::size_t j = 0; j < n; ++j) {
+        if (j + ahead < n) prefetch_row(j + ahead);
         if (slots[j] < 0) continue;
         const std::size_t at = static_cast<std::size_t>(slots[j]) * cols;
-        for (std::size_t c = 0; c < cols; ++c)
-          optim::detail::apply_rule<O::slots>(rule, values_[at + c], grads[j * cols + c] * scale, s0, s1, at + c);
+        // One row's elements through row-local pointers, so that the loop vectorises.
+        T* const wr = w + at;
+        T* const s0r = s0 ? s0 + at : nullptr;
+        T* const s1r = s1 ? s1 + at : nullptr;
+        const T* const gr = grads + j * cols;
+        for (std::size_t c = 0; c < cols; ++c) optim::detail::apply_rule<O::slots>(rule, wr[c], gr[c] * scale, s0r, s1r, c);
       }
     });
   }
@@ -394,6 +414,26 @@ class Table {
     return static_cast<std::size_t>(detail::reduce(detail::mix(key, detail::index_salt), buckets_));
   }
   void prefetch_home(std::uint64_t key) const noexcept { prefetch_bytes(&index_[home(key)], sizeof(Bucket)); }
+  /// The last step and count of `key`'s row where its home bucket holds it
+  /// (most hits: the probe run is short).
+  void prefetch_meta(std::uint64_t key) const noexcept {
+    const Bucket& b = index_[home(key)];
+    if (b.row == none || b.key != key) return;
+    prefetch_bytes(&last_[b.row], sizeof(std::uint64_t));
+    prefetch_bytes(&count_[b.row], sizeof(std::uint64_t));
+  }
+  /// The arrays of the row an insert a few inserts from now takes (the
+  /// free list hands rows out from its back).
+  void prefetch_free_row() const noexcept {
+    constexpr std::size_t ahead = 2;
+    if (free_.size() <= ahead) return;
+    const std::size_t r = free_[free_.size() - 1 - ahead], cols = options_.cols;
+    prefetch_bytes(values_.data() + r * cols, cols * sizeof(T));
+    for (int k = 0; k < options_.slots; ++k) prefetch_bytes(state_[k].data() + r * cols, cols * sizeof(T));
+    prefetch_bytes(&keys_[r], sizeof(std::uint64_t));
+    prefetch_bytes(&last_[r], sizeof(std::uint64_t));
+    prefetch_bytes(&count_[r], sizeof(std::uint64_t));
+  }
 
   /// The bucket of `key`, or the empty bucket where it would go.
   std::size_t locate(std::uint64_t key) const noexcept {
@@ -425,6 +465,7 @@ class Table {
                     " rows, every one of them seen at this step");
       b = locate(key);  // eviction moved buckets
     }
+    prefetch_free_row();
     r = take_row(b, key);
     const std::size_t cols = options_.cols;
     initial_row(key, values_.data() + r * cols);

@@ -31,6 +31,7 @@
 #include <parallax/policy/dynamic_ps/member.hpp>
 #include <parallax/policy/dynamic_ps/routes.hpp>
 #include <parallax/policy/dynamic_ps/saves.hpp>
+#include <parallax/policy/members.hpp>
 #include <parallax/policy/policy.hpp>
 #include <parallax/space.hpp>
 #include <parallax/types.hpp>
@@ -40,7 +41,6 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
-#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -152,10 +152,9 @@ class DynamicSynchronizer final : public Synchronizer<Engine> {
   Member& add(Var var) {
     static_assert(dynamic::is_dynamic_v<Var>,
                   "parallax DynamicPS: synchronises DynamicVariables only; a fixed Variable goes to another policy");
-    auto shard = std::make_unique<dynamic_ps::ShardOf<Engine, Optimizer, Var>>(std::move(var), opt_, engine_, step_);
-    pushes_.push_back(shard.get());
-    shards_.push_back(std::move(shard));
-    return *shards_.back();
+    auto& shard = shards_.template add<dynamic_ps::ShardOf<Engine, Optimizer, Var>>(std::move(var), opt_, engine_, step_);
+    pushes_.push_back(&shard);
+    return shard;
   }
 
   /// Each request's rows, aligned to its keys (the ids' bits are the keys).
@@ -209,19 +208,19 @@ class DynamicSynchronizer final : public Synchronizer<Engine> {
   }
 
   std::optional<std::string> problem() override {
-    for (const auto& s : shards_)
+    for (const ShardBase* s : shards_)
       if (auto p = s->problem()) return p;
     return std::nullopt;
   }
   bool has_gradient() const override {
-    for (const auto& s : shards_)
+    for (const ShardBase* s : shards_)
       if (s->has_gradient()) return true;
     return false;
   }
   /// Every shard's gradient rows travel in one exchange.
   void finish_exchange(const StepInfo&) override {
     if (engine_.size() == 1 || shards_.empty()) {  // nothing to route
-      for (auto& s : shards_) s->push(engine_);
+      for (ShardBase* s : shards_) s->push(engine_);
       return;
     }
     std::vector<dynamic_ps::Lane> lanes(pushes_.size());
@@ -231,15 +230,15 @@ class DynamicSynchronizer final : public Synchronizer<Engine> {
   }
   std::optional<double> gradient_square_sum() override {
     double sum = 0.0;
-    for (const auto& s : shards_) sum += s->square_sum();
+    for (const ShardBase* s : shards_) sum += s->square_sum();
     return sum;
   }
   void update(const StepInfo& info) override {
-    for (auto& s : shards_) s->apply(opt_, info);
+    for (ShardBase* s : shards_) s->apply(opt_, info);
     ++step_;
   }
   void clear() override {
-    for (auto& s : shards_) s->clear();
+    for (ShardBase* s : shards_) s->clear();
   }
   void restored(std::uint64_t step) override { step_ = std::max(step_, step + 1); }
 
@@ -291,14 +290,12 @@ class DynamicSynchronizer final : public Synchronizer<Engine> {
  private:
   template <class V>
   dynamic_ps::ShardOf<Engine, Optimizer, V>& shard_of(const V& var) {
-    for (auto& s : shards_)
-      if (s->identity() == &var.state()) return static_cast<dynamic_ps::ShardOf<Engine, Optimizer, V>&>(*s);
-    throw error(detail::concat("dynamic variable '", var.name(), "' is not registered with this Trainer"));
+    return shards_.template of<dynamic_ps::ShardOf<Engine, Optimizer, V>>(var, "DynamicPS");
   }
 
   Engine& engine_;
   const Optimizer& opt_;
-  std::vector<std::unique_ptr<ShardBase>> shards_;
+  Members<ShardBase> shards_;                // registration order
   std::vector<dynamic_ps::Pushes*> pushes_;  // shards_, as their pushes
   dynamic_ps::Buffers buffers_;              // the lookups' exchanges
   std::uint64_t step_ = 1;  // the step lookups insert at: the trainer's next
