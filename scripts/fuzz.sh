@@ -9,21 +9,27 @@
 #
 #   scripts/fuzz.sh              # 30 s per target
 #   FUZZ_SECONDS=600 scripts/fuzz.sh
+#   scripts/fuzz.sh build        # only build; scripts/fuzz.sh run: only run
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup.sh" clang libclang-rt-14-dev
 seconds="${FUZZ_SECONDS:-30}"
+phase="${1:-all}"
+case "$phase" in all | build | run) ;; *) echo "fuzz.sh: unknown phase '$phase' (build, run or none)" >&2; exit 2 ;; esac
 build="$root/build/fuzz"
 
-# Only the fuzz targets are needed: no examples, benchmarks or CUDA.
-CXX=clang++ CC=clang cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPARALLAX_ENABLE_CUDA=OFF \
-  -DPARALLAX_FUZZ=ON -DPARALLAX_BUILD_EXAMPLES=OFF -DPARALLAX_BUILD_BENCH=OFF >/dev/null
 targets=()
 for src in "$root"/tests/fuzz/fuzz_*.cpp; do
   t="$(basename "$src" .cpp)"
   targets+=("$t")
 done
-cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
+if [ "$phase" != run ]; then
+  # Only the fuzz targets are needed: no examples, benchmarks or CUDA.
+  CXX=clang++ CC=clang cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPARALLAX_ENABLE_CUDA=OFF \
+    -DPARALLAX_FUZZ=ON -DPARALLAX_BUILD_EXAMPLES=OFF -DPARALLAX_BUILD_BENCH=OFF >/dev/null
+  cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
+fi
+[ "$phase" != build ] || exit 0
 
 # One fuzzer per core at a time: each is single-threaded.
 fuzz_one() {

@@ -8,9 +8,13 @@
 #   SANITIZE_LABELS='host' scripts/sanitize.sh   # every host test (slower)
 #   SANITIZER=thread scripts/sanitize.sh # the asynchronous-training and overlap tests under
 #                                        # ThreadSanitizer, at 1-4 ranks
+#   scripts/sanitize.sh build            # only build (scripts/test.sh builds ahead, at idle
+#   scripts/sanitize.sh test             # priority, and tests later); no argument: both
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup.sh"
+phase="${1:-all}"
+case "$phase" in all | build | test) ;; *) echo "sanitize.sh: unknown phase '$phase' (build, test or none)" >&2; exit 2 ;; esac
 
 if [ "${SANITIZER:-address}" = thread ]; then
   # ThreadSanitizer sees the threads of one process: a trainer's
@@ -21,10 +25,13 @@ if [ "${SANITIZER:-address}" = thread ]; then
   build="$root/build/tsan"
   # Two test programs only: compiling parallax::trainers for them would cost
   # more than it saves, so they instantiate their trainers themselves.
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None -DPARALLAX_ENABLE_CUDA=OFF \
-    -DPARALLAX_BUILD_EXAMPLES=OFF -DPARALLAX_BUILD_BENCH=OFF -DPARALLAX_TRAINERS=OFF \
-    -DCMAKE_CXX_FLAGS="-O1 -g1 -fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
-  cmake --build "$build" -j "$(nproc)" --target test_policy_async_ps test_trainer
+  if [ "$phase" != test ]; then
+    cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None -DPARALLAX_ENABLE_CUDA=OFF \
+      -DPARALLAX_BUILD_EXAMPLES=OFF -DPARALLAX_BUILD_BENCH=OFF -DPARALLAX_TRAINERS=OFF \
+      -DCMAKE_CXX_FLAGS="-O1 -g1 -fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
+    cmake --build "$build" -j "$(nproc)" --target test_policy_async_ps test_trainer
+  fi
+  [ "$phase" != build ] || exit 0
   export TSAN_OPTIONS="halt_on_error=1:exitcode=66"
   # UCX's memory-event hooks (ucm_madvise) crash TSan's interceptors when a
   # thread exits, as a trainer's communication thread does; parallax never
@@ -63,13 +70,16 @@ supp="$root/tests/sanitizers"
 # compiles these template-heavy tests fastest while the tests run on small
 # data (docs/testing.md, "Sanitizers"). At -O0 every access the source makes
 # stays in the code, so the sanitizers see at least what they see at -O1.
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None -DPARALLAX_ENABLE_CUDA=OFF \
-  -DPARALLAX_BUILD_EXAMPLES=OFF -DPARALLAX_BUILD_BENCH=OFF \
-  -DCMAKE_CXX_FLAGS="-O0 -g1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
-  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
-# Only what the tests run (tests/CMakeLists.txt: parallax_test_programs),
-# not the per-header compile checks or the packaging projects.
-cmake --build "$build" -j "$(nproc)" --target parallax_test_programs
+if [ "$phase" != test ]; then
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None -DPARALLAX_ENABLE_CUDA=OFF \
+    -DPARALLAX_BUILD_EXAMPLES=OFF -DPARALLAX_BUILD_BENCH=OFF \
+    -DCMAKE_CXX_FLAGS="-O0 -g1 -fsanitize=address,undefined -fno-omit-frame-pointer" \
+    -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+  # Only what the tests run (tests/CMakeLists.txt: parallax_test_programs),
+  # not the per-header compile checks or the packaging projects.
+  cmake --build "$build" -j "$(nproc)" --target parallax_test_programs
+fi
+[ "$phase" != build ] || exit 0
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=86"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$supp/ubsan.supp"
