@@ -9,8 +9,9 @@
 ///
 /// The cluster is the job's: its hosts (real or emulated) and, between
 /// them, the link PARALLAX_PLAN_LINK describes ("1Gbit/s,60us": planning
-/// only, for real hosts), else the emulated link of PARALLAX_LINK when set
-/// (docs/cluster.md), else plan::Cluster's defaults. The step's own compute is the same
+/// only, for real hosts; "measure": the link as this job finds it, below),
+/// else the emulated link of PARALLAX_LINK when set (docs/cluster.md), else
+/// plan::Cluster's defaults. The step's own compute is the same
 /// under every architecture and left out; the local costs are
 /// plan::LocalCosts' defaults (docs/cluster.md, "Calibration").
 
@@ -20,8 +21,10 @@
 
 #include "progress.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -29,12 +32,60 @@ namespace examples {
 
 namespace px = parallax;
 
+/// The link between hosts as this job finds it (PARALLAX_PLAN_LINK=measure):
+/// one rank per host sends `small` and then `large` bytes to every other
+/// host at once (MPI_Alltoall, every host sending, as a step's exchanges
+/// do), once untimed and `reps` times timed; the medians of the slowest
+/// host's times give the rate a host gets, from the two sizes' difference,
+/// and the latency left at the small size. What the nominal rate leaves
+/// out shows in it: TCP's and MPI's per-byte CPU work, several hosts' stacks
+/// on shared cores. Collective; every rank gets rank 0's result.
+inline px::plan::Link measure_inter_link(const px::Context& ctx, std::size_t small = std::size_t(64) << 10,
+                                         std::size_t large = std::size_t(4) << 20, int reps = 5) {
+  const auto& topo = ctx.topology();
+  double result[2] = {0, 0};
+  MPI_Comm leaders = MPI_COMM_NULL;
+  PARALLAX_MPI_CHECK(MPI_Comm_split(ctx.comm(), topo.local_rank() == 0 ? 0 : MPI_UNDEFINED, ctx.rank(), &leaders));
+  if (leaders != MPI_COMM_NULL) {
+    int hosts = 1;
+    PARALLAX_MPI_CHECK(MPI_Comm_size(leaders, &hosts));
+    std::vector<char> send(large * static_cast<std::size_t>(hosts), 1), recv(send.size());
+    auto median_seconds = [&](std::size_t bytes) {
+      std::vector<double> times;
+      for (int r = 0; r <= reps; ++r) {
+        PARALLAX_MPI_CHECK(MPI_Barrier(leaders));
+        const double start = MPI_Wtime();
+        PARALLAX_MPI_CHECK(MPI_Alltoall(send.data(), static_cast<int>(bytes), MPI_BYTE, recv.data(),
+                                        static_cast<int>(bytes), MPI_BYTE, leaders));
+        double t = MPI_Wtime() - start;
+        PARALLAX_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, leaders));
+        if (r > 0) times.push_back(t);  // the first round sets the connections up
+      }
+      std::nth_element(times.begin(), times.begin() + reps / 2, times.end());
+      return times[static_cast<std::size_t>(reps / 2)];
+    };
+    const double t_small = median_seconds(small), t_large = median_seconds(large);
+    const double peers = hosts - 1;
+    const double rate = t_large > t_small ? peers * static_cast<double>(large - small) / (t_large - t_small) : 0;
+    result[0] = rate;
+    result[1] = rate > 0 ? std::max(0.0, t_small - peers * static_cast<double>(small) / rate) : 0;
+    PARALLAX_MPI_CHECK(MPI_Comm_free(&leaders));
+  }
+  PARALLAX_MPI_CHECK(MPI_Bcast(result, 2, MPI_DOUBLE, 0, ctx.comm()));
+  PARALLAX_EXPECTS(result[0] > 0, "PARALLAX_PLAN_LINK=measure: the large exchange was not slower than the small one");
+  return {result[0], result[1]};
+}
+
 /// The job's cluster as plan::Model sees it. Collective.
 inline px::plan::Cluster job_cluster(const px::Context& ctx) {
   px::plan::Cluster c;
   c.hosts = ctx.topology().num_hosts();
   c.ranks_per_host = ctx.max(ctx.topology().local_size());
   const char* planned = std::getenv("PARALLAX_PLAN_LINK");
+  if (planned && std::strcmp(planned, "measure") == 0) {
+    if (c.hosts > 1) c.inter = measure_inter_link(ctx);
+    return c;
+  }
   const auto link = px::link::parse_link(planned && *planned ? std::string(planned)
                                                                : px::engine::Options{}.from_environment().link);
   if (link.enabled()) c.inter = {link.bytes_per_second, link.latency_s};
@@ -63,9 +114,11 @@ inline std::string choose_arch(const px::Context& ctx, std::vector<px::plan::Var
   const auto candidates = model.candidates();
   const auto& best = px::plan::Model::best(candidates);
   if (ctx.is_root()) {
-    std::printf("--arch auto: %d hosts x %d ranks, inter-host %.3g Gbit/s %.3g us; predicted per step (no compute):\n",
+    const char* planned = std::getenv("PARALLAX_PLAN_LINK");
+    const bool measured = planned && std::strcmp(planned, "measure") == 0 && cluster.hosts > 1;
+    std::printf("--arch auto: %d hosts x %d ranks, inter-host %.3g Gbit/s %.3g us%s; predicted per step (no compute):\n",
                 cluster.hosts, cluster.ranks_per_host, cluster.inter.bytes_per_second * 8 / 1e9,
-                cluster.inter.latency_s * 1e6);
+                cluster.inter.latency_s * 1e6, measured ? " (measured)" : "");
     std::printf("%s--arch auto: chose %s\n", px::plan::Model::table(candidates).c_str(), best.arch.c_str());
     std::fflush(stdout);
   }
