@@ -10,9 +10,10 @@
 # 01_word_lm at the demo's vocabulary and width with a global batch of 32
 # words (16 per rank on 2 hosts, 8 on 4), one rank per host, at 1 Gbit/s and
 # 250 Mbit/s; 02_ctr at 4 hosts x 1 rank, 1 Gbit/s, a global batch of 2,048.
-# Each configuration also runs --arch auto once, with PARALLAX_PLAN_LINK set
-# to the link's rate and bench_pingpong's latency between hosts, and prints
-# the plan's predicted step against the measured one. CONFIGS (MODEL:HOSTS:RATE
+# Each configuration also runs --arch auto twice, with PARALLAX_PLAN_LINK set
+# to the link's rate and bench_pingpong's latency between hosts, and set to
+# "measure" (the link timed at start-up), and prints the plan's predicted step
+# against the measured one. CONFIGS (MODEL:HOSTS:RATE
 # words) picks some of the configurations; PINGPONG=0 leaves the links out.
 # Every host is a namespace of this one machine: all ranks share its cores.
 set -euo pipefail
@@ -77,9 +78,12 @@ for c in "${configs[@]}"; do
   done
   plan_link=$(case "$rate" in 1gbit) echo 1Gbit/s ;; 250mbit) echo 250Mbit/s ;; esac),65us
   if [ "$model" = word_lm ]; then args=("${lm[@]}" --batch $((32 / hosts))); else args=("${ctr[@]}" --batch $((2048 / hosts))); fi
-  PARALLAX_PLAN_LINK="$plan_link" "$cluster" run --ppn 1 -- -n "$hosts" "${args[@]}" --arch auto >"$out/$label.auto.log" 2>&1 || true
-  echo "   $label --arch auto (PARALLAX_PLAN_LINK=$plan_link): $(grep -h '^plan:' "$out/$label.auto.log" || echo 'no plan line')"
-  grep -h '^plan:' "$out/$label.auto.log" | sed "s/^/$label /" >>"$out/plans" || true
+  for link in "$plan_link" measure; do
+    PARALLAX_PLAN_LINK="$link" "$cluster" run --ppn 1 -- -n "$hosts" "${args[@]}" --arch auto >"$out/$label.auto.$link.log" 2>&1 || true
+    echo "   $label --arch auto (PARALLAX_PLAN_LINK=$link): $(grep -h 'inter-host' "$out/$label.auto.$link.log" | sed 's/;.*//')"
+    echo "     $(grep -h '^plan:' "$out/$label.auto.$link.log" || echo 'no plan line')"
+    grep -h '^plan:' "$out/$label.auto.$link.log" | sed "s/^/$label ($link) /" >>"$out/plans" || true
+  done
 done
 
 echo
