@@ -12,9 +12,10 @@
 #   scripts/sanitize.sh test             # priority, and tests later); no argument: both
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$root/scripts/setup.sh"
 phase="${1:-all}"
 case "$phase" in all | build | test) ;; *) echo "sanitize.sh: unknown phase '$phase' (build, test or none)" >&2; exit 2 ;; esac
+set --  # setup.sh takes its arguments as packages to install
+source "$root/scripts/setup.sh"
 
 if [ "${SANITIZER:-address}" = thread ]; then
   # ThreadSanitizer sees the threads of one process: a trainer's
