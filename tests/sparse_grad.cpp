@@ -166,7 +166,7 @@ TEST_CASE("The host's segment sum gives the bits of the element-per-thread one",
   px::detail::sum_segments(ex, values.data(), order.data(), starts.data(), segments, n, cols, by_rows.data());
   for (std::size_t s = 0; s < segments; ++s)
     for (std::size_t c = 0; c < cols; ++c)
-      px::detail::SumSegments<float>{values.data(), order.data(), starts.data(), by_elements.data(), cols}(s, c);
+      px::detail::SumSegments<float>{values.data(), starts.data(), nullptr, nullptr, by_elements.data(), cols, order.data()}(s, c);
   CHECK(std::memcmp(by_rows.data(), by_elements.data(), by_rows.size() * sizeof(float)) == 0);
 }
 

@@ -113,81 +113,33 @@ struct BagGradient {
 
   BagGradient(V& v, const value_type* g, std::size_t r) : var(&v), values(g), rows(r), cols(v.cols()) {}
   BagGradient(V& v, const Rows<value_type, space>& g) : var(&v), values(g.data), rows(g.rows), cols(g.cols) {}
-  BagGradient(V& v, const Buffer<value_type, space>& g)
-      : var(&v), values(g.data()), rows(g.size() / v.cols()), cols(g.size() % v.cols() ? 0 : v.cols()) {}
+  BagGradient(V& v, const Buffer<value_type, space>& g) : BagGradient(v, g.data(), g.size(), Elements{}) {}
   /// Host values, for variables in HostSpace.
   template <class S = space, std::enable_if_t<std::is_same_v<S, HostSpace>, int> = 0>
-  BagGradient(V& v, const std::vector<value_type>& g)
-      : var(&v), values(g.data()), rows(g.size() / v.cols()), cols(g.size() % v.cols() ? 0 : v.cols()) {}
+  BagGradient(V& v, const std::vector<value_type>& g) : BagGradient(v, g.data(), g.size(), Elements{}) {}
+
+ private:
+  struct Elements {};
+  /// `size` values end to end as rows of the variable's width; cols 0 when
+  /// they do not fill whole rows (the check then names the shape given).
+  BagGradient(V& v, const value_type* g, std::size_t size, Elements)
+      : var(&v), values(g), rows(size / v.cols()), cols(size % v.cols() ? 0 : v.cols()) {}
 };
 
 namespace detail {
 
-/// out[b] = the sum over k in [segments[b], segments[b + 1]) of
-/// weights[k] * rows.row(k) (no weights: 1), from zero, in k order; divided
-/// by divide[b + 1] - divide[b] when `divide` is given and that is not 0.
-/// Pools a bag's rows (segments: its offsets), an owner's rows of each
-/// (bag, owner) pair, and a bag's partial sums from its owners. Rows of R
-/// (an owner's 16-bit shard) are widened to T, exactly, as they are read.
+/// Pools bags with the coalesce's segment sum (detail/row_sums.hpp): a
+/// bag's rows (segments: its offsets), an owner's rows of each (bag, owner)
+/// pair, and a bag's partial sums from its owners; `divide` gives a mean
+/// bag its count of ids.
 template <class T, class R = T>
-struct PoolBags {
-  RowsAt<R> rows;
-  const index_t* segments;
-  const T* weights;
-  const index_t* divide;
-  T* out;
-  std::size_t cols;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t b, std::size_t c) const {
-    T acc = T(0);
-    for (index_t k = segments[b]; k < segments[b + 1]; ++k) {
-      const T x = static_cast<T>(rows.row(static_cast<std::size_t>(k), cols)[c]);
-      acc += weights ? weights[k] * x : x;
-    }
-    if (divide) {
-      const index_t count = divide[b + 1] - divide[b];
-      if (count > 0) acc = acc / static_cast<T>(count);
-    }
-    out[b * cols + c] = acc;
-  }
-};
-
-/// PoolBags by whole bags, for the host: a task per bag adds its rows one
-/// at a time, each a loop along the row that vectorises; the same additions
-/// in the same order as PoolBags, so the same bits.
-template <class T, class R = T>
-struct PoolBagRows : PoolBags<T, R> {
-  void operator()(std::size_t b) const {
-    const std::size_t width = this->cols;
-    T* o = this->out + b * width;
-    for (std::size_t c = 0; c < width; ++c) o[c] = T(0);
-    for (index_t k = this->segments[b]; k < this->segments[b + 1]; ++k) {
-      const R* x = this->rows.row(static_cast<std::size_t>(k), width);
-      if (this->weights) {
-        const T w = this->weights[k];
-#pragma omp simd
-        for (std::size_t c = 0; c < width; ++c) o[c] += w * static_cast<T>(x[c]);
-      } else {
-#pragma omp simd
-        for (std::size_t c = 0; c < width; ++c) o[c] += static_cast<T>(x[c]);
-      }
-    }
-    if (this->divide) {
-      const index_t count = this->divide[b + 1] - this->divide[b];
-      if (count > 0)
-        for (std::size_t c = 0; c < width; ++c) o[c] = o[c] / static_cast<T>(count);
-    }
-  }
-};
+using PoolBags = SumSegments<T, R>;
 
 /// Runs PoolBags over m bags: a thread per element on a device, a task per
-/// bag on the host (PoolBagRows).
+/// bag on the host.
 template <class T, class R, class Space>
 void pool_segments(const Exec<Space>& ex, const PoolBags<T, R>& f, std::size_t m) {
-  if (m) for_each_rows(ex, m, f.cols, f);
-}
-template <class T, class R>
-void pool_segments(const Exec<HostSpace>& ex, const PoolBags<T, R>& f, std::size_t m) {
-  if (m && f.cols) for_each(ex, m, PoolBagRows<T, R>{f}, Cost{f.cols * 4});
+  sum_segments(ex, f, m, 0, 4);
 }
 
 /// A pooled gradient as rows: for each bag b and k in [segments[b],

@@ -162,7 +162,7 @@ std::size_t coalesce_rows_cub(const Exec<CudaSpace>& ex, const index_t* ids, con
                   SumSegmentsPacked<T>{reinterpret_cast<const RowPack<T>*>(values), order, starts,
                                        reinterpret_cast<RowPack<T>*>(out_values.data()), packs});
   } else {
-    for_each_rows(ex, m, cols, SumSegments<T>{values, order, starts, out_values.data(), cols});
+    for_each_rows(ex, m, cols, SumSegments<T>{values, starts, nullptr, nullptr, out_values.data(), cols, order});
   }
   return m;
 }

@@ -88,65 +88,108 @@ struct CoalesceScratch {
   Buffer<index_t, Space> segment_of;
 };
 
-template <class T>
+/// The sum of each segment's rows: out[s] = the sum over k in [segments[s],
+/// segments[s + 1]) of weights[k] * row(k) (no weights: 1), from zero, in k
+/// order, where row(k) is rows.row(order[k]) (no order: rows.row(k));
+/// divided by divide[s + 1] - divide[s] when `divide` is given and that is
+/// not 0. Rows of R (an owner's 16-bit shard) are widened to T, exactly, as
+/// they are read. A coalesce sums each id's rows (order: the rows sorted by
+/// id); bags pool their rows (bags.hpp, PoolBags). An element per call.
+template <class T, class R = T>
 struct SumSegments {
-  RowsAt<T> values;
-  const index_t* order;
-  const index_t* starts;
+  RowsAt<R> rows;
+  const index_t* segments;
+  const T* weights;
+  const index_t* divide;
   T* out;
   std::size_t cols;
-  PARALLAX_HOST_DEVICE void operator()(std::size_t seg, std::size_t col) const {
+  const index_t* order = nullptr;
+  PARALLAX_HOST_DEVICE const R* row(std::size_t k) const {
+    return rows.row(order ? static_cast<std::size_t>(order[k]) : k, cols);
+  }
+  PARALLAX_HOST_DEVICE void operator()(std::size_t s, std::size_t c) const {
     T acc = T(0);
-    for (index_t k = starts[seg]; k < starts[seg + 1]; ++k) acc += values.row(static_cast<std::size_t>(order[k]), cols)[col];
-    out[seg * cols + col] = acc;
+    for (index_t k = segments[s]; k < segments[s + 1]; ++k) {
+      const T x = static_cast<T>(row(static_cast<std::size_t>(k))[c]);
+      acc += weights ? weights[k] * x : x;
+    }
+    if (divide) {
+      const index_t count = divide[s + 1] - divide[s];
+      if (count > 0) acc = acc / static_cast<T>(count);
+    }
+    out[s * cols + c] = acc;
   }
 };
 
 /// SumSegments by whole segments, for the host: a task per segment adds its
 /// rows one at a time, each a loop along the row that vectorises. The same
-/// additions in the same order as SumSegments (starting from zero), so the
-/// same bits. Why not SumSegments' element per index on the host: its inner
-/// loop runs down a segment and does not vectorise (docs/benchmarks.md,
-/// "Kernel choices").
+/// additions in the same order as SumSegments (from zero: the first row is
+/// added to 0), so the same bits. Why not SumSegments' element per index on
+/// the host: its inner loop runs down a segment and does not vectorise
+/// (docs/benchmarks.md, "Kernel choices").
 ///
-/// The rows are read in `order`, scattered over the input: each one read
+/// Rows read through `order` lie scattered over the input: each one read
 /// asks for the row prefetch_rows_ahead(cols) places further in that order
-/// (the segments of a thread follow each other, so that is the row it
-/// reads then).
-template <class T>
-struct SumSegmentRows : SumSegments<T> {
-  std::size_t n;  // rows in all (order's length)
-  void operator()(std::size_t seg) const {
+/// (the segments of a thread follow each other, so that is the row it reads
+/// then), up to `n`, the rows in all.
+template <class T, class R = T>
+struct SumSegmentRows : SumSegments<T, R> {
+  std::size_t n = 0;
+  void operator()(std::size_t s) const {
     const std::size_t width = this->cols, ahead = prefetch_rows_ahead(width);
-    T* o = this->out + seg * width;
-    const auto first = static_cast<std::size_t>(this->starts[seg]), last = static_cast<std::size_t>(this->starts[seg + 1]);
+    T* o = this->out + s * width;
+    const auto first = static_cast<std::size_t>(this->segments[s]), last = static_cast<std::size_t>(this->segments[s + 1]);
+    if (first == last)
+      for (std::size_t c = 0; c < width; ++c) o[c] = T(0);
     for (std::size_t k = first; k < last; ++k) {
-      if (k + ahead < n) prefetch_bytes(this->values.row(static_cast<std::size_t>(this->order[k + ahead]), width), width * sizeof(T));
-      const T* row = this->values.row(static_cast<std::size_t>(this->order[k]), width);
-      if (k == first) {
+      if (this->order && k + ahead < n) prefetch_bytes(this->row(k + ahead), width * sizeof(R));
+      const R* x = this->row(k);
+      if (this->weights) {
+        const T w = this->weights[k];
+        if (k == first) {
 #pragma omp simd
-        for (std::size_t c = 0; c < width; ++c) o[c] = T(0) + row[c];
+          for (std::size_t c = 0; c < width; ++c) o[c] = T(0) + w * static_cast<T>(x[c]);
+        } else {
+#pragma omp simd
+          for (std::size_t c = 0; c < width; ++c) o[c] += w * static_cast<T>(x[c]);
+        }
+      } else if (k == first) {
+#pragma omp simd
+        for (std::size_t c = 0; c < width; ++c) o[c] = T(0) + static_cast<T>(x[c]);
       } else {
 #pragma omp simd
-        for (std::size_t c = 0; c < width; ++c) o[c] += row[c];
+        for (std::size_t c = 0; c < width; ++c) o[c] += static_cast<T>(x[c]);
       }
+    }
+    if (this->divide) {
+      const index_t count = this->divide[s + 1] - this->divide[s];
+      if (count > 0)
+        for (std::size_t c = 0; c < width; ++c) o[c] = o[c] / static_cast<T>(count);
     }
   }
 };
 
+/// Runs SumSegments over m segments: a thread per element on a device, a
+/// task per segment on the host (SumSegmentRows), the team's share sized by
+/// about `rows_per_segment` rows a task; `n`: the rows in all (order's
+/// length, for its prefetch).
+template <class T, class R, class Space>
+void sum_segments(const Exec<Space>& ex, const SumSegments<T, R>& f, std::size_t m, std::size_t, std::size_t) {
+  if (m) for_each_rows(ex, m, f.cols, f);
+}
+template <class T, class R>
+void sum_segments(const Exec<HostSpace>& ex, const SumSegments<T, R>& f, std::size_t m, std::size_t n,
+                  std::size_t rows_per_segment) {
+  if (m == 0 || f.cols == 0) return;
+  for_each(ex, m, SumSegmentRows<T, R>{f, n}, Cost{f.cols * rows_per_segment});
+}
+
 /// out[seg] = the sum of rows order[starts[seg] .. starts[seg + 1]) of
-/// `values`, in that order, for seg < m; n rows in all. A thread per element.
+/// `values`, in that order, for seg < m; n rows in all.
 template <class T, class Space>
 void sum_segments(const Exec<Space>& ex, identity_t<RowsAt<T>> values, const index_t* order, const index_t* starts,
-                  std::size_t m, std::size_t, std::size_t cols, T* out) {
-  for_each_rows(ex, m, cols, SumSegments<T>{values, order, starts, out, cols});
-}
-/// The host: a task per segment (SumSegmentRows).
-template <class T>
-void sum_segments(const Exec<HostSpace>& ex, identity_t<RowsAt<T>> values, const index_t* order, const index_t* starts,
                   std::size_t m, std::size_t n, std::size_t cols, T* out) {
-  if (m == 0 || cols == 0) return;
-  for_each(ex, m, SumSegmentRows<T>{{values, order, starts, out, cols}, n}, Cost{cols * ((n + m - 1) / m)});
+  sum_segments(ex, SumSegments<T>{values, starts, nullptr, nullptr, out, cols, order}, m, n, m ? (n + m - 1) / m : 0);
 }
 
 struct SetValue {

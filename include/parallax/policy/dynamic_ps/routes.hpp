@@ -12,6 +12,7 @@
 /// and the owner reads the keys from the lookup's route.
 
 #include <parallax/dynamic/table.hpp>
+#include <parallax/engine/alltoallv_any.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/error.hpp>
 #include <parallax/types.hpp>
@@ -40,12 +41,12 @@ struct Route {
       owners_[i] = dynamic::owner(keys[i], ranks);
       ++send_counts[static_cast<std::size_t>(owners_[i])];
     }
-    send_displs = displacements(send_counts);
+    displacements(send_counts, send_displs);
     order.resize(n);
     send_keys.resize(n);
-    std::vector<std::size_t> at = send_displs;
+    at_ = send_displs;
     for (std::size_t i = 0; i < n; ++i) {
-      const std::size_t j = at[static_cast<std::size_t>(owners_[i])]++;
+      const std::size_t j = at_[static_cast<std::size_t>(owners_[i])]++;
       order[j] = i;
       send_keys[j] = keys[i];
     }
@@ -59,14 +60,15 @@ struct Route {
   }
   std::size_t received() const noexcept { return recv_keys.size(); }
 
-  static std::vector<std::size_t> displacements(const std::vector<std::size_t>& counts) {
-    std::vector<std::size_t> d(counts.size(), 0);
+  /// d[p] = the sum of counts[0, p), in d's room kept across calls.
+  static void displacements(const std::vector<std::size_t>& counts, std::vector<std::size_t>& d) {
+    d.assign(counts.size(), 0);
     for (std::size_t p = 1; p < counts.size(); ++p) d[p] = d[p - 1] + counts[p - 1];
-    return d;
   }
 
  private:
   std::vector<int> owners_;
+  std::vector<std::size_t> at_;  // plan(): the next place of each owner's keys
 };
 
 /// One table's part of an exchange.
@@ -82,10 +84,13 @@ struct Lane {
   std::function<void*(std::size_t)> land;
 };
 
-/// An exchange's messages, kept across calls.
+/// An exchange's messages and bookkeeping, kept across calls.
 struct Buffers {
   std::vector<std::byte> send, recv;
   std::vector<std::size_t> sbytes, sdispls, rbytes, rdispls;
+  std::vector<std::int64_t> sizes;      // the sizes ahead of the messages (engine::alltoallv_any)
+  std::vector<std::uint8_t> known;      // per lane and source rank: the keys were left out
+  std::vector<std::byte*> rows_at;      // per lane: where its received rows land
 };
 
 namespace wire {
@@ -99,9 +104,9 @@ inline void copy(void* to, const void* from, std::size_t bytes) {
 
 /// Sends every lane's keys (and rows) to their owners; each lane's `recv`
 /// gets what every rank sent, in source rank order. Collective, every rank
-/// passing the same lanes (tables) in the same order: one alltoallv_unsized
-/// where the engine has it (the sizes ride in the messages), else an
-/// alltoall of the sizes and an alltoallv.
+/// passing the same lanes (tables) in the same order: one
+/// engine::alltoallv_any (an alltoallv_unsized where the engine has it,
+/// else an alltoall of the sizes and an alltoallv).
 template <class Engine>
 void exchange(Engine& engine, Lane* lanes, std::size_t count, Buffers& b) {
   const int ranks = engine.size();
@@ -142,27 +147,15 @@ void exchange(Engine& engine, Lane* lanes, std::size_t count, Buffers& b) {
   }
   b.rbytes.assign(un, 0);
   b.rdispls.assign(un, 0);
-  if constexpr (engine::supports_v<Engine, engine::op_alltoallv_unsized>) {
-    engine.alltoallv_unsized(b.send.data(), b.sbytes.data(), b.sdispls.data(), b.rbytes.data(), b.rdispls.data(),
-                             [&](std::size_t bytes) {
-                               b.recv.resize(bytes);
-                               return b.recv.data();
-                             });
-  } else {
-    std::vector<std::uint64_t> sc(b.sbytes.begin(), b.sbytes.end()), rc(un);
-    engine.alltoall(sc.data(), rc.data(), 1, DataType::i64);
-    std::size_t at = 0;
-    for (std::size_t p = 0; p < un; ++p) {
-      b.rbytes[p] = static_cast<std::size_t>(rc[p]);
-      b.rdispls[p] = at;
-      at += b.rbytes[p];
-    }
-    b.recv.resize(at);
-    engine.alltoallv(b.send.data(), b.sbytes.data(), b.sdispls.data(), b.recv.data(), b.rbytes.data(),
-                     b.rdispls.data(), DataType::u8);
-  }
+  engine::alltoallv_any(engine, b.send.data(), b.sbytes.data(), b.sdispls.data(), b.rbytes.data(), b.rdispls.data(),
+                        [&](std::size_t bytes) {
+                          b.recv.resize(bytes);
+                          return b.recv.data();
+                        },
+                        b.sizes);
   // The counts, then room for each lane's keys and rows, then the copies.
-  std::vector<bool> known(count * un);
+  std::vector<std::uint8_t>& known = b.known;
+  known.assign(count * un, 0);
   for (std::size_t l = 0; l < count; ++l) lanes[l].recv->recv_counts.assign(un, 0);
   for (std::size_t p = 0; p < un; ++p) {
     if (b.rbytes[p] < count * word)
@@ -175,10 +168,11 @@ void exchange(Engine& engine, Lane* lanes, std::size_t count, Buffers& b) {
       lanes[l].recv->recv_counts[p] = static_cast<std::size_t>(c & ~wire::keys_known);
     }
   }
-  std::vector<std::byte*> rows_at(count, nullptr);
+  std::vector<std::byte*>& rows_at = b.rows_at;
+  rows_at.assign(count, nullptr);
   for (std::size_t l = 0; l < count; ++l) {
     Route& r = *lanes[l].recv;
-    r.recv_displs = Route::displacements(r.recv_counts);
+    Route::displacements(r.recv_counts, r.recv_displs);
     r.recv_keys.resize(r.recv_displs.back() + r.recv_counts.back());
     if (lanes[l].rows) rows_at[l] = static_cast<std::byte*>(lanes[l].land(r.recv_keys.size()));
   }

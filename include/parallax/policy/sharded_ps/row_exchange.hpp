@@ -23,6 +23,7 @@
 
 #include <parallax/detail/agreement.hpp>
 #include <parallax/detail/algorithms.hpp>
+#include <parallax/engine/alltoallv_any.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/error.hpp>
 #include <parallax/space.hpp>
@@ -256,47 +257,46 @@ std::optional<RemoteProblem> route_lanes(Engine& engine, RouteLane* const* lanes
     }
     if (!agree) detail::throw_different_calls(engine, b.shapes, shape.what, shape.rule, describe);
   };
+  // The prefixes go ahead (at a width every rank shares) where the engine
+  // cannot send unsized messages; a report or other shapes then stop the
+  // route before the rest moves.
+  std::vector<std::int64_t> prefix, got;
+  if constexpr (!unsized) {
+    prefix.resize(route_prefix * un);
+    got.resize(route_prefix * un);
+    for (std::size_t p = 0; p < un; ++p)
+      std::copy_n(b.send_header.data() + width * p, route_prefix, prefix.data() + route_prefix * p);
+  }
+  std::optional<RemoteProblem> report;
+  const bool moved = engine::alltoallv_any(
+      engine, b.send.data(), b.send_bytes.data(), b.send_displs.data(), b.recv_bytes.data(), b.recv_displs.data(),
+      [&](std::size_t total) {
+        b.recv.resize_discard(total);
+        return b.recv.data();
+      },
+      route_prefix, prefix.data(), got.data(), [&](const std::int64_t* words, std::size_t* rbytes) {
+        for (std::size_t p = 0; p < un; ++p)
+          std::copy_n(words + route_prefix * p, route_prefix, b.recv_header.data() + width * p);
+        if ((report = first_report())) return false;
+        check_shapes();
+        for (std::size_t p = 0; p < un; ++p) {
+          const std::int64_t rest = b.recv_header[width * p + 1];
+          rbytes[p] = rest == reports_problem ? (count + 1) * word : static_cast<std::size_t>(rest);
+        }
+        return true;
+      });
+  if (!moved) return report;
   if constexpr (unsized) {
-    engine.alltoallv_unsized(b.send.data(), b.send_bytes.data(), b.send_displs.data(), b.recv_bytes.data(),
-                             b.recv_displs.data(), [&](std::size_t total) {
-                               b.recv.resize_discard(total);
-                               return b.recv.data();
-                             });
     for (std::size_t p = 0; p < un; ++p)
       space_traits<space>::copy_to_host(b.recv_header.data() + width * p, b.recv.data() + b.recv_displs[p],
                                         std::min(b.recv_bytes[p], route_prefix * word));
-    if (auto report = first_report()) return report;
+    if (auto first = first_report()) return first;
     check_shapes();
-    for (std::size_t p = 0; p < un; ++p) {
-      const std::size_t words = head_words(b.recv_header[width * p + 1] == reports_problem) - route_prefix;
-      space_traits<space>::copy_to_host(b.recv_header.data() + width * p + route_prefix,
-                                        b.recv.data() + b.recv_displs[p] + route_prefix * word, words * word);
-    }
-  } else {
-    // The prefixes alone, at a width every rank shares; then the rest.
-    std::vector<std::int64_t> prefix(route_prefix * un), got(route_prefix * un);
-    for (std::size_t p = 0; p < un; ++p)
-      std::copy_n(b.send_header.data() + width * p, route_prefix, prefix.data() + route_prefix * p);
-    engine.alltoall(prefix.data(), got.data(), route_prefix, DataType::i64);
-    for (std::size_t p = 0; p < un; ++p)
-      std::copy_n(got.data() + route_prefix * p, route_prefix, b.recv_header.data() + width * p);
-    if (auto report = first_report()) return report;
-    check_shapes();
-    std::size_t rt = 0;
-    for (std::size_t p = 0; p < un; ++p) {
-      const std::int64_t rest = b.recv_header[width * p + 1];
-      b.recv_displs[p] = rt;
-      b.recv_bytes[p] = rest == reports_problem ? (count + 1) * word : static_cast<std::size_t>(rest);
-      rt += b.recv_bytes[p];
-    }
-    b.recv.resize_discard(rt);
-    engine.alltoallv(b.send.data(), b.send_bytes.data(), b.send_displs.data(), b.recv.data(), b.recv_bytes.data(),
-                     b.recv_displs.data(), DataType::u8);
-    for (std::size_t p = 0; p < un; ++p) {
-      const std::size_t words = head_words(b.recv_header[width * p + 1] == reports_problem) - route_prefix;
-      space_traits<space>::copy_to_host(b.recv_header.data() + width * p + route_prefix,
-                                        b.recv.data() + b.recv_displs[p], words * word);
-    }
+  }
+  for (std::size_t p = 0; p < un; ++p) {
+    const std::size_t words = head_words(b.recv_header[width * p + 1] == reports_problem) - route_prefix;
+    space_traits<space>::copy_to_host(b.recv_header.data() + width * p + route_prefix,
+                                      b.recv.data() + b.recv_displs[p] + (route_prefix - skip) * word, words * word);
   }
   // The first problem, lowest rank first.
   for (std::size_t p = 0; p < un; ++p) {
