@@ -54,11 +54,15 @@ template <class Engine, class Alloc>
 void alltoallv_any(Engine& engine, const void* send, const std::size_t* sbytes, const std::size_t* sdispls,
                    std::size_t* rbytes, std::size_t* rdispls, Alloc&& alloc, std::vector<std::int64_t>& words) {
   const auto un = static_cast<std::size_t>(engine.size());
+  // The words are room only where they are sent (an empty vector's data()
+  // may be null, and null + un is undefined).
+  std::int64_t* lead = nullptr;
   if constexpr (!supports_v<Engine, op_alltoallv_unsized>) {
     words.resize(2 * un);
     for (std::size_t p = 0; p < un; ++p) words[p] = static_cast<std::int64_t>(sbytes[p]);
+    lead = words.data();
   }
-  alltoallv_any(engine, send, sbytes, sdispls, rbytes, rdispls, alloc, 1, words.data(), words.data() + un,
+  alltoallv_any(engine, send, sbytes, sdispls, rbytes, rdispls, alloc, 1, lead, lead ? lead + un : nullptr,
                 [un](const std::int64_t* got, std::size_t* r) {
                   for (std::size_t p = 0; p < un; ++p) r[p] = static_cast<std::size_t>(got[p]);
                   return true;
