@@ -35,6 +35,40 @@
 
 namespace parallax::policy::sharded {
 
+/// An owner's keys served since its last push (the rows a step is
+/// expected to update). Host memory alone (elsewhere it records nothing).
+class LookedUp {
+ public:
+  /// Adds the `n` keys a route brought, about to be served. Compacts the
+  /// list when it doubles past its last compacted size (2^16 at least), so
+  /// lookups without a push (an evaluation loop) keep it within twice the
+  /// keys they served.
+  template <class Space>
+  void note(const index_t* keys, std::size_t n) {
+    if constexpr (std::is_same_v<Space, HostSpace>) {
+      keys_.insert(keys_.end(), keys, keys + n);
+      if (keys_.size() >= std::max<std::size_t>(std::size_t{1} << 16, 2 * compacted_)) sorted();
+    } else {
+      (void)keys, (void)n;
+    }
+  }
+  /// The keys, sorted and unique.
+  const std::vector<index_t>& sorted() {
+    std::sort(keys_.begin(), keys_.end());
+    keys_.erase(std::unique(keys_.begin(), keys_.end()), keys_.end());
+    compacted_ = keys_.size();
+    return keys_;
+  }
+  void clear() noexcept {
+    keys_.clear();
+    compacted_ = 0;
+  }
+
+ private:
+  std::vector<index_t> keys_;
+  std::size_t compacted_ = 0;
+};
+
 /// One Pull's two-part reply: the owner's choice of rows and the
 /// requester's landing buffer (rows in the order they were sent, as
 /// RowExchange::reply() returns them).
@@ -58,21 +92,11 @@ class EarlyRows {
     applied_.clear();
   }
 
-  /// Owner: adds the keys a route brought (`asked`, about to be served) to
-  /// `looked_up`, the keys served since the last update.
-  static void note(std::vector<index_t>& looked_up, const RowExchange<T, Engine>& asked) {
-    if constexpr (std::is_same_v<space, HostSpace>)
-      looked_up.insert(looked_up.end(), asked.received_ids(), asked.received_ids() + asked.received());
-  }
-
   /// Owner, after the route of `asked` (the lookup's lane): the lane of the
-  /// early part, every asked row whose key is not in `looked_up` (note();
-  /// sorted here). `shard` and `base`: this rank's group shard and its
-  /// first key.
-  RouteLane& plan_early(const RowExchange<T, Engine>& asked, std::vector<index_t>& looked_up, const S* shard,
+  /// early part, every asked row whose key is not in `looked_up` (sorted,
+  /// unique). `shard` and `base`: this rank's group shard and its first key.
+  RouteLane& plan_early(const RowExchange<T, Engine>& asked, const std::vector<index_t>& looked_up, const S* shard,
                         index_t base, std::size_t cols) {
-    std::sort(looked_up.begin(), looked_up.end());
-    looked_up.erase(std::unique(looked_up.begin(), looked_up.end()), looked_up.end());
     const std::size_t k = asked.received();
     const index_t* keys = asked.received_ids();
     early_.assign(k, false);

@@ -369,7 +369,7 @@ class TableGroup : public TableLayout<T, Engine, S> {
   bool serves_early() const noexcept {
     return early_ && std::is_same_v<space, HostSpace> && compress_ == Compression::none && !this->reads_directly();
   }
-  RouteLane& plan_early(Pull& p) { return p.early_.plan_early(p.exchange_, looked_up_, shard_.data(), own_base(), cols_); }
+  RouteLane& plan_early(Pull& p) { return p.early_.plan_early(p.exchange_, looked_up_.sorted(), shard_.data(), own_base(), cols_); }
   RouteLane& plan_late(Pull& p) { return p.early_.plan_late(p.exchange_, shard_.data(), own_base(), cols_); }
   /// Puts a part's rows in place; after the late one, p's rows are whole.
   void land(Pull& p, bool early) {
@@ -566,13 +566,13 @@ class TableGroup : public TableLayout<T, Engine, S> {
     }
   }
 
-  void note_looked_up(Pull& p) { if (early_) EarlyRows<T, Engine, S>::note(looked_up_, p.exchange_); }  // p's keys are served
+  void note_looked_up(Pull& p) { if (serves_early()) looked_up_.note<space>(p.exchange_.received_ids(), p.exchange_.received()); }
   index_t own_base() const noexcept { return static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * span_); }
 
   bool want_aggregate_;
   bool aggregate_ = false;
   bool early_ = true;                 // serve_early()
-  std::vector<index_t> looked_up_;    // keys served since the last push (serves_early())
+  LookedUp looked_up_;                // keys served since the last push (serves_early())
   std::uint64_t identity_ = 0;          // see identity()
   Buffer<std::int32_t, space> first_hop_, dest_;
 
