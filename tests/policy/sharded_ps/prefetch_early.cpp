@@ -2,7 +2,8 @@
 // rows the step is not expected to change at once, the rest at rows())
 // train bit for bit as rows served whole at rows() and as plain lookups,
 // including pushes to rows nobody looked up (which an owner served early
-// and must send again), rows read in place, and several groups.
+// and must send again), rows read in place, and a second group (double
+// rows) looked up and pushed beside the prefetched one.
 #include "support.hpp"
 
 #include <cmath>
