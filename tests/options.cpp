@@ -62,6 +62,23 @@ TEST_CASE("resolve() turns shared shards off with PARALLAX_SHARED_SHARDS=0, neve
   CHECK(!o.resolve(ctx).sharded.shared_memory);
 }
 
+TEST_CASE("resolve() turns early rows off with PARALLAX_EARLY_ROWS=0, never on", "[options]") {
+  auto& ctx = test::world();
+  px::TrainerOptions o;
+  {
+    const Env unset("PARALLAX_EARLY_ROWS", std::nullopt);
+    CHECK(o.resolve(ctx).sharded.early_rows);
+  }
+  {
+    const Env off("PARALLAX_EARLY_ROWS", "0");
+    CHECK(!o.resolve(ctx).sharded.early_rows);
+  }
+  const Env on("PARALLAX_EARLY_ROWS", "1");
+  CHECK(o.resolve(ctx).sharded.early_rows);
+  o.sharded.early_rows = false;
+  CHECK(!o.resolve(ctx).sharded.early_rows);
+}
+
 TEST_CASE("resolve() settles on_non_finite: skip, or ignore where updates precede the step", "[options]") {
   auto& ctx = test::world();
   px::TrainerOptions o;

@@ -189,6 +189,7 @@ struct TrainerOptions : policy::Common {
   ///
   /// * `timeline`: PARALLAX_TIMELINE=<path> when empty;
   /// * `sharded.shared_memory`: off with PARALLAX_SHARED_SHARDS=0;
+  /// * `sharded.early_rows`: off with PARALLAX_EARLY_ROWS=0;
   /// * `overlap`: whether the communication thread runs (MPI at
   ///   MPI_THREAD_SERIALIZED and, with overlap_needs_spare_core on a host
   ///   space, a spare core: see there);
@@ -204,6 +205,8 @@ struct TrainerOptions : policy::Common {
       if (const char* env = std::getenv("PARALLAX_TIMELINE")) o.timeline = env;
     if (const char* env = std::getenv("PARALLAX_SHARED_SHARDS"))
       o.sharded.shared_memory = o.sharded.shared_memory && std::atoi(env) != 0;
+    if (const char* env = std::getenv("PARALLAX_EARLY_ROWS"))
+      o.sharded.early_rows = o.sharded.early_rows && std::atoi(env) != 0;
     const char* route = std::getenv("PARALLAX_ASYNC_ROUTE");
     if (route != nullptr && o.async.route == AsyncOptions::Route::automatic) {
       const std::string r = route;

@@ -34,6 +34,7 @@ template <class Engine, class Optimizer>
 class ShardedSynchronizer<Engine, Optimizer>::BatchBase {
  public:
   virtual ~BatchBase() = default;
+  virtual void cancel() noexcept {}  // forgets its groups' early parts
 };
 /// A batched lookup of tables of storage type S, from gather() to serve().
 template <class Engine, class Optimizer>
@@ -53,8 +54,14 @@ class ShardedSynchronizer<Engine, Optimizer>::Batch final : public BatchBase {
   Buffer<index_t, space> ids;  // a lookup ahead's copy of the ids
   std::exception_ptr failure;  // what a lookup ahead's route threw
   bool routed = false;         // a lookup ahead's route ran
+  bool early = false;          // its groups that serves_early() sent their early parts
 
   Pull& pull(Group<S>& g) noexcept { return ahead ? g.tables.ahead_pull() : g.tables.plain_pull(); }
+  /// Whether group gi's rows go in two parts (those of a lookup ahead that went early).
+  bool in_parts(std::size_t gi) const noexcept { return early && groups[gi]->tables.serves_early(); }
+  void cancel() noexcept override {
+    for (auto* g : groups) g->tables.cancel_early(g->tables.ahead_pull());
+  }
   /// What the batch carries, for a message about ranks that differ.
   std::string describe(bool detailed) const {
     std::string out = ahead ? "prefetch of " : "";
@@ -155,9 +162,11 @@ auto ShardedSynchronizer<Engine, Optimizer>::serve(Batch<T>& b) -> std::vector<R
       out += b.requests[gi][r].n * g.tables.cols();
     }
   }
+  if (b.early) serve_part(b, false);
   {
     const detail::Span span("lookup: serve and reply");
-    for (auto* g : b.groups) g->tables.start_reply(b.pull(*g));
+    for (std::size_t gi = 0; gi < b.groups.size(); ++gi)
+      if (!b.in_parts(gi)) b.groups[gi]->tables.start_reply(b.pull(*b.groups[gi]));
     if constexpr (engine::supports_v<Engine, engine::op_start_alltoallv>) engine_->wait_started();
   }
   const detail::Span span("lookup: rows in order");
@@ -170,6 +179,30 @@ auto ShardedSynchronizer<Engine, Optimizer>::serve(Batch<T>& b) -> std::vector<R
     rows.push_back(Rows<compute_t<T>, space>{r.out, r.n, b.groups[b.request_group[i]]->tables.cols()});
   }
   return rows;
+}
+
+/// A lookup ahead's early part (`early`, after its route, on the
+/// communication thread) or the rest (at rows()) of every group that
+/// serves_early(): the owners' rows in one route, put in place
+/// (sharded::EarlyRows).
+template <class Engine, class Optimizer>
+template <class T>
+void ShardedSynchronizer<Engine, Optimizer>::serve_part(Batch<T>& b, bool early) {
+  std::vector<sharded::RouteLane*> lanes;
+  std::vector<std::size_t> parted;
+  for (std::size_t gi = 0; gi < b.groups.size(); ++gi) {
+    auto& tables = b.groups[gi]->tables;
+    if (!tables.serves_early()) continue;
+    parted.push_back(gi);
+    lanes.push_back(early ? &tables.plan_early(b.pull(*b.groups[gi])) : &tables.plan_late(b.pull(*b.groups[gi])));
+  }
+  if (lanes.empty()) return;
+  const detail::Span span(early ? "prefetch: early rows" : "prefetch: late rows");
+  const auto word = detail::Fingerprint().add(early ? "prefetch early" : "prefetch late").add(b.word).value();
+  sharded::route_lanes(*engine_, lanes.data(), lanes.size(), ahead_parts_, sharded::prefetch_shape(word),
+                      [&](bool detailed) { return b.describe(detailed); });
+  for (std::size_t gi : parted) b.groups[gi]->tables.land(b.pull(*b.groups[gi]), early);
+  b.early = true;
 }
 
 template <class Engine, class Optimizer>
@@ -203,6 +236,7 @@ void ShardedSynchronizer<Engine, Optimizer>::start_lookup(const Lookup<V>* batch
       auto shared = engine_->stats().shared(ShardedPS::name);
       for (const auto& [name, weight] : b.parts) shared.part(*name, weight);
       route(b);
+      if (b.ahead && options_.sharded.early_rows) serve_part(b, true);
     } catch (...) {
       b.failure = std::current_exception();  // rows() throws it, on every rank alike
     }

@@ -108,7 +108,9 @@ class ShardedSynchronizer<Engine, Optimizer>::Group final : public GroupBase {
   Group(Engine& engine, const optim::Bound<Optimizer>& bound, std::size_t cols, const ShardedOptions& o,
         Rounding rounding, Compression compress)
       : tables(engine, cols, o.local_aggregation, o.shared_memory, compress), engine_(&engine), opt_(bound),
-        rounding_(rounding) {}
+        rounding_(rounding) {
+    tables.serve_early(o.early_rows);
+  }
   const optim::Bound<Optimizer>& bound() const noexcept { return opt_; }
   /// How updates round a 16-bit group's rows (every table's own: tables
   /// that round otherwise are not grouped).

@@ -35,6 +35,16 @@ struct Options {
   /// below compute. Turn it off for a model whose backward pass computes
   /// long between its groups' ready() calls.
   bool push_together = true;
+  /// Trainer::prefetch: once the prefetch's keys have reached their
+  /// owners (on the communication thread, while the model computes), each
+  /// owner replies at once with the asked rows it did not serve since its
+  /// last update, and at rows() with the rest and with any early row an
+  /// update wrote after all: the same rows, bit for bit, with fewer of
+  /// their bytes left for rows(). For rows asked of owners in host memory
+  /// and not compressed (elsewhere rows() serves them all). The environment
+  /// variable PARALLAX_EARLY_ROWS=0 turns it off (for comparisons; read by
+  /// TrainerOptions::resolve()).
+  bool early_rows = true;
 };
 
 }  // namespace parallax::policy::sharded

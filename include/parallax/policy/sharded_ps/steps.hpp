@@ -201,7 +201,10 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   template <class V>
   std::vector<Rows<typename V::value_type, space>> finish_lookup();
   /// Forgets the batch start_lookup() began (its route has run).
-  void cancel_lookup() override { ahead_.reset(); }
+  void cancel_lookup() override {
+    if (ahead_) ahead_->cancel();
+    ahead_.reset();
+  }
 
  private:
   // Sparse tables and dense variables (members.hpp).
@@ -259,6 +262,8 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   void route(Batch<S>& b);
   template <class S>
   std::vector<Rows<compute_t<S>, space>> serve(Batch<S>& b);
+  template <class S>
+  void serve_part(Batch<S>& b, bool early);
 
   // Lookups of bags (bag_lookups.hpp).
   class BagBatchBase;
@@ -281,6 +286,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   Members<Dense> dense_;
   sharded::RouteBuffers<space> route_;  // the push's route, and batched lookups'
   sharded::RouteBuffers<space> ahead_route_;  // a lookup ahead's route (start_lookup)
+  sharded::RouteBuffers<space> ahead_parts_;  // its rows in two parts (ShardedOptions::early_rows)
   std::unique_ptr<BatchBase> ahead_;         // the lookup ahead, from start_lookup() to finish_lookup()
   sharded::RouteBuffers<space> bag_route_;    // bag lookups' and their gradients' routes
   std::vector<std::unique_ptr<BagBatchBase>> bag_batches_;  // this step's lookup_bags(), in order

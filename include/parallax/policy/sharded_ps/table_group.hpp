@@ -21,6 +21,7 @@
 #include <parallax/half.hpp>
 #include <parallax/options.hpp>
 #include <parallax/partition.hpp>
+#include <parallax/policy/sharded_ps/early_rows.hpp>
 #include <parallax/policy/sharded_ps/group_routes.hpp>
 #include <parallax/policy/sharded_ps/half_wire.hpp>
 #include <parallax/policy/sharded_ps/row_exchange.hpp>
@@ -126,7 +127,7 @@ class TableGroup : public TableLayout<T, Engine, S> {
     half_push_.narrow_ids(narrow_ids_, span_);
     detail::Fingerprint id;
     id.add(static_cast<std::uint64_t>(data_type_of_v<T>)).add(static_cast<std::uint64_t>(data_type_of_v<S>)).add(cols_).add(this->reads_directly() ? 1 : 0);
-    id.add(aggregate_ ? 1 : 0).add(static_cast<std::uint64_t>(compress_));
+    id.add(aggregate_ ? 1 : 0).add(static_cast<std::uint64_t>(compress_)).add(serves_early() ? 1 : 0);
     for (const Table& t : tables_) id.add(t.name).add(t.map.rows).add(static_cast<std::uint64_t>(t.map.parts));
     identity_ = id.value();
   }
@@ -160,7 +161,8 @@ class TableGroup : public TableLayout<T, Engine, S> {
   /// and pushes until its rows are taken: plain_pull() and ahead_pull().
   class Pull {
    public:
-    Pull(Engine& engine, std::size_t row_bytes) : reads_(engine.stats(), engine.topology(), row_bytes), exchange_(engine) {}
+    Pull(Engine& engine, std::size_t row_bytes)
+        : reads_(engine.stats(), engine.topology(), row_bytes), exchange_(engine), early_(engine) {}
     Pull(const Pull&) = delete;
     Pull& operator=(const Pull&) = delete;
     /// The id outside its table's [0, rows) that the last plan_lookup()
@@ -192,6 +194,7 @@ class TableGroup : public TableLayout<T, Engine, S> {
     Buffer<const S*, space> reads_at_;  // where each looked-up row lies, when read directly
     SharedReads reads_;         // the lane, when read directly
     RowExchange<T, Engine> exchange_;  // the lane otherwise
+    EarlyRows<T, Engine, S> early_;    // its reply in two parts (plan_early())
   };
   Pull& plain_pull() noexcept { return plain_; }
   Pull& ahead_pull() noexcept { return ahead_; }
@@ -302,6 +305,7 @@ class TableGroup : public TableLayout<T, Engine, S> {
       return;
     }
     const std::size_t asked = p.exchange_.received();
+    note_looked_up(p);
     p.served_.resize_discard(asked * cols_);
     const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * span_);
     if (asked)
@@ -357,6 +361,25 @@ class TableGroup : public TableLayout<T, Engine, S> {
     throw error(detail::concat("variable '", t.name, "': ", what, " ", p.id, " is outside [0, ", t.map.rows,
                                ") on rank ", p.rank));
   }
+
+  // ------------------------------------------------- a lookup ahead in two parts (early_rows.hpp)
+  // Instead of start_reply(): plan_early(), a route, land(p, true); at rows() plan_late(), a route, land(p, false).
+  void serve_early(bool on) noexcept { early_ = on; }  // ShardedOptions::early_rows, before build()
+  /// Whether a lookup ahead's rows go in two parts: asked of owners, in host memory, not compressed.
+  bool serves_early() const noexcept {
+    return early_ && std::is_same_v<space, HostSpace> && compress_ == Compression::none && !this->reads_directly();
+  }
+  RouteLane& plan_early(Pull& p) { return p.early_.plan_early(p.exchange_, looked_up_.sorted(), shard_.data(), own_base(), cols_); }
+  RouteLane& plan_late(Pull& p) { return p.early_.plan_late(p.exchange_, shard_.data(), own_base(), cols_); }
+  /// Puts a part's rows in place; after the late one, p's rows are whole.
+  void land(Pull& p, bool early) {
+    p.early_.land(p.exchange_, cols_, early);
+    if (early) return;
+    note_looked_up(p);
+    p.narrowed_ = false;
+    p.by_unique_ = p.early_.landing(p.single_in_order_ ? p.requests_[0].out : nullptr);
+  }
+  void cancel_early(Pull& p) noexcept { p.early_.cancel(); }
 
   // ---------------------------------------------------------------- push
   //
@@ -452,6 +475,8 @@ class TableGroup : public TableLayout<T, Engine, S> {
     const std::size_t m =
         detail::coalesce_rows(ex, ids, values, received + extra, cols_, owned_keys_, sums, scratch_);
     clear_owned_rows();
+    if constexpr (std::is_same_v<space, HostSpace>) ahead_.early_.applied(owned_keys_.data(), m);
+    looked_up_.clear();  // the keys served before this push: the update takes them
     local_rows.resize_discard(m);
     const auto base = static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * span_);
     if (m) for_each(ex, m, detail::Subtract{owned_keys_.data(), local_rows.data(), base});
@@ -541,8 +566,13 @@ class TableGroup : public TableLayout<T, Engine, S> {
     }
   }
 
+  void note_looked_up(Pull& p) { if (serves_early()) looked_up_.note<space>(p.exchange_.received_ids(), p.exchange_.received()); }
+  index_t own_base() const noexcept { return static_cast<index_t>(static_cast<std::size_t>(engine_->rank()) * span_); }
+
   bool want_aggregate_;
   bool aggregate_ = false;
+  bool early_ = true;                 // serve_early()
+  LookedUp looked_up_;                // keys served since the last push (serves_early())
   std::uint64_t identity_ = 0;          // see identity()
   Buffer<std::int32_t, space> first_hop_, dest_;
 
