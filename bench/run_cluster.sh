@@ -79,10 +79,12 @@ for c in "${configs[@]}"; do
   plan_link=$(case "$rate" in 1gbit) echo 1Gbit/s ;; 250mbit) echo 250Mbit/s ;; esac),65us
   if [ "$model" = word_lm ]; then args=("${lm[@]}" --batch $((32 / hosts))); else args=("${ctr[@]}" --batch $((2048 / hosts))); fi
   for link in "$plan_link" measure; do
-    PARALLAX_PLAN_LINK="$link" "$cluster" run --ppn 1 -- -n "$hosts" "${args[@]}" --arch auto >"$out/$label.auto.$link.log" 2>&1 || true
-    echo "   $label --arch auto (PARALLAX_PLAN_LINK=$link): $(grep -h 'inter-host' "$out/$label.auto.$link.log" | sed 's/;.*//')"
-    echo "     $(grep -h '^plan:' "$out/$label.auto.$link.log" || echo 'no plan line')"
-    grep -h '^plan:' "$out/$label.auto.$link.log" | sed "s/^/$label ($link) /" >>"$out/plans" || true
+    tag=$([ "$link" = measure ] && echo measured || echo nominal)
+    log="$out/$label.auto.$tag.log"
+    PARALLAX_PLAN_LINK="$link" "$cluster" run --ppn 1 -- -n "$hosts" "${args[@]}" --arch auto >"$log" 2>&1 || true
+    echo "   $label --arch auto (PARALLAX_PLAN_LINK=$link): $(grep -h 'inter-host' "$log" | sed 's/;.*//')"
+    echo "     $(grep -h '^plan:' "$log" || echo 'no plan line')"
+    grep -h '^plan:' "$log" | sed "s|^|$label ($tag link) |" >>"$out/plans" || true
   done
 done
 
