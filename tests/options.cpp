@@ -45,38 +45,32 @@ TEST_CASE("resolve() reads PARALLAX_TIMELINE where the timeline is not set", "[o
   CHECK(o.timeline == "/tmp/mine.json");  // resolve() returns a copy
 }
 
-TEST_CASE("resolve() turns shared shards off with PARALLAX_SHARED_SHARDS=0, never on", "[options]") {
+namespace {
+/// A ShardedOptions switch that `variable`=0 turns off and nothing turns on.
+void check_off_only(const char* variable, bool px::ShardedOptions::*flag) {
   auto& ctx = test::world();
   px::TrainerOptions o;
   {
-    const Env unset("PARALLAX_SHARED_SHARDS", std::nullopt);
-    CHECK(o.resolve(ctx).sharded.shared_memory);
+    const Env unset(variable, std::nullopt);
+    CHECK(o.resolve(ctx).sharded.*flag);
   }
   {
-    const Env off("PARALLAX_SHARED_SHARDS", "0");
-    CHECK(!o.resolve(ctx).sharded.shared_memory);
+    const Env off(variable, "0");
+    CHECK(!(o.resolve(ctx).sharded.*flag));
   }
-  const Env on("PARALLAX_SHARED_SHARDS", "1");
-  CHECK(o.resolve(ctx).sharded.shared_memory);
-  o.sharded.shared_memory = false;
-  CHECK(!o.resolve(ctx).sharded.shared_memory);
+  const Env on(variable, "1");
+  CHECK(o.resolve(ctx).sharded.*flag);
+  o.sharded.*flag = false;
+  CHECK(!(o.resolve(ctx).sharded.*flag));
+}
+}  // namespace
+
+TEST_CASE("resolve() turns shared shards off with PARALLAX_SHARED_SHARDS=0, never on", "[options]") {
+  check_off_only("PARALLAX_SHARED_SHARDS", &px::ShardedOptions::shared_memory);
 }
 
 TEST_CASE("resolve() turns early rows off with PARALLAX_EARLY_ROWS=0, never on", "[options]") {
-  auto& ctx = test::world();
-  px::TrainerOptions o;
-  {
-    const Env unset("PARALLAX_EARLY_ROWS", std::nullopt);
-    CHECK(o.resolve(ctx).sharded.early_rows);
-  }
-  {
-    const Env off("PARALLAX_EARLY_ROWS", "0");
-    CHECK(!o.resolve(ctx).sharded.early_rows);
-  }
-  const Env on("PARALLAX_EARLY_ROWS", "1");
-  CHECK(o.resolve(ctx).sharded.early_rows);
-  o.sharded.early_rows = false;
-  CHECK(!o.resolve(ctx).sharded.early_rows);
+  check_off_only("PARALLAX_EARLY_ROWS", &px::ShardedOptions::early_rows);
 }
 
 TEST_CASE("resolve() settles on_non_finite: skip, or ignore where updates precede the step", "[options]") {
