@@ -97,10 +97,10 @@ inline constexpr bool has_learning_rate_v = contract::learning_rate<O>::value;
 
 /// True when O meets the optimizer contract (see check()).
 template <class O>
-inline constexpr bool is_optimizer_v = is_groups_v<O> || contract::named<O>::value && contract::slot_count<O>::value &&
+inline constexpr bool is_optimizer_v = is_groups_v<O> || (contract::named<O>::value && contract::slot_count<O>::value &&
                                        contract::slots_or_zero<O>() >= 0 && contract::slots_or_zero<O>() <= max_slots &&
                                        contract::initial<O, float>::value && contract::initial<O, double>::value &&
-                                       contract::rule<O, float>::value && contract::rule<O, double>::value;
+                                       contract::rule<O, float>::value && contract::rule<O, double>::value);
 
 /// The optimizer contract (above), checked member by member: each one O
 /// lacks is a compile error that names it. Returns true.
