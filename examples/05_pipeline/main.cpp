@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace px = parallax;
@@ -46,7 +47,16 @@ struct Args {
   double pass_ratio = 0.7;
   double margin = 0.1;
   std::size_t last_steps = 20;
+  std::string pipeline_engine = "staged";  ///< CUDA twin: staged or nccl
 };
+
+/// Whether this build moves activations on the GPU (the CUDA twin).
+constexpr bool kDeviceStages =
+#if PARALLAX_HAS_CUDA && defined(PARALLAX_EXAMPLES_CUDA_ENGINE) && PARALLAX_EXAMPLES_CUDA_ENGINE
+    true;
+#else
+    false;
+#endif
 
 const char* const about =
     "05_pipeline: a deep residual MLP trained data-parallel (--stages 1), pipeline-parallel (--stages = ranks)\n"
@@ -61,25 +71,47 @@ std::vector<double> profile(const px::Context& ctx, const pm::Config& cfg, const
                             std::size_t rows) {
   rows = std::max<std::size_t>(rows, 1);
   const auto batch = data.batch<pm::Batch>(std::uint64_t{1} << 41, 0, rows);
-  std::vector<float> in(rows * cfg.width, 0.5f), out(rows * cfg.width), grad(rows * cfg.width, 1e-3f), saved;
-  const pp::MicroBatch mb{0, 0, rows, rows};
   using Space = examples::DefaultSpace;
+  using Buf = px::Buffer<float, Space>;
+  const Buf in = Buf::from_host(std::vector<float>(rows * cfg.width, 0.5f));
+  const Buf grad = Buf::from_host(std::vector<float>(rows * cfg.width, 1e-3f));
+  Buf out(rows * cfg.width);
+  typename pp::Stage<float, Space>::Saved saved;
+  const pp::MicroBatch mb{0, 0, rows, rows};
   std::vector<std::unique_ptr<pm::StageModel<Space>>> layers;
-  std::vector<pp::Stage<float>> stages;
+  std::vector<pp::Stage<float, Space>> stages;
   for (std::size_t l = 0; l < cfg.layers(); ++l) {
     layers.push_back(std::make_unique<pm::StageModel<Space>>(ctx, cfg, l, l + 1));
     layers.back()->set_batch(batch);
     stages.push_back(layers.back()->stage());
   }
   return pp::profile_layers(ctx, cfg.layers(), [&](std::size_t l) {
-    const pp::Stage<float>& st = stages[l];
+    const pp::Stage<float, Space>& st = stages[l];
     const bool head = l + 1 == cfg.layers();
     st.forward(mb, l == 0 ? nullptr : in.data(), head ? nullptr : out.data(), saved);
     st.backward(mb, l == 0 ? nullptr : in.data(), head ? nullptr : grad.data(), l == 0 ? nullptr : out.data(), saved);
   });
 }
 
-template <class Arch>
+/// What carries the activations and errors between stages: engine::Mpi in
+/// the host build; in the CUDA twin, with the stages' values on the GPU,
+/// engine::MpiStaged (any placement, ranks may share a GPU) or engine::Nccl
+/// (--pipeline-engine nccl: a GPU per rank, or an NCCL node per rank).
+template <class F>
+int with_pipeline_engine(const std::string& name, F&& f) {
+#if PARALLAX_HAS_CUDA && defined(PARALLAX_EXAMPLES_CUDA_ENGINE) && PARALLAX_EXAMPLES_CUDA_ENGINE
+#if PARALLAX_HAS_NCCL
+  if (name == "nccl") return f(static_cast<px::engine::Nccl*>(nullptr));
+#endif
+  (void)name;
+  return f(static_cast<px::engine::MpiStaged*>(nullptr));
+#else
+  (void)name;
+  return f(static_cast<px::engine::Mpi*>(nullptr));
+#endif
+}
+
+template <class Arch, class PipeEngine>
 int train(px::Context& ctx, const Args& a) {
   const auto& o = a.common;
   const pm::Config& cfg = a.model;
@@ -102,8 +134,9 @@ int train(px::Context& ctx, const Args& a) {
   if (a.placement == "measured") cost = profile(ctx, cfg, data, replica_rows / static_cast<std::size_t>(a.micro_batches));
   const pp::Placement place = pp::place_layers(cost, bytes, schedule);
   if (ctx.is_root()) {
-    std::printf("%d stages x %d replicas, %s with %d micro-batches, architecture %s\n%s", grid.stages(),
-                grid.replicas(), schedule.name().c_str(), a.micro_batches, Arch::name, place.describe().c_str());
+    std::printf("%d stages x %d replicas, %s with %d micro-batches, architecture %s, activations over engine %s\n%s",
+                grid.stages(), grid.replicas(), schedule.name().c_str(), a.micro_batches, Arch::name, PipeEngine::name,
+                place.describe().c_str());
     std::fflush(stdout);
   }
 
@@ -113,7 +146,7 @@ int train(px::Context& ctx, const Args& a) {
   px::Trainer<Arch, px::optim::Momentum, examples::DefaultEngine> trainer(
       grid.replica_context(), o.trainer_options(), px::optim::Momentum{o.lr, 0.9f}, model.variables());
   model.set_exec(trainer.engine().exec());
-  pp::Pipeline<float> pipe(grid, model.stage(), schedule);
+  pp::Pipeline<float, PipeEngine> pipe(grid, model.stage(), schedule);
 
   double first_loss = 0, tail_loss = 0, tail_hits = 0, tail_rows = 0;
   std::vector<double> tail_classes(cfg.classes, 0.0);
@@ -207,6 +240,10 @@ int main(int argc, char** argv) {
      "pass when the last steps' loss is below this fraction of the first step's")
     ("margin", examples::po::value(&a.margin)->default_value(a.margin),
      "and when their accuracy beats the majority class by this much");
+  if (kDeviceStages)
+    desc.add_options()("pipeline-engine", examples::po::value(&a.pipeline_engine)->default_value(a.pipeline_engine),
+                       "what moves activations and errors between the stages on the GPU: staged (engine::MpiStaged, "
+                       "any placement) or nccl (engine::Nccl, a GPU per rank)");
 
   const auto cl = examples::parse_command_line(argc, argv, desc);
   px::Context ctx(argc, argv, cl.ok() ? a.common.context() : px::ContextOptions{});
@@ -222,6 +259,9 @@ int main(int argc, char** argv) {
       problem = "--placement must be params or measured";
     else if (a.model.inputs == 0 || a.model.width == 0 || a.model.classes < 2)
       problem = "--inputs and --width must be at least 1, --classes at least 2";
+    else if (a.pipeline_engine != "staged" && !(PARALLAX_HAS_NCCL && a.pipeline_engine == "nccl"))
+      problem = std::string("--pipeline-engine must be staged") + (PARALLAX_HAS_NCCL ? " or nccl" : "") + ", not '" +
+                a.pipeline_engine + "'";
     else if (a.model.layers() < static_cast<std::size_t>(a.stages))
       problem = "the model's " + std::to_string(a.model.layers()) + " layers cannot fill " +
                 std::to_string(a.stages) + " stages";
@@ -237,5 +277,9 @@ int main(int argc, char** argv) {
                 examples::gemm_description<examples::DefaultSpace>().c_str());
     std::fflush(stdout);
   }
-  return px::with_arch(a.common.arch, [&](auto arch) { return train<decltype(arch)>(ctx, a); });
+  return px::with_arch(a.common.arch, [&](auto arch) {
+    return with_pipeline_engine(a.pipeline_engine, [&](auto* engine) {
+      return train<decltype(arch), std::remove_pointer_t<decltype(engine)>>(ctx, a);
+    });
+  });
 }

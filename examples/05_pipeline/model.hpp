@@ -8,9 +8,9 @@
 /// micro-batches (products with beta = 1) until the trainer's step() applies
 /// and clears them. The variables and the arithmetic live in Space (host,
 /// or a GPU in the CUDA twin): products are examples::gemm calls, the rest
-/// px::for_each functors. The pipeline moves activations through host
-/// buffers, so on a GPU each pass copies its input in and its output (and
-/// what its backward needs, `saved`) out.
+/// px::for_each functors. Activations, errors and what a backward needs
+/// (`saved`) stay in Space too: on a GPU the pipeline moves them between
+/// stages over a device engine (engine::MpiStaged or engine::Nccl).
 
 #include "../common/gemm.hpp"
 #include "../common/layers.hpp"
@@ -21,6 +21,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace examples::pipeline_mlp {
@@ -123,17 +125,19 @@ class StageModel {
   /// Correct predictions of the last run (last stage).
   double hits() const noexcept { return hits_; }
 
-  pp::Stage<float> stage() {
-    pp::Stage<float> st;
+  using Saved = typename pp::Stage<float, Space>::Saved;
+
+  pp::Stage<float, Space> stage() {
+    pp::Stage<float, Space> st;
     st.name = "layers " + std::to_string(first_) + ".." + std::to_string(last_ - 1);
     st.in_width = first_ == 0 ? 0 : cfg_.in(first_);
     st.out_width = last_ == cfg_.layers() ? 0 : cfg_.out(last_ - 1);
     st.parameters = parameters();
-    st.forward = [this](const pp::MicroBatch& mb, const float* in, float* out, std::vector<float>& saved) {
+    st.forward = [this](const pp::MicroBatch& mb, const float* in, float* out, Saved& saved) {
       return forward(mb, in, out, saved);
     };
     st.backward = [this](const pp::MicroBatch& mb, const float* in, const float* out_grad, float* in_grad,
-                         std::vector<float>& saved) { backward(mb, in, out_grad, in_grad, saved); };
+                         Saved& saved) { backward(mb, in, out_grad, in_grad, saved); };
     return st;
   }
 
@@ -148,15 +152,15 @@ class StageModel {
     return (kind(l) == Kind::block ? 2 : 1) * rows * cfg_.out(l);
   }
 
-  /// The stage's input in Space: the previous stage's activations, or the
-  /// batch's features on the first stage.
+  /// The stage's input in Space: the previous stage's activations (already
+  /// there), or the batch's features on the first stage.
   const float* input(const pp::MicroBatch& mb, const float* in) {
-    const std::size_t n = mb.rows * (in ? cfg_.in(first_) : cfg_.inputs);
-    x_.assign_from_host(in ? in : batch_->x.data() + mb.first * cfg_.inputs, n);
+    if (in) return in;
+    x_.assign_from_host(batch_->x.data() + mb.first * cfg_.inputs, mb.rows * cfg_.inputs);
     return x_.data();
   }
 
-  double forward(const pp::MicroBatch& mb, const float* in, float* out, std::vector<float>& saved) {
+  double forward(const pp::MicroBatch& mb, const float* in, float* out, Saved& saved) {
     const std::size_t rows = mb.rows;
     std::size_t total = 0;
     for (std::size_t l = first_; l < last_; ++l) total += saved_size(l, rows);
@@ -194,21 +198,22 @@ class StageModel {
         at = z + n;
       }
     }
+    // The output is the last layer's y, the end of what is saved (not on the
+    // last stage).
+    const std::size_t out_n = out ? rows * cfg_.out(last_ - 1) : 0;
+    if (out_n) ex_.copy(out, scratch_.data() + total - out_n, out_n * sizeof(float));
     ex_.synchronize();
-    saved = scratch_.to_host();
-    // The output is the last layer's y, the end of saved (not on the last stage).
-    if (out) std::copy(saved.end() - static_cast<std::ptrdiff_t>(rows * cfg_.out(last_ - 1)), saved.end(), out);
+    if constexpr (std::is_same_v<Space, px::HostSpace>) saved.assign(scratch_.data(), scratch_.data() + total);
+    else std::swap(saved, scratch_);
     return loss;
   }
 
-  void backward(const pp::MicroBatch& mb, const float* in, const float* out_grad, float* in_grad,
-                std::vector<float>& saved) {
+  void backward(const pp::MicroBatch& mb, const float* in, const float* out_grad, float* in_grad, Saved& saved) {
     const std::size_t rows = mb.rows;
-    scratch_.assign_from_host(saved.data(), saved.size());
     ones_.assign_from_host(std::vector<float>(rows, 1.f).data(), rows);
     // Where each layer's saved values start, and its input.
     std::vector<const float*> start(last_ - first_), inputs(last_ - first_);
-    const float* at = scratch_.data();
+    const float* at = saved.data();
     const float* x = input(mb, in);
     for (std::size_t l = first_; l < last_; ++l) {
       start[l - first_] = at;
@@ -217,7 +222,10 @@ class StageModel {
       x = kind(l) == Kind::block ? at + n : at;
       at += saved_size(l, rows);
     }
-    if (out_grad) dy_.assign_from_host(out_grad, rows * cfg_.out(last_ - 1));
+    if (out_grad) {
+      dy_.resize_discard(rows * cfg_.out(last_ - 1));
+      ex_.copy(dy_.data(), out_grad, dy_.size() * sizeof(float));
+    }
     for (std::size_t l = last_; l-- > first_;) {
       const std::size_t i_w = cfg_.in(l), o_w = cfg_.out(l), n = rows * o_w;
       Var& w = vars_[2 * (l - first_)];
@@ -240,11 +248,8 @@ class StageModel {
       gemm(ex_, Op::none, Op::transpose, rows, i_w, o_w, 1.0f, dz, o_w, w.value().data(), o_w, 1.0f, dx_.data(), i_w);
       std::swap(dy_, dx_);
     }
+    if (in_grad) ex_.copy(in_grad, dy_.data(), rows * cfg_.in(first_) * sizeof(float));
     ex_.synchronize();
-    if (in_grad) {
-      const std::vector<float> g = dy_.to_host();
-      std::copy(g.begin(), g.begin() + static_cast<std::ptrdiff_t>(rows * cfg_.in(first_)), in_grad);
-    }
   }
 
   Config cfg_;

@@ -29,6 +29,7 @@
 #include <parallax/pipeline/grid.hpp>
 #include <parallax/pipeline/placement.hpp>
 #include <parallax/pipeline/schedule.hpp>
+#include <parallax/space.hpp>
 #include <parallax/types.hpp>
 
 #include <mpi.h>
@@ -40,6 +41,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -73,14 +75,23 @@ struct MicroBatch {
 /// loss). For the replica's mean loss, a row's loss gradient carries the
 /// factor 1 / mb.batch_rows; the Trainer's Reduction::mean then averages
 /// the replicas.
-template <class T>
+///
+/// In a memory space other than the host's (a Pipeline over a device engine:
+/// engine::Nccl, engine::MpiStaged), `in`, `out`, `out_grad` and `in_grad`
+/// point to that space's memory and `saved` is a Buffer there, so the
+/// activations never leave the device; forward and backward return with
+/// their results complete (synchronise the stream they ran on), since the
+/// runner's engines send them on streams of their own.
+template <class T, class Space = HostSpace>
 struct Stage {
+  /// What a stage keeps from a micro-batch's forward for its backward.
+  using Saved = std::conditional_t<std::is_same_v<Space, HostSpace>, std::vector<T>, Buffer<T, Space>>;
   std::string name;
   std::size_t in_width = 0;    ///< values per example received (0 on the first stage)
   std::size_t out_width = 0;   ///< values per example sent (0 on the last stage)
   std::size_t parameters = 0;  ///< elements of the stage's variables (reported, compared across replicas)
-  std::function<double(const MicroBatch&, const T* in, T* out, std::vector<T>& saved)> forward;
-  std::function<void(const MicroBatch&, const T* in, const T* out_grad, T* in_grad, std::vector<T>& saved)> backward;
+  std::function<double(const MicroBatch&, const T* in, T* out, Saved& saved)> forward;
+  std::function<void(const MicroBatch&, const T* in, const T* out_grad, T* in_grad, Saved& saved)> backward;
 };
 
 /// Settings of a Pipeline.
@@ -107,15 +118,21 @@ struct RunStats {
 /// run() is one step's forward and backward passes over the replica's batch.
 ///
 /// @tparam T the element type of activations and errors (float, double)
-template <class T>
+/// @tparam Engine what carries them between stages, and where they live:
+///   engine::Mpi (host memory), or a device engine (engine::Nccl,
+///   engine::MpiStaged) for stages whose activations stay on the GPU
+template <class T, class Engine = engine::Mpi>
 class Pipeline {
  public:
+  using space = typename Engine::space;
+  using StageType = Stage<T, space>;
+
   /// Checks, on every rank alike and before any pass, that the ranks agree
   /// on the schedule and element type, that each stage's replicas define it
   /// alike, and that each stage's output width is the next stage's input
   /// width; every rank throws parallax::error naming the first problem.
   /// Collective over the world.
-  Pipeline(const Grid& grid, Stage<T> stage, Schedule schedule, PipelineOptions options = {})
+  Pipeline(const Grid& grid, StageType stage, Schedule schedule, PipelineOptions options = {})
       : grid_(&grid), stage_(std::move(stage)), schedule_(std::move(schedule)), channels_(grid, options.engine) {
     agree();
   }
@@ -133,8 +150,11 @@ class Pipeline {
     const bool first = grid_->first_stage(), last = grid_->last_stage();
     const std::size_t in_w = stage_.in_width, out_w = stage_.out_width;
     const std::uint64_t sent0 = channels_.sent_bytes(), received0 = channels_.received_bytes();
-    inputs_.assign(static_cast<std::size_t>(M), {});
-    saved_.assign(static_cast<std::size_t>(M), {});
+    channels_.check_rows(batch_rows);
+    inputs_.clear();
+    saved_.clear();
+    inputs_.resize(static_cast<std::size_t>(M));
+    saved_.resize(static_cast<std::size_t>(M));
     RunStats stats;
     int in_flight = 0;
     std::size_t kept = 0;
@@ -149,10 +169,10 @@ class Pipeline {
       auto& saved = saved_[static_cast<std::size_t>(a.micro)];
       if (a.pass == Pass::forward) {
         if (!first) {
-          in.resize(mb.rows * in_w);
+          sized(in, mb.rows * in_w);
           channels_.recv(Pass::forward, a.micro, in.data(), in.size(), data_type_of_v<T>);
         }
-        out_.assign(last ? 0 : mb.rows * out_w, T(0));
+        zeros(out_, last ? 0 : mb.rows * out_w);
         timed([&] { stats.loss += stage_.forward(mb, first ? nullptr : in.data(), last ? nullptr : out_.data(), saved); });
         if (!last) channels_.send(Pass::forward, a.micro, out_.data(), out_.size(), data_type_of_v<T>);
         ++in_flight;
@@ -161,19 +181,20 @@ class Pipeline {
         stats.peak_kept_bytes = std::max(stats.peak_kept_bytes, kept);
       } else {
         if (!last) {
-          out_grad_.resize(mb.rows * out_w);
+          sized(out_grad_, mb.rows * out_w);
           channels_.recv(Pass::backward, a.micro, out_grad_.data(), out_grad_.size(), data_type_of_v<T>);
         }
-        in_grad_.assign(first ? 0 : mb.rows * in_w, T(0));
+        zeros(in_grad_, first ? 0 : mb.rows * in_w);
+        const std::size_t held = (in.size() + saved.size()) * sizeof(T);
         timed([&] {
           stage_.backward(mb, first ? nullptr : in.data(), last ? nullptr : out_grad_.data(),
                           first ? nullptr : in_grad_.data(), saved);
         });
         if (!first) channels_.send(Pass::backward, a.micro, in_grad_.data(), in_grad_.size(), data_type_of_v<T>);
         --in_flight;
-        kept -= (in.size() + saved.size()) * sizeof(T);
-        std::vector<T>().swap(in);
-        std::vector<T>().swap(saved);
+        kept -= held;
+        in = Vec();
+        saved = Vec();
       }
     }
     channels_.flush();
@@ -268,12 +289,28 @@ class Pipeline {
     }
   }
 
+  using Vec = typename StageType::Saved;  // values in the engine's space
+  /// v holds n values (their contents undefined).
+  static void sized(Vec& v, std::size_t n) {
+    if constexpr (std::is_same_v<space, HostSpace>) v.resize(n);
+    else v.resize_discard(n);
+  }
+  /// v holds n zeros.
+  static void zeros(Vec& v, std::size_t n) {
+    if constexpr (std::is_same_v<space, HostSpace>) {
+      v.assign(n, T(0));
+    } else {
+      v.resize_discard(n);
+      v.zero();
+    }
+  }
+
   const Grid* grid_;
-  Stage<T> stage_;
+  StageType stage_;
   Schedule schedule_;
-  Channels channels_;
-  std::vector<std::vector<T>> inputs_, saved_;  // per micro-batch, from its forward to its backward
-  std::vector<T> out_, out_grad_, in_grad_;
+  Channels<Engine> channels_;
+  std::vector<Vec> inputs_, saved_;  // per micro-batch, from its forward to its backward
+  Vec out_, out_grad_, in_grad_;
 };
 
 /// The pipeline's measured bubble fraction over every rank of the grid:

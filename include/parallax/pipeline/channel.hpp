@@ -1,8 +1,8 @@
 #pragma once
 /// @file
-/// Messages between neighbouring stages of one replica's pipeline, over an
-/// engine::Mpi of their own (tagged, non-blocking point-to-point messages on
-/// a duplicate of the world's communicator). Protocol: the activations of
+/// Messages between neighbouring stages of one replica's pipeline, over
+/// engines of their own (tagged, non-blocking point-to-point messages on
+/// duplicates of the world's communicator). Protocol: the activations of
 /// micro-batch m go from stage s to stage s + 1 with tag 2m, the errors
 /// (gradients of those activations) from s + 1 back to s with tag 2m + 1.
 /// Sends are non-blocking and copy their data, so a stage never waits to
@@ -11,13 +11,26 @@
 /// matched before step k + 1's. A wait honours the engine deadline
 /// (engine::Options::timeout): a neighbour that does not send in time is
 /// named, the job is marked failed, and the Context ends it.
-
+///
+/// Over host memory (engine::Mpi) a message is measured as it arrives, so a
+/// neighbour that sends another length is named. Over device memory
+/// (engine::Nccl, engine::MpiStaged: activations stay on the GPU) the
+/// activations and the errors each have an engine of their own: NCCL has no
+/// tags and runs a rank's operations in the order of its stream, so one
+/// stream carrying both directions would hold a stage's next receive behind
+/// a send its neighbour takes only later (two stages each sending first wait
+/// on each other). On one engine per direction every stream carries messages
+/// of one direction in micro-batch order, as the schedule takes them. Such a
+/// receive has a fixed length: the replica's ranks agree on the batch's rows
+/// by a host message before each run (check_rows), so a stage that runs
+/// another batch size is named instead of corrupting a message.
 #include <parallax/detail/fault.hpp>
 #include <parallax/engine/engine.hpp>
 #include <parallax/engine/mpi.hpp>
 #include <parallax/error.hpp>
 #include <parallax/pipeline/grid.hpp>
 #include <parallax/pipeline/schedule.hpp>
+#include <parallax/space.hpp>
 #include <parallax/types.hpp>
 
 #include <mpi.h>
@@ -27,17 +40,26 @@
 #include <cstdio>
 #include <cstring>
 #include <list>
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace parallax::pipeline {
 
 /// The two links of one rank: to the previous and to the next stage of its
-/// replica. Host memory.
+/// replica, in Engine's memory space (engine::Mpi: host memory).
+template <class Engine = engine::Mpi>
 class Channels {
  public:
+  using space = typename Engine::space;
+  /// Whether a message is measured as it arrives (host engines), rather than
+  /// received at the length the receiver expects (device engines).
+  static constexpr bool measured = std::is_same_v<space, HostSpace>;
+
   Channels(const Grid& grid, engine::Options options)
-      : grid_(&grid), engine_(grid.world(), options), fault_(grid.world().comm()) {}
+      : grid_(&grid), engine_(grid.world(), options), errors_(make_errors(grid, options)),
+        fault_(grid.world().comm()) {}
   Channels(const Channels&) = delete;
   Channels& operator=(const Channels&) = delete;
   ~Channels() {
@@ -46,7 +68,40 @@ class Channels {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized || detail::job_failed()) return;
-    for (auto& s : sends_) engine_.backend().cancel(s.exchange);
+    for (auto& s : sends_) {
+      if constexpr (measured) engine_.backend().cancel(s.exchange);
+      else (void)link(s.pass).backend().cancel(s.exchange);
+    }
+  }
+
+  /// Before a run on a device engine: this rank runs `rows` rows; the
+  /// previous stage says how many it runs, and a rank whose neighbour runs
+  /// another count throws naming both (a receive of the wrong length cannot
+  /// be caught on a device engine). Nothing to do on a host engine, which
+  /// measures every message.
+  void check_rows(std::size_t rows) {
+    if constexpr (!measured) {
+      const std::int64_t mine = static_cast<std::int64_t>(rows);
+      if (grid_->next_rank() >= 0) {
+        auto& out = control_sends_.emplace_back(mine);
+        control_sent_ += sizeof mine;
+        control_x_.push_back(engine_.start_sendrecv(&out, 1, grid_->next_rank(), nullptr, 0, -1, DataType::i64,
+                                                    kRowsTag));
+      }
+      if (grid_->previous_rank() >= 0) {
+        std::int64_t theirs = 0;
+        const int peer = grid_->previous_rank();
+        deadline(peer, "batch size", 0, nullptr, [&] {
+          auto x = engine_.start_sendrecv(nullptr, 0, -1, &theirs, 1, peer, DataType::i64, kRowsTag);
+          engine_.wait(x);
+        });
+        control_received_ += sizeof theirs;
+        if (theirs != mine)
+          throw error(detail::concat("pipeline: ", grid_->describe_rank(grid_->world().rank()), " runs a batch of ",
+                                     mine, " rows but ", grid_->describe_rank(peer), " runs ", theirs,
+                                     " (the ranks of one replica must run the same batch size)"));
+      }
+    }
   }
 
   /// Sends `count` elements of type t, the `pass` of micro-batch `micro`:
@@ -57,12 +112,21 @@ class Channels {
     const int peer = pass == Pass::forward ? grid_->next_rank() : grid_->previous_rank();
     PARALLAX_EXPECTS(peer >= 0, "pipeline: stage ", grid_->stage(), " has no ", pass == Pass::forward ? "next" : "previous",
                      " stage to send to");
+    Engine& e = link(pass);
     Outgoing& out = sends_.emplace_back();
-    out.bytes.resize(count * size_of(t));
-    if (count) std::memcpy(out.bytes.data(), data, out.bytes.size());
+    const std::size_t bytes = count * size_of(t);
+    if constexpr (measured) {
+      out.bytes.resize(bytes);
+      if (count) std::memcpy(out.bytes.data(), data, bytes);
+    } else {
+      // Copied on the engine's stream, so the send that follows reads it.
+      out.bytes.resize_discard(bytes);
+      if (count) e.exec().copy(out.bytes.data(), data, bytes);
+    }
     out.peer = peer;
+    out.pass = pass;
     out.what = detail::concat(pass == Pass::forward ? "activations" : "errors", " of micro-batch ", micro);
-    out.exchange = engine_.start_sendrecv(out.bytes.data(), count, peer, nullptr, 0, -1, t, tag(pass, micro));
+    out.exchange = e.start_sendrecv(out.bytes.data(), count, peer, nullptr, 0, -1, t, tag(pass, micro));
   }
 
   /// Receives exactly `count` elements of type t, the `pass` of micro-batch
@@ -74,15 +138,23 @@ class Channels {
     PARALLAX_EXPECTS(peer >= 0, "pipeline: stage ", grid_->stage(), " has no ",
                      pass == Pass::forward ? "previous" : "next", " stage to receive from");
     const char* what = pass == Pass::forward ? "activations" : "errors";
-    std::vector<std::byte> sink;  // a message of the wrong length lands here
-    std::size_t got = 0;
-    deadline(peer, what, micro, nullptr, [&] {
-      got = engine_.recv_sized(t, peer, tag(pass, micro), [&](std::size_t n) -> void* {
-        if (n == count) return data;
-        sink.resize(n * size_of(t));
-        return sink.data();
+    std::size_t got = count;
+    if constexpr (measured) {
+      std::vector<std::byte> sink;  // a message of the wrong length lands here
+      deadline(peer, what, micro, nullptr, [&] {
+        got = engine_.recv_sized(t, peer, tag(pass, micro), [&](std::size_t n) -> void* {
+          if (n == count) return data;
+          sink.resize(n * size_of(t));
+          return sink.data();
+        });
       });
-    });
+    } else {
+      Engine& e = link(pass);
+      deadline(peer, what, micro, nullptr, [&] {
+        auto x = e.start_sendrecv(nullptr, 0, -1, data, count, peer, t, tag(pass, micro));
+        e.wait(x);
+      });
+    }
     if (got != count)
       throw error(detail::concat("pipeline: ", grid_->describe_rank(grid_->world().rank()), " expected ", count,
                                  " elements of ", what, " of micro-batch ", micro, " from ", grid_->describe_rank(peer),
@@ -91,29 +163,60 @@ class Channels {
 
   /// Waits until every send has been delivered (within the deadline).
   void flush() {
-    for (auto& s : sends_) deadline(s.peer, nullptr, 0, s.what.c_str(), [&] { engine_.wait(s.exchange); });
+    for (auto& s : sends_) deadline(s.peer, nullptr, 0, s.what.c_str(), [&] { link(s.pass).wait(s.exchange); });
     sends_.clear();
+    if constexpr (!measured) {
+      for (auto& x : control_x_)
+        deadline(grid_->next_rank(), nullptr, 0, "batch size", [&] { engine_.wait(x); });
+      control_x_.clear();
+      control_sends_.clear();
+    }
   }
 
-  /// Bytes sent and received so far.
-  std::uint64_t sent_bytes() const noexcept { return engine_.stats().total().sent(); }
-  std::uint64_t received_bytes() const noexcept { return engine_.stats().total().received(); }
+  /// Bytes of activations and errors sent and received so far.
+  std::uint64_t sent_bytes() const noexcept { return moved(true); }
+  std::uint64_t received_bytes() const noexcept { return moved(false); }
   const engine::Options& options() const noexcept { return engine_.options(); }
 
  private:
+  using Bytes = std::conditional_t<measured, std::vector<std::byte>, Buffer<std::byte, space>>;
   struct Outgoing {
-    std::vector<std::byte> bytes;
-    engine::Mpi::Exchange exchange;
+    Bytes bytes;
+    typename Engine::Exchange exchange;
     int peer = -1;
+    Pass pass = Pass::forward;
     std::string what;
   };
+  // The batch size goes ahead of micro-batch 0's activations with their tag:
+  // messages of one tag between two ranks arrive in the order sent, and each
+  // side takes the batch size first.
+  static constexpr int kRowsTag = 0;
 
   static int tag(Pass pass, int micro) { return 2 * micro + (pass == Pass::backward ? 1 : 0); }
+
+  /// The errors' own engine on a device engine (none on a host engine,
+  /// whose one engine carries both directions).
+  static std::unique_ptr<Engine> make_errors(const Grid& grid, const engine::Options& options) {
+    if constexpr (measured) return nullptr;
+    else return std::make_unique<Engine>(grid.world(), options);
+  }
+  /// The engine that carries a pass's messages.
+  Engine& link(Pass pass) noexcept { return measured || pass == Pass::forward ? engine_ : *errors_; }
+
+  std::uint64_t moved(bool sent) const noexcept {
+    auto of = [&](const Engine& e) {
+      const auto t = e.stats().total();
+      return sent ? t.sent() : t.received();
+    };
+    std::uint64_t n = of(engine_);
+    if (errors_) n += of(*errors_);
+    return n - (sent ? control_sent_ : control_received_);  // the batch sizes are not the stages' messages
+  }
 
   /// Frees the sends that have completed.
   void reap() {
     for (auto it = sends_.begin(); it != sends_.end();) {
-      if (engine_.done(it->exchange)) it = sends_.erase(it);
+      if (link(it->pass).done(it->exchange)) it = sends_.erase(it);
       else ++it;
     }
   }
@@ -162,9 +265,13 @@ class Channels {
   }
 
   const Grid* grid_;
-  engine::Mpi engine_;
-  detail::FaultChannel fault_;  // where the ranks that gave up say they are
-  std::list<Outgoing> sends_;   // in flight; a list, so their buffers never move
+  Engine engine_;                   // both directions (host), or the activations (device)
+  std::unique_ptr<Engine> errors_;  // device engines: the errors
+  detail::FaultChannel fault_;      // where the ranks that gave up say they are
+  std::list<Outgoing> sends_;       // in flight; a list, so their buffers never move
+  std::list<std::int64_t> control_sends_;              // device engines: batch sizes in flight
+  std::vector<typename Engine::Exchange> control_x_;  // and their exchanges
+  std::uint64_t control_sent_ = 0, control_received_ = 0;  // bytes of batch sizes
 };
 
 }  // namespace parallax::pipeline
