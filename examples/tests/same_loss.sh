@@ -6,6 +6,12 @@
 #     Each run (a comma-separated list of option sets, e.g. "--arch hybrid,
 #     --arch ps"): final_loss within a relative tolerance of the first run's
 #     (float noise: the runs sum the same gradients in different orders).
+#   same_loss.sh twin <tolerance> "<archs>" <mpiexec> <np-flag> <ranks> <example> <cuda twin> [args...]
+#     Under each given architecture, the host example and its CUDA twin (the
+#     same source through nvcc, training in device memory) on the same
+#     arguments: final_loss within a relative tolerance of the host's (cuBLAS
+#     and OpenBLAS sum a product's terms in different orders). Prints
+#     whether the two are also bit-identical.
 #   same_loss.sh overlap "<archs>" <mpiexec> <np-flag> <ranks> <example> [args...]
 #     Under each given architecture, --overlap off (no ready() or prefetch()
 #     calls, TrainerOptions::overlap false) and on, and under the first one
@@ -19,24 +25,34 @@ set -eu
 mode=$1 param=$2
 shift 2
 runs=""
-if [ "$mode" = within ]; then
+if [ "$mode" = within ] || [ "$mode" = twin ]; then
   runs=$1
   shift
 fi
 mpiexec=$1 npflag=$2 ranks=$3 exe=$4
 shift 4
+twin=""
+if [ "$mode" = twin ]; then
+  twin=$1
+  shift
+fi
 
-# final <field> <what> [example args...]: runs the example and prints the
-# value of <field> in its result line.
+# final <field> <what> [example args...]: runs the example ($program, by
+# default $exe) and prints the value of <field> in its result line (field
+# "line": the whole line).
 final() {
   field=$1 what=$2
   shift 2
-  out=$("$mpiexec" "$npflag" "$ranks" "$exe" "$@") || {
+  out=$("$mpiexec" "$npflag" "$ranks" "${program:-$exe}" "$@") || {
     printf '%s\n' "$out" >&2
     echo "same_loss: the $what run failed" >&2
     return 1
   }
-  value=$(printf '%s\n' "$out" | sed -n "s/^result:.* $field=\([^ ]*\).*/\1/p")
+  if [ "$field" = line ]; then
+    value=$(printf '%s\n' "$out" | grep '^result:' || true)
+  else
+    value=$(printf '%s\n' "$out" | sed -n "s/^result:.* $field=\([^ ]*\).*/\1/p")
+  fi
   if [ -z "$value" ]; then
     printf '%s\n' "$out" >&2
     echo "same_loss: no $field in the $what run's output" >&2
@@ -96,8 +112,34 @@ overlap)
   if [ "$status" -eq 0 ]; then echo Passed; else echo Failed; fi
   exit "$status"
   ;;
+twin)
+  status=0
+  for arch in $runs; do
+    # One run each: the loss and its bits from the same result line.
+    program=$exe
+    line=$(final line "$arch on the host" --arch "$arch" "$@")
+    host=$(printf '%s\n' "$line" | sed -n 's/.* final_loss=\([^ ]*\).*/\1/p')
+    host_hex=$(printf '%s\n' "$line" | sed -n 's/.* final_loss_hex=\([^ ]*\).*/\1/p')
+    program=$twin
+    line=$(final line "$arch on the GPU" --arch "$arch" "$@")
+    cuda=$(printf '%s\n' "$line" | sed -n 's/.* final_loss=\([^ ]*\).*/\1/p')
+    cuda_hex=$(printf '%s\n' "$line" | sed -n 's/.* final_loss_hex=\([^ ]*\).*/\1/p')
+    verdict=$(echo "$host $cuda" | awk -v tol="$param" '{
+      d = $2 - $1; if (d < 0) d = -d
+      r = d / ($1 < 0 ? -$1 : $1)
+      printf "relative difference %.3g (tolerance %s)", r, tol
+      if (r > tol) printf ": TOO FAR"
+    }')
+    same="different bits"
+    [ "$host_hex" = "$cuda_hex" ] && same="bit-identical"
+    echo "$arch: host $host, GPU $cuda: $verdict, $same"
+    case $verdict in *"TOO FAR"*) status=1 ;; esac
+  done
+  if [ "$status" -eq 0 ]; then echo Passed; else echo Failed; fi
+  exit "$status"
+  ;;
 *)
-  echo "same_loss.sh: the mode is 'within' or 'overlap', got '$mode'" >&2
+  echo "same_loss.sh: the mode is 'within', 'twin' or 'overlap', got '$mode'" >&2
   exit 2
   ;;
 esac
