@@ -51,7 +51,9 @@ def section(runs, context, summary, command):
     one = context.get(1, {})
     lines.append(f"GPU: {summary.get('gpu', one.get('gpu', '?'))} (driver {summary.get('driver', '?')}), "
                  f"{one.get('num_cpus', '?')} CPU cores, {' '.join(one.get('mpi_library', 'MPI ?').split())}; "
-                 f"{summary.get('date', one.get('date', ''))}. Tests: {summary.get('ctest', '?')}.")
+                 f"{summary.get('date', one.get('date', ''))}; commit `{summary.get('git_commit', '?')[:7]}`, "
+                 f"NCCL {summary.get('nccl_version', '?')}. Tests: {summary.get('ctest', '?')}; NCCL's channels "
+                 f"between ranks: {summary.get('nccl_transports', '?')}.")
     lines.append("")
     lines += produced_by(command)
     lines.append("### Kernels (1 rank)")
@@ -83,7 +85,9 @@ def section(runs, context, summary, command):
         return int(m.group(0)) if m else 0
 
     for (ranks, name), b in sorted(runs.items(), key=lambda kv: (kv[0][0], size_key(kv[0][1]), kv[0][1])):
-        if not name.startswith("allreduce") or ranks < 2:  # one rank moves nothing
+        # One rank moves nothing, except through NCCL (its launch and
+        # in-place kernel, the floor of every NCCL call).
+        if not name.startswith("allreduce") or (ranks < 2 and "/nccl/" not in name):
             continue
         _, variant, size = name.split("/")
         base = runs.get((ranks, f"allreduce/baseline_copy_mpi_copy/{size}"))

@@ -17,9 +17,12 @@
 #   scripts/gpu-check.sh                    # everything
 #   PARALLAX_GPU_SKIP_BENCH=1 scripts/gpu-check.sh   # tests only
 #   PARALLAX_GPU_MAX_RANKS=2 scripts/gpu-check.sh    # fewer ranks for the bench
+#   PARALLAX_GPU_CTEST_ARGS="--stop-time 12:30:00" scripts/gpu-check.sh   # more ctest arguments
 #   PARALLAX_GPU_BUILD_DIR=build/gpu PARALLAX_GPU_PREBUILT=1 scripts/gpu-check.sh
 #       # run a CUDA build made on another machine (same path, same CUDA
 #       # major version): for GPU nodes with no compiler or package registry
+#       # (scripts/gpu-pack.sh packs one with the MPI runtime); a copy of the
+#       # sources without .git names its commit in PARALLAX_GIT_COMMIT
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${PARALLAX_GPU_BUILD_DIR:-$root/build/cuda}"
@@ -46,7 +49,7 @@ echo "== GPU: $gpu_name (x$gpu_count, driver $driver)"
 
 if [ -z "$prebuilt" ]; then
   echo "== CUDA build ($build)"
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPARALLAX_ENABLE_CUDA=ON >/dev/null
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPARALLAX_ENABLE_CUDA=ON -DPARALLAX_CUDA_BUILD_HOST_COPIES=ON >/dev/null
   cmake --build "$build" -j "$jobs"
 else
   echo "== CUDA build made elsewhere: $build"
@@ -59,7 +62,8 @@ echo "== GPU tests (ctest -L gpu)"
 status=0
 rm -rf "$results/nccl-logs"
 (cd "$build" && PARALLAX_NCCL_DEBUG_DIR="$results/nccl-logs" \
-  ctest -L gpu --output-on-failure -j "${PARALLAX_GPU_TEST_JOBS:-1}" 2>&1 | tee "$results/ctest.log") || status=$?
+  ctest -L gpu --output-on-failure -j "${PARALLAX_GPU_TEST_JOBS:-1}" ${PARALLAX_GPU_CTEST_ARGS:-} 2>&1 |
+  tee "$results/ctest.log") || status=$?
 if grep -q "tests failed" "$results/ctest.log"; then status=1; fi
 
 bench_status=0
@@ -86,15 +90,18 @@ skipped="$(grep -Eo '[A-Za-z0-9_]+ \(Skipped\)' "$results/ctest.log" | cut -d' '
 # nodes ("via NET/Socket/0", "via P2P/IPC", ...), counted over every process.
 transports="$(cat "$results"/nccl-logs/*.log 2>/dev/null | grep -Eo 'via [A-Za-z0-9/_]+' | sed 's/^via //' |
   sort | uniq -c | awk '{printf "%s%s x%s", (NR > 1 ? ", " : ""), $2, $1}' || true)"
+# The NCCL the programs loaded, as its own log names it.
+nccl_version="$(cat "$results"/nccl-logs/*.log 2>/dev/null | grep -Eo 'NCCL version [^ ]+' | head -n 1 | cut -d' ' -f3 || true)"
 cat >"$results/summary.json" <<EOF
 {
   "gpu": "$gpu_name",
   "gpu_count": $gpu_count,
   "driver": "$driver",
-  "git_commit": "$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)",
+  "git_commit": "${PARALLAX_GIT_COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)}",
   "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
   "ctest": "${passed:-no summary}",
   "ctest_skipped": "${skipped}",
+  "nccl_version": "${nccl_version:-not logged}",
   "nccl_transports": "${transports:-none logged}",
   "tests_ok": $([ "$status" = 0 ] && echo true || echo false),
   "bench_ok": $([ "$bench_status" = 0 ] && echo true || echo false)
