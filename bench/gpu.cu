@@ -194,7 +194,7 @@ void register_kernels(pb::Session& session, double memcpy_bw) {
       auto g = px::Buffer<float, Dev>::from_host(host_g);
       const px::optim::Adagrad opt{};
       auto update = [&](auto& exec, float* wp, float* ap, const px::index_t* rp, const float* gp) {
-        px::detail::row_update(exec, opt, 0, wp, rp, gp, kRows, kCols, ap, static_cast<float*>(nullptr), 1.0f);
+        px::optim::detail::row_update(exec, opt, 0, wp, rp, gp, kRows, kCols, ap, static_cast<float*>(nullptr), 1.0f);
       };
       auto step = [&] {
         update(ex, w.data(), a.data(), rows.data(), g.data());
