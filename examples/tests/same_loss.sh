@@ -11,7 +11,9 @@
 #     same source through nvcc, training in device memory) on the same
 #     arguments: final_loss within a relative tolerance of the host's (cuBLAS
 #     and OpenBLAS sum a product's terms in different orders). Prints
-#     whether the two are also bit-identical.
+#     whether the two are also bit-identical. The twin's runs take
+#     $TWIN_LAUNCHER between mpiexec and the program, and $TWIN_ARGS after
+#     the common arguments, where set.
 #   same_loss.sh overlap "<archs>" <mpiexec> <np-flag> <ranks> <example> [args...]
 #     Under each given architecture, --overlap off (no ready() or prefetch()
 #     calls, TrainerOptions::overlap false) and on, and under the first one
@@ -43,7 +45,8 @@ fi
 final() {
   field=$1 what=$2
   shift 2
-  out=$("$mpiexec" "$npflag" "$ranks" "${program:-$exe}" "$@") || {
+  # shellcheck disable=SC2086
+  out=$("$mpiexec" "$npflag" "$ranks" ${launcher:-} "${program:-$exe}" "$@" ${extra:-}) || {
     printf '%s\n' "$out" >&2
     echo "same_loss: the $what run failed" >&2
     return 1
@@ -120,8 +123,9 @@ twin)
     line=$(final line "$arch on the host" --arch "$arch" "$@")
     host=$(printf '%s\n' "$line" | sed -n 's/.* final_loss=\([^ ]*\).*/\1/p')
     host_hex=$(printf '%s\n' "$line" | sed -n 's/.* final_loss_hex=\([^ ]*\).*/\1/p')
-    program=$twin
+    program=$twin launcher=${TWIN_LAUNCHER:-} extra=${TWIN_ARGS:-}
     line=$(final line "$arch on the GPU" --arch "$arch" "$@")
+    launcher="" extra=""
     cuda=$(printf '%s\n' "$line" | sed -n 's/.* final_loss=\([^ ]*\).*/\1/p')
     cuda_hex=$(printf '%s\n' "$line" | sed -n 's/.* final_loss_hex=\([^ ]*\).*/\1/p')
     verdict=$(echo "$host $cuda" | awk -v tol="$param" '{
