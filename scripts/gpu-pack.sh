@@ -78,6 +78,10 @@ fi
 strip --strip-unneeded "$work/runtime/lib"/*.so* "$work/runtime/lib/ucx"/*.so* 2>/dev/null || true
 tar -C "$work/runtime" -czf "$pack/runtime.tar.gz" .
 
+# CTest's files name the launcher of this machine; unpack.sh points them at
+# the packed one (a node's own mpiexec may be another MPI's).
+configured_mpiexec="$(sed -n 's/^MPIEXEC_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt")"
+printf '%s\n' "$configured_mpiexec" >"$pack/mpiexec.configured"
 cat >"$pack/unpack.sh" <<'EOF'
 # source unpack.sh BUILD_DIR: unpacks the build into BUILD_DIR and the runtime
 # beside this file, and sets PATH, LD_LIBRARY_PATH and UCX_MODULE_DIR. The
@@ -88,6 +92,10 @@ mkdir -p "$1" "$pack_dir/runtime"
 tar -C "$1" -xzf "$pack_dir/build.tar.gz"
 tar -C "$pack_dir/runtime" -xzf "$pack_dir/runtime.tar.gz"
 export PATH="$pack_dir/runtime/bin:$PATH"
+configured="$(cat "$pack_dir/mpiexec.configured")"
+if [ -n "$configured" ]; then
+  find "$1" -name CTestTestfile.cmake -exec sed -i "s#\"$configured\"#\"$pack_dir/runtime/bin/mpiexec\"#g" {} +
+fi
 export LD_LIBRARY_PATH="$pack_dir/runtime/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export UCX_MODULE_DIR="$pack_dir/runtime/lib/ucx"
 for lib in libnccl.so.2 libcublas.so.13 libcublasLt.so.13; do
