@@ -196,10 +196,10 @@ int train(px::Context& ctx, const Args& a) {
   const auto skipped = static_cast<unsigned long long>(ctx.max(static_cast<double>(trainer.skipped_steps())));
   if (ctx.is_root())
     std::printf("result: example=pipeline stages=%d replicas=%d schedule=%s micro_batches=%d first_loss=%.4f "
-                "final_loss=%.4f accuracy=%.4f majority=%.4f peak_in_flight=%d measured_bubble=%.3f "
+                "final_loss=%.7f final_loss_hex=%a accuracy=%.4f majority=%.4f peak_in_flight=%d measured_bubble=%.3f "
                 "predicted_bubble=%.3f samples_per_s=%.1f skipped_steps=%llu\n",
                 grid.stages(), grid.replicas(), schedule.name().c_str(), a.micro_batches, first_loss, tail_loss,
-                accuracy, majority, peak, bubble, place.predicted_bubble,
+                tail_loss, accuracy, majority, peak, bubble, place.predicted_bubble,
                 static_cast<double>(global * o.steps) / seconds, skipped);
   const bool learned = tail_loss < a.pass_ratio * first_loss && accuracy > majority + a.margin;
   char why[240];

@@ -135,7 +135,8 @@ twin)
       if (r > tol) printf ": TOO FAR"
     }')
     same="different bits"
-    [ "$host_hex" = "$cuda_hex" ] && same="bit-identical"
+    if [ -z "$host_hex" ] || [ -z "$cuda_hex" ]; then same="bits not printed (no final_loss_hex)"
+    elif [ "$host_hex" = "$cuda_hex" ]; then same="bit-identical"; fi
     echo "$arch: host $host, GPU $cuda: $verdict, $same"
     case $verdict in *"TOO FAR"*) status=1 ;; esac
   done
