@@ -91,6 +91,9 @@ def section(runs, context, summary, command):
             continue
         _, variant, size = name.split("/")
         base = runs.get((ranks, f"allreduce/baseline_copy_mpi_copy/{size}"))
+        if ranks == 1:  # NCCL's floor: a call's launch, no bytes between ranks
+            lines.append(f"| 1 | {size} | {variant} | {us(b):.1f} us | | |")
+            continue
         ratio = f"{us(base) / us(b):.2f}x" if base and variant != "baseline_copy_mpi_copy" else ""
         alg = b.get("algbw", 0) / 1e9
         lines.append(f"| {ranks} | {size} | {variant} | {us(b):.1f} us | {alg:.2f} GB/s | {ratio} |")
