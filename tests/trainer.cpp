@@ -526,14 +526,17 @@ namespace {
 /// Two steps of a model with a sparse and a dense variable under Arch, Adam
 /// and on_non_finite = `mode`. In the second, rank N-1 puts `bad` into its
 /// gradient of 'w' (element 5: row 2, column 1) or of 'emb' (column 1 of the
-/// row for id 7, the third of its three rows).
+/// row for id 7, the third of its three rows). `mark`: the gradients are
+/// marked ready (on the communication thread), so they may move before
+/// step(): the verdict still names the rank that gave the bad value.
 template <class Arch, class Space>
-void give_non_finite(px::Context& ctx, px::NonFinite mode, bool dense, float bad) {
+void give_non_finite(px::Context& ctx, px::NonFinite mode, bool dense, float bad, bool mark = false) {
   const int last = ctx.size() - 1;
   px::Variable<px::Sparse, float, Space> emb(ctx, "emb", {10, 2}, px::init::Uniform{-0.5f, 0.5f, 1});
   px::Variable<px::Dense, float, Space> w(ctx, "w", {3, 2}, px::init::Uniform{-0.5f, 0.5f, 2});
   px::TrainerOptions o;
   o.on_non_finite = mode;
+  o.overlap_needs_spare_core = false;  // the thread on any host
   px::Trainer<Arch, px::optim::Adam, test::engine_for<Space>> t(ctx, o, px::optim::Adam{0.1f}, emb, w);
   auto give = [&](bool poison) {
     std::vector<px::index_t> ids{1, 4, 7};
@@ -541,13 +544,15 @@ void give_non_finite(px::Context& ctx, px::NonFinite mode, bool dense, float bad
     if (poison && ctx.rank() == last) (dense ? wg[5] : rows[5]) = bad;
     emb.grad().add(ids, rows);
     test::copy_from_host<Space>(w.grad().data(), wg);
+    if (mark) t.ready(w, emb);
   };
   give(false);
   t.step();
   const auto emb_before = t.fetch(emb), w_before = t.fetch(w);
   give(true);
   const std::string what = bad != bad ? "NaN" : "+Inf";
-  INFO(Arch::name << ", " << px::to_string(mode) << ", " << (dense ? "dense" : "sparse") << ", " << what);
+  INFO(Arch::name << ", " << px::to_string(mode) << ", " << (dense ? "dense" : "sparse") << ", " << what
+                 << (mark ? ", marked ready" : ""));
   // The sentence every rank throws (fail) or reports (skip), the same everywhere.
   const std::string sentence =
       "rank " + std::to_string(last) + ": gradient of variable " +
@@ -635,9 +640,10 @@ TEMPLATE_TEST_CASE("a NaN or infinite gradient fails, skips or reaches its eleme
   const auto mode = GENERATE(px::NonFinite::fail, px::NonFinite::skip, px::NonFinite::ignore);
   const bool dense = GENERATE(true, false);
   const float bad = GENERATE(std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity());
-  give_non_finite<px::arch::Hybrid, TestType>(ctx, mode, dense, bad);
-  give_non_finite<px::arch::AllReduce, TestType>(ctx, mode, dense, bad);
-  give_non_finite<px::arch::PS, TestType>(ctx, mode, dense, bad);
+  const bool mark = GENERATE(false, true);
+  give_non_finite<px::arch::Hybrid, TestType>(ctx, mode, dense, bad, mark);
+  give_non_finite<px::arch::AllReduce, TestType>(ctx, mode, dense, bad, mark);
+  give_non_finite<px::arch::PS, TestType>(ctx, mode, dense, bad, mark);
 }
 
 TEST_CASE("by default a NaN gradient on one rank skips the step on every rank, as if it had not been taken",
@@ -1288,6 +1294,16 @@ bool spare_core(const px::Context& ctx) {
   const long hardware = static_cast<long>(std::thread::hardware_concurrency());
   return hardware >= static_cast<long>(ctx.topology().local_size()) * (ctx.threads() + 1);
 }
+
+/// train_ready()'s model in the caller alone (no thread), against the same
+/// with the communication thread (which train_ready() runs on any host)
+/// sharing step()'s updates, marked ready or not.
+template <class Arch>
+void same_with_shared_update(px::Context& ctx) {
+  const auto alone = train_ready<Arch>(ctx, true, false);
+  CHECK(train_ready<Arch>(ctx, true, true) == alone);
+  CHECK(train_ready<Arch>(ctx, false, true) == alone);
+}
 }  // namespace
 
 TEST_CASE("the communication thread runs where it has a core, or where the user asks", "[trainer][overlap]") {
@@ -1305,6 +1321,24 @@ TEST_CASE("the communication thread runs where it has a core, or where the user 
   INFO(std::thread::hardware_concurrency() << " hardware threads, " << ctx.topology().local_size()
                                           << " local ranks of " << ctx.threads() << " threads");
   CHECK(overlapping(true, true) == spare_core(ctx));
+}
+
+TEST_CASE("the communication thread shares step()'s updates where it has a core, giving the same model",
+          "[trainer][overlap]") {
+  auto& ctx = test::world();
+  CHECK(px::spare_core_per_rank(ctx) == spare_core(ctx));
+  px::Variable<px::Dense, float> w(ctx, "w", {4});
+  auto shares = [&](bool overlap, bool needs_spare_core) {
+    px::TrainerOptions o;
+    o.overlap = overlap;
+    o.overlap_needs_spare_core = needs_spare_core;
+    return px::Trainer<px::arch::Hybrid, px::optim::Sgd>(ctx, o, px::optim::Sgd{0.1f}, w).shares_update();
+  };
+  CHECK_FALSE(shares(false, false));  // no thread
+  CHECK(shares(true, false));         // the thread wherever it runs, as asked
+  CHECK(shares(true, true) == spare_core(ctx));
+  same_with_shared_update<px::arch::Hybrid>(ctx);
+  same_with_shared_update<px::arch::AllReduce>(ctx);
 }
 
 TEST_CASE("an automatic engine yields where the communication thread shares the rank's cores",

@@ -115,6 +115,15 @@ struct Common {
 };
 }  // namespace policy
 
+/// Whether this host's hardware threads cover every local rank's OpenMP
+/// team and one more thread each: the core a trainer's communication
+/// thread needs of its own (TrainerOptions::overlap_needs_spare_core), and
+/// lends to the update phase (policy::Helper).
+inline bool spare_core_per_rank(const Context& ctx) {
+  const long hardware = static_cast<long>(std::thread::hardware_concurrency());
+  return hardware >= static_cast<long>(ctx.topology().local_size()) * (ctx.threads() + 1);
+}
+
 /// Settings of a Trainer: the common ones every synchronizer receives
 /// (policy::Common), each built-in policy's own (`ring`, `sharded`,
 /// `async`), and the trainer's.
@@ -154,10 +163,12 @@ struct TrainerOptions : policy::Common {
   /// once, in the caller, while it is still in cache: on a host without a
   /// spare core a thread sharing the rank's core hides nothing, and the
   /// caller's way runs as fast as the plain step without a second thread
-  /// (docs/benchmarks.md, "Overlap of communication with compute"). False:
-  /// the thread runs wherever MPI allows it, and where it has no core of
-  /// its own an automatic engine yields in its waits (engine::Options::
-  /// yield). Trainer::overlapping() says which was chosen.
+  /// (docs/benchmarks.md, "Overlap of communication with compute"). Where
+  /// the thread runs on a host, step() also shares the dense updates with
+  /// it (Trainer::shares_update()). False: the thread runs, and shares the
+  /// updates, wherever MPI allows it, and where it has no core of its own
+  /// an automatic engine yields in its waits (engine::Options::yield).
+  /// Trainer::overlapping() says which was chosen.
   bool overlap_needs_spare_core = true;
   /// What a step does when a gradient holds NaN or an infinity (NonFinite).
   /// Unless it is ignore, each rank looks through the gradients it gave
@@ -217,8 +228,7 @@ struct TrainerOptions : policy::Common {
     }
     // A communication thread needs MPI_THREAD_SERIALIZED; on a host it waits
     // for a core of its own unless told not to (overlap_needs_spare_core).
-    const long hardware = static_cast<long>(std::thread::hardware_concurrency());
-    const bool spare_core = hardware >= static_cast<long>(ctx.topology().local_size()) * (ctx.threads() + 1);
+    const bool spare_core = spare_core_per_rank(ctx);
     o.overlap = overlap && ctx.serialized_threads() &&
                 (!overlap_needs_spare_core || !std::is_same_v<Space, HostSpace> || spare_core);
     if (o.overlap && !spare_core && o.engine.yield == engine::Options::Yield::automatic)

@@ -117,10 +117,32 @@ struct Lookup {
 
 namespace policy {
 
+/// A second thread for the work of a step's update phase: the trainer's
+/// communication thread where it has a core of its own (a host space whose
+/// hardware threads cover one more thread a rank), idle once the step has
+/// its sums. Work split between it and the caller is element-wise (each
+/// variable's update on one thread), so the results are those of the caller
+/// alone, bit for bit.
+class Helper {
+ public:
+  /// Runs `there` on the helper and `here` in the caller; returns when both
+  /// have, rethrowing the first failure (the caller's first).
+  virtual void share(std::function<void()> there, const std::function<void()>& here) = 0;
+
+ protected:
+  ~Helper() = default;
+};
+
 /// What a step hands every synchronizer.
 struct StepInfo {
   std::uint64_t step = 0;  ///< 1-based number of the step being taken
   double scale = 1.0;      ///< gradient scale (1/N for the mean over ranks)
+  /// Whether the step looks for non-finite gradients (on_non_finite is not
+  /// ignore): work ready() posts may look at a gradient before its exchange
+  /// and keep the verdict for Member::non_finite_gradient().
+  bool check_finite = false;
+  /// The update phase's second thread (Helper); null where there is none.
+  Helper* helper = nullptr;
 };
 
 /// A variable as its synchronizer holds it: what the trainer, checkpoints

@@ -15,10 +15,27 @@
 
 namespace parallax::trainer {
 
-class CommThread final : public policy::Background {
+class CommThread final : public policy::Background, public policy::Helper {
  public:
   explicit CommThread(bool threaded) : worker_(threaded) {}
   void post(std::function<void()> work) override { worker_.post(std::move(work)); }
+  /// Helper: `there` on the thread (after the work posted before it), `here`
+  /// in the caller meanwhile.
+  void share(std::function<void()> there, const std::function<void()>& here) override {
+    worker_.post(std::move(there));
+    std::exception_ptr failed;
+    try {
+      here();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    try {
+      worker_.drain();
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+    }
+    if (failed) std::rethrow_exception(failed);
+  }
   /// Waits for the work posted; on its first failure calls `failed()`,
   /// then throws it.
   template <class Failed>

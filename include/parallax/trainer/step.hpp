@@ -73,7 +73,9 @@ class Steps {
   std::uint64_t done() const noexcept { return done_; }
   /// What every synchronizer is told about the next step.
   policy::StepInfo info() const {
-    return policy::StepInfo{done_ + 1, options_->reduction == Reduction::mean ? 1.0 / engine_->size() : 1.0};
+    policy::StepInfo step{done_ + 1, options_->reduction == Reduction::mean ? 1.0 / engine_->size() : 1.0};
+    step.check_finite = options_->on_non_finite != NonFinite::ignore;
+    return step;
   }
   LearningRate<Optimizer>& rate() noexcept { return rate_; }
   double gradient_norm() const noexcept { return gradient_norm_; }
@@ -114,7 +116,8 @@ class Steps {
   /// rank, skipped on every rank (a gradient that is not finite, with
   /// on_non_finite skip), or thrown on every rank (then abandoned).
   /// `time_to_save`: this rank's clock asks for a timed checkpoint.
-  StepOutcome run(bool time_to_save) {
+  /// `helper`: a second thread for the update phase, if there is one.
+  StepOutcome run(bool time_to_save, policy::Helper* helper = nullptr) {
     engine_->set_step(static_cast<std::int64_t>(done_ + 1));
     std::optional<std::string> problem, non_finite;
     bool has_gradient = false;
@@ -152,6 +155,7 @@ class Steps {
       save_requested = verdict.request;
     }
     policy::StepInfo step = info();
+    step.helper = helper;
     try {
       registry_->each_phase("start exchange", [&](auto& s) { s.start_exchange(step); });
       registry_->each_phase("finish exchange", [&](auto& s) { s.finish_exchange(step); });

@@ -80,10 +80,12 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   /// are ready and every bucket before it has started (the buckets are cut
   /// from the last variable backwards, the order a backward pass finishes
   /// them in), so every rank starts the same buckets in the same order.
-  /// With update_when_ready, the optimizer is applied to the bucket's
-  /// variables right after its sum, there, and their gradients are zeroed
-  /// (update() and clear() skip them): the same arithmetic on the same sums
-  /// as update() would do, bit for bit.
+  /// Where the step checks for non-finite gradients, the work looks at the
+  /// bucket's gradients there first, before they are summed (the step then
+  /// reads the verdict instead of the sums). With update_when_ready, the
+  /// optimizer is applied to the bucket's variables right after its sum,
+  /// there, and their gradients are zeroed (update() and clear() skip them):
+  /// the same arithmetic on the same sums as update() would do, bit for bit.
   void ready(const Member& variable, const StepInfo& info, Background& background) override {
     const std::size_t k = dense_.find(variable);
     if (k == dense_.size() || ready_[k]) return;
@@ -92,7 +94,12 @@ class RingSynchronizer final : public Synchronizer<Engine> {
     while (started_ < waiting_.size() && waiting_[started_] == 0) {
       const std::size_t b = started_++;
       if (!update_when_ready_) {
-        background.post([this, b] { fusion_->run(b); });
+        background.post([this, b, check = info.check_finite] {
+          if (check)
+            for (std::size_t i = 0; i < dense_.size(); ++i)
+              if (fusion_->bucket_of(i) == b) dense_[i]->check_finite_now();
+          fusion_->run(b);
+        });
         continue;
       }
       updated_ = started_;
@@ -136,14 +143,41 @@ class RingSynchronizer final : public Synchronizer<Engine> {
     for (Sparse* s : sparse_) sum += s->square_sum();
     return sum;
   }
+  /// With a helper (StepInfo::helper), the dense variables are updated and
+  /// their gradients zeroed on two threads: the helper takes the first
+  /// variables, 1 / (the caller's OpenMP threads + 1) of the bytes, the
+  /// caller the rest, each variable's update whole on one of them.
   void update(const StepInfo& info) override {
+    std::vector<std::size_t> todo;
     for (std::size_t i = 0; i < dense_.size(); ++i)
-      if (fusion_->bucket_of(i) >= updated_) dense_[i]->apply(info);
+      if (fusion_->bucket_of(i) >= updated_) todo.push_back(i);
+    if constexpr (std::is_same_v<space, HostSpace>) {
+      if (info.helper != nullptr && todo.size() > 1) {
+        std::size_t total = 0;
+        for (std::size_t i : todo) total += dense_[i]->gradient_bytes();
+        const std::size_t share = total / (static_cast<std::size_t>(omp_get_max_threads()) + 1);
+        std::size_t cut = 0;
+        for (std::size_t taken = 0; cut + 1 < todo.size() && taken < share; ++cut)
+          taken += dense_[todo[cut]]->gradient_bytes();
+        auto update_and_zero = [this, &info, &todo](std::size_t from, std::size_t to) {
+          const auto span = detail::Span::named("parallax", "update variables ", from, "-", to);
+          for (std::size_t j = from; j < to; ++j) {
+            dense_[todo[j]]->apply(info);
+            dense_[todo[j]]->zero_gradient();
+          }
+        };
+        info.helper->share([&] { update_and_zero(0, cut); }, [&] { update_and_zero(cut, todo.size()); });
+        zeroed_ = true;
+        todo.clear();
+      }
+    }
+    for (std::size_t i : todo) dense_[i]->apply(info);
     for (Sparse* s : sparse_) s->apply(info);
     engine_->exec().synchronize();
   }
   void clear() override {
-    for (std::size_t i = 0; i < dense_.size(); ++i) dense_[i]->clear(/*zero=*/fusion_->bucket_of(i) >= updated_);
+    for (std::size_t i = 0; i < dense_.size(); ++i)
+      dense_[i]->clear(/*zero=*/!zeroed_ && fusion_->bucket_of(i) >= updated_);
     for (Sparse* s : sparse_) s->clear();
     clear_ready();
   }
@@ -174,6 +208,7 @@ class RingSynchronizer final : public Synchronizer<Engine> {
     for (std::size_t k = 0; k < dense_.size(); ++k) ++waiting_[fusion_->bucket_of(k)];
     started_ = 0;
     updated_ = 0;
+    zeroed_ = false;
   }
 
   /// What the synchronizer does with a dense member, whatever its type.
@@ -187,6 +222,10 @@ class RingSynchronizer final : public Synchronizer<Engine> {
     virtual double square_sum() = 0;
     virtual void apply(const StepInfo&) = 0;
     virtual void zero_gradient() = 0;
+    virtual std::size_t gradient_bytes() const = 0;
+    /// Looks for a non-finite value in the gradient now (before its sum) and
+    /// keeps the verdict for non_finite_gradient() until clear().
+    virtual void check_finite_now() = 0;
     /// Forgets the step's gradient; `zero`: false where zero_gradient() did.
     virtual void clear(bool zero) = 0;
   };
@@ -224,7 +263,23 @@ class RingSynchronizer final : public Synchronizer<Engine> {
     }
     void apply(const StepInfo& info) override { Base::apply(info); }
     void zero_gradient() override { this->grad().zero(); }
-    void clear(bool zero) override { Base::clear(zero); }
+    std::size_t gradient_bytes() const override { return this->var_.state().grad.bytes(); }
+    void check_finite_now() override {
+      verdict_ = Base::non_finite_gradient();
+      checked_ = true;
+    }
+    std::optional<std::string> non_finite_gradient() override {
+      return checked_ ? verdict_ : Base::non_finite_gradient();
+    }
+    void clear(bool zero) override {
+      checked_ = false;
+      verdict_.reset();
+      Base::clear(zero);
+    }
+
+   private:
+    bool checked_ = false;                  // check_finite_now() ran this step
+    std::optional<std::string> verdict_;    // what it found
   };
 
   /// What the synchronizer does with a sparse member, whatever its type.
@@ -277,6 +332,7 @@ class RingSynchronizer final : public Synchronizer<Engine> {
   std::vector<std::size_t> waiting_;   // per bucket: gradients not ready yet
   std::size_t started_ = 0;            // buckets started this step (in order)
   std::size_t updated_ = 0;            // buckets [0, updated_) are updated by the work ready() posted
+  bool zeroed_ = false;                // update() zeroed the gradients it updated (with a helper)
   bool update_when_ready_;             // Common::update_when_ready
   Compression compress_;  // Common::compress: dense float buckets on the wire in 16 bits
   ReplicaLookupsAhead<space> ahead_;   // start_lookup() to finish_lookup()
