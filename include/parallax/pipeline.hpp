@@ -168,6 +168,8 @@ class Pipeline {
       auto& in = inputs_[static_cast<std::size_t>(a.micro)];
       auto& saved = saved_[static_cast<std::size_t>(a.micro)];
       if (a.pass == Pass::forward) {
+        in = reuse(spare_inputs_);
+        saved = reuse(spare_saved_);
         if (!first) {
           sized(in, mb.rows * in_w);
           channels_.recv(Pass::forward, a.micro, in.data(), in.size(), data_type_of_v<T>);
@@ -193,6 +195,8 @@ class Pipeline {
         if (!first) channels_.send(Pass::backward, a.micro, in_grad_.data(), in_grad_.size(), data_type_of_v<T>);
         --in_flight;
         kept -= held;
+        spare_inputs_.push_back(std::move(in));
+        spare_saved_.push_back(std::move(saved));
         in = Vec();
         saved = Vec();
       }
@@ -295,6 +299,18 @@ class Pipeline {
     if constexpr (std::is_same_v<space, HostSpace>) v.resize(n);
     else v.resize_discard(n);
   }
+  /// An empty buffer, with the memory of one a finished micro-batch left in
+  /// `spare` where there is one: a micro-batch's input and saved values are
+  /// given up after its backward (so 1F1B holds at most S of them), and the
+  /// next forward takes their memory instead of allocating (on a device,
+  /// a cudaMalloc and cudaFree a micro-batch).
+  static Vec reuse(std::vector<Vec>& spare) {
+    if (spare.empty()) return Vec();
+    Vec v = std::move(spare.back());
+    spare.pop_back();
+    v.clear();
+    return v;
+  }
   /// v holds n zeros.
   static void zeros(Vec& v, std::size_t n) {
     if constexpr (std::is_same_v<space, HostSpace>) {
@@ -310,6 +326,7 @@ class Pipeline {
   Schedule schedule_;
   Channels<Engine> channels_;
   std::vector<Vec> inputs_, saved_;  // per micro-batch, from its forward to its backward
+  std::vector<Vec> spare_inputs_, spare_saved_;  // given up by finished micro-batches (reuse())
   Vec out_, out_grad_, in_grad_;
 };
 
