@@ -13,6 +13,7 @@
 #include <thread>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -1309,34 +1310,26 @@ void same_with_shared_update(px::Context& ctx) {
 TEST_CASE("the communication thread runs where it has a core, or where the user asks", "[trainer][overlap]") {
   auto& ctx = test::world();
   px::Variable<px::Dense, float> w(ctx, "w", {4});
-  auto overlapping = [&](bool overlap, bool needs_spare_core) {
+  // Whether the trainer runs the thread, and whether step() shares its update with it.
+  auto chosen = [&](bool overlap, bool needs_spare_core) {
     px::TrainerOptions o;
     o.overlap = overlap;
     o.overlap_needs_spare_core = needs_spare_core;
-    return px::Trainer<px::arch::Hybrid, px::optim::Sgd>(ctx, o, px::optim::Sgd{0.1f}, w).overlapping();
+    px::Trainer<px::arch::Hybrid, px::optim::Sgd> t(ctx, o, px::optim::Sgd{0.1f}, w);
+    return std::pair{t.overlapping(), t.shares_update()};
   };
   REQUIRE(ctx.serialized_threads());  // tests/main.cpp asks for MPI_THREAD_SERIALIZED
-  CHECK_FALSE(overlapping(false, false));
-  CHECK(overlapping(true, false));
+  CHECK(px::spare_core_per_rank(ctx) == spare_core(ctx));
+  CHECK(chosen(false, false) == std::pair{false, false});
+  CHECK(chosen(true, false) == std::pair{true, true});  // the thread wherever it runs, as asked
   INFO(std::thread::hardware_concurrency() << " hardware threads, " << ctx.topology().local_size()
                                           << " local ranks of " << ctx.threads() << " threads");
-  CHECK(overlapping(true, true) == spare_core(ctx));
+  CHECK(chosen(true, true) == std::pair{spare_core(ctx), spare_core(ctx)});
 }
 
-TEST_CASE("the communication thread shares step()'s updates where it has a core, giving the same model",
+TEST_CASE("the communication thread sharing step()'s updates gives the same model, bit for bit",
           "[trainer][overlap]") {
   auto& ctx = test::world();
-  CHECK(px::spare_core_per_rank(ctx) == spare_core(ctx));
-  px::Variable<px::Dense, float> w(ctx, "w", {4});
-  auto shares = [&](bool overlap, bool needs_spare_core) {
-    px::TrainerOptions o;
-    o.overlap = overlap;
-    o.overlap_needs_spare_core = needs_spare_core;
-    return px::Trainer<px::arch::Hybrid, px::optim::Sgd>(ctx, o, px::optim::Sgd{0.1f}, w).shares_update();
-  };
-  CHECK_FALSE(shares(false, false));  // no thread
-  CHECK(shares(true, false));         // the thread wherever it runs, as asked
-  CHECK(shares(true, true) == spare_core(ctx));
   same_with_shared_update<px::arch::Hybrid>(ctx);
   same_with_shared_update<px::arch::AllReduce>(ctx);
 }
