@@ -76,7 +76,7 @@ class Trainer {
         opt_(opt),
         engine_(std::make_unique<Engine>(ctx, options_.engine)),
         steps_(*engine_, registry_, options_, opt_),
-        comm_(options_.overlap) {
+        comm_(options_.overlap, trainer::CommThread::lends_core<space>(ctx, options_)) {
     registry_.add_all(*engine_, opt_, options_, this, vars...);
     steps_.registered();
     saves_.emplace(*engine_, options_.checkpoint, registry_, steps_);
@@ -206,7 +206,7 @@ class Trainer {
     steps_.ensure_usable();
     const trainer::Calls::Scope call(calls_, "step");
     finish_background();
-    const trainer::StepOutcome outcome = steps_.run(saves_->checkpoints().time_to_save(), update_helper());
+    const trainer::StepOutcome outcome = steps_.run(saves_->checkpoints().time_to_save(), comm_.helper());
     if (outcome.applied && saves_->checkpoints().due(steps_.done(), outcome.save_requested))
       save(options_.checkpoint.dir);
     return outcome.applied;
@@ -297,25 +297,17 @@ class Trainer {
   template <class V>
   std::string policy_of(const V& var) { return registry_.member_of(var).policy(); }
 
-  /// Bytes and calls of every engine call so far, by variable and policy
-  /// (after the work ready() started has finished).
+  /// Bytes and calls of every engine call so far, by variable and policy (after ready()'s work finished).
   CommStats& stats() {
     finish_background();
     return engine_->stats();
   }
   Engine& engine() noexcept { return *engine_; }
   const Context& context() const noexcept { return *ctx_; }
-  /// Whether ready() and prefetch() hand their work to a communication
-  /// thread (options().overlap, as resolved), or do it at once.
+  /// Whether ready() and prefetch() hand their work to a communication thread (options().overlap, as
+  /// resolved), or do it at once; whether step() shares its dense updates with it (CommThread::lends_core()).
   bool overlapping() const noexcept { return comm_.threaded(); }
-  /// Whether step() splits the dense variables' updates (RingAllReduce's)
-  /// between the caller and the communication thread (policy::Helper), on
-  /// a host: where that thread has a core of its own, or wherever it runs
-  /// with overlap_needs_spare_core off. The same model, bit for bit.
-  bool shares_update() const {
-    return std::is_same_v<space, HostSpace> && comm_.threaded() &&
-           (spare_core_per_rank(*ctx_) || !options_.overlap_needs_spare_core);
-  }
+  bool shares_update() const noexcept { return comm_.lends_core(); }
   const TrainerOptions& options() const noexcept { return options_; }
   /// The synchronizer of a policy this trainer uses (for tests and tools).
   template <class Policy>
@@ -341,10 +333,6 @@ class Trainer {
   /// Waits for the work ready() started; if it failed, the step is abandoned on every rank alike (an
   /// engine's failure names itself on every rank).
   void finish_background() { comm_.drain([&] { steps_.abandon(); }); }
-  /// The communication thread lends its core to step()'s update phase where
-  /// it has one of its own (shares_update(); docs/benchmarks.md, "Overlap
-  /// of communication with compute").
-  policy::Helper* update_helper() { return shares_update() ? &comm_ : nullptr; }
 
   const Context* ctx_;
   TrainerOptions options_;  // resolved

@@ -6,18 +6,33 @@
 /// the work runs at once, in the caller.
 
 #include <parallax/detail/worker.hpp>
+#include <parallax/options.hpp>
 #include <parallax/policy/policy.hpp>
+#include <parallax/space.hpp>
 
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <type_traits>
 #include <utility>
 
 namespace parallax::trainer {
 
 class CommThread final : public policy::Background, public policy::Helper {
  public:
-  explicit CommThread(bool threaded) : worker_(threaded) {}
+  /// `lends_core`: the thread also takes part of step()'s update (helper()).
+  CommThread(bool threaded, bool lends_core) : worker_(threaded), lends_core_(threaded && lends_core) {}
+  /// Whether a trainer over `Space` with these (resolved) options lends its
+  /// thread's core to the update: on a host, where the thread has a core of
+  /// its own, or wherever it runs with overlap_needs_spare_core off. The
+  /// split is element-wise, so the model is the same bit for bit.
+  template <class Space>
+  static bool lends_core(const Context& ctx, const TrainerOptions& options) {
+    return std::is_same_v<Space, HostSpace> && (spare_core_per_rank(ctx) || !options.overlap_needs_spare_core);
+  }
+  bool lends_core() const noexcept { return lends_core_; }
+  /// The update phase's second thread (StepInfo::helper), or null.
+  policy::Helper* helper() noexcept { return lends_core_ ? this : nullptr; }
   void post(std::function<void()> work) override { worker_.post(std::move(work)); }
   /// Helper: `there` on the thread (after the work posted before it), `here`
   /// in the caller meanwhile.
@@ -59,6 +74,7 @@ class CommThread final : public policy::Background, public policy::Helper {
 
  private:
   detail::Worker worker_;
+  bool lends_core_;
 };
 
 }  // namespace parallax::trainer
