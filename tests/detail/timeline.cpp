@@ -123,8 +123,12 @@ TEST_CASE("the communication thread's spans land on their own row of the timelin
     CHECK(count(trace, "\"name\":\"step\"") == static_cast<std::size_t>(steps * n));
     CHECK(count(trace, "\"name\":\"communication thread\"") == static_cast<std::size_t>(n));
     if (n > 1 && ctx.serialized_threads()) {
-      // Every bucket's all-reduce ran on the communication thread.
-      CHECK(count(trace, "\"tid\":1,") == static_cast<std::size_t>(4 * steps * n) + static_cast<std::size_t>(n));
+      // Every bucket's all-reduce ran on the communication thread, and each
+      // step lent it the update of the first variables (its span is the
+      // one that starts at variable 0; the caller's starts after them).
+      CHECK(count(trace, "\"name\":\"update variables 0-") == static_cast<std::size_t>(steps * n));
+      CHECK(count(trace, "\"name\":\"update variables ") == static_cast<std::size_t>(2 * steps * n));
+      CHECK(count(trace, "\"tid\":1,") == static_cast<std::size_t>(5 * steps * n) + static_cast<std::size_t>(n));
       CHECK(count(trace, "\"name\":\"all-reduce bucket 3 (1024 B)\"") == static_cast<std::size_t>(steps * n));
     }
   }
