@@ -117,8 +117,7 @@ struct policy_for<Arch, V, true> {
   static_assert(!std::is_same_v<sparse, AsyncPS>,
                 "parallax: a DynamicVariable needs a synchronous architecture (hybrid, allreduce or ps); "
                 "the asynchronous ones (AsyncPS) do not hold dynamic tables");
-  static_assert(std::is_same_v<typename V::policy, use_arch> || std::is_same_v<typename V::policy, DynamicPS> ||
-                    std::is_same_v<typename V::policy, AllGatherv>,
+  static_assert(detail::is_any_of_v<typename V::policy, use_arch, DynamicPS, AllGatherv>,
                 "parallax: a DynamicVariable is synchronised by DynamicPS or AllGatherv only (ShardedPS and AsyncPS "
                 "hold fixed tables); leave its Policy argument as use_arch");
   using type = std::conditional_t<std::is_same_v<typename V::policy, use_arch>,

@@ -454,7 +454,7 @@ class LocalBagsOfEachType {
  public:
   template <class T>
   LocalBags<T, Space>& of() noexcept {
-    static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "bags of float or double");
+    static_assert(detail::is_any_of_v<T, float, double>, "bags of float or double");
     if constexpr (std::is_same_v<T, float>) return f_;
     else return d_;
   }

@@ -185,8 +185,7 @@ struct TrainerOptions : policy::Common {
   /// `async`, by type (what a policy tag's `options` list names).
   template <class Own>
   const Own& own() const noexcept {
-    static_assert(std::is_same_v<Own, RingOptions> || std::is_same_v<Own, ShardedOptions> ||
-                      std::is_same_v<Own, AsyncOptions>,
+    static_assert(detail::is_any_of_v<Own, RingOptions, ShardedOptions, AsyncOptions>,
                   "TrainerOptions carries the settings of RingAllReduce, ShardedPS and AsyncPS only");
     if constexpr (std::is_same_v<Own, RingOptions>) return ring;
     else if constexpr (std::is_same_v<Own, ShardedOptions>) return sharded;

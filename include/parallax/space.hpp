@@ -9,6 +9,7 @@
 
 #include <parallax/config.hpp>
 #include <parallax/error.hpp>
+#include <parallax/types.hpp>
 
 #include <thrust/system/cpp/execution_policy.h>
 #include <thrust/system/omp/execution_policy.h>
@@ -45,8 +46,7 @@ struct CudaSpace {
   static constexpr const char* name = "cuda";
 };
 
-template <class Space>
-inline constexpr bool is_space_v = std::is_same_v<Space, HostSpace> || std::is_same_v<Space, CudaSpace>;
+template <class Space> inline constexpr bool is_space_v = detail::is_any_of_v<Space, HostSpace, CudaSpace>;
 
 /// Allocation and bulk copies in a space. Specialised per space; these calls
 /// are synchronous (set-up work, not the per-step path).

@@ -13,6 +13,12 @@
 
 namespace parallax {
 
+namespace detail {
+/// True when T is one of Ts.
+template <class T, class... Ts>
+inline constexpr bool is_any_of_v = (std::is_same_v<T, Ts> || ...);
+}  // namespace detail
+
 /// Every element of the variable is touched each step (MLP, conv, LSTM weights).
 struct Dense {
   static constexpr const char* name = "dense";
@@ -22,8 +28,7 @@ struct Sparse {
   static constexpr const char* name = "sparse";
 };
 
-template <class S>
-inline constexpr bool is_sparsity_v = std::is_same_v<S, Dense> || std::is_same_v<S, Sparse>;
+template <class S> inline constexpr bool is_sparsity_v = detail::is_any_of_v<S, Dense, Sparse>;
 
 /// `is_sparse_v<Sparse>` and `is_sparse_v<Variable<Sparse, ...>>` are true.
 template <class V, class = void>
