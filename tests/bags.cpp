@@ -52,9 +52,9 @@ TEMPLATE_TEST_CASE("pool_bags and expand_bags follow the combiner", "[bags]", PA
   CHECK(got[1 * C + 0] == 0.f);  // the empty bag
 
   px::Buffer<px::index_t, Space> out_ids(n);
-  px::Buffer<float, Space> out(n * C), scratch;
+  px::Buffer<float, Space> out(n * C);
   px::expand_bags(ex, d_grads.data(), d_offsets.data(), bags, d_ids.data(), weighted ? d_weights.data() : nullptr,
-                  combiner, C, out_ids.data(), out.data(), scratch);
+                  combiner, C, out_ids.data(), out.data());
   const auto gid = out_ids.to_host();
   const auto gval = out.to_host();
   CHECK(gid == ids);

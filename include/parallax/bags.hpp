@@ -107,12 +107,10 @@ struct BagGradient {
   using value_type = typename V::value_type;
   using space = typename V::space;
   V* var;
-  const value_type* values;
-  std::size_t rows;
-  std::size_t cols;
+  Rows<const value_type, space> values;
 
-  BagGradient(V& v, const value_type* g, std::size_t r) : var(&v), values(g), rows(r), cols(v.cols()) {}
-  BagGradient(V& v, const Rows<value_type, space>& g) : var(&v), values(g.data), rows(g.rows), cols(g.cols) {}
+  BagGradient(V& v, const value_type* g, std::size_t r) : var(&v), values{g, r, v.cols()} {}
+  BagGradient(V& v, const Rows<value_type, space>& g) : var(&v), values{g.data, g.rows, g.cols} {}
   BagGradient(V& v, const Buffer<value_type, space>& g) : BagGradient(v, g.data(), g.size(), Elements{}) {}
   /// Host values, for variables in HostSpace.
   template <class S = space, std::enable_if_t<std::is_same_v<S, HostSpace>, int> = 0>
@@ -123,7 +121,7 @@ struct BagGradient {
   /// `size` values end to end as rows of the variable's width; cols 0 when
   /// they do not fill whole rows (the check then names the shape given).
   BagGradient(V& v, const value_type* g, std::size_t size, Elements)
-      : var(&v), values(g), rows(size / v.cols()), cols(size % v.cols() ? 0 : v.cols()) {}
+      : var(&v), values{g, size / v.cols(), size % v.cols() ? 0 : v.cols()} {}
 };
 
 namespace detail {
@@ -144,12 +142,15 @@ void pool_segments(const Exec<Space>& ex, const PoolBags<T, R>& f, std::size_t m
 
 /// A pooled gradient as rows: for each bag b and k in [segments[b],
 /// segments[b + 1]), ids_out[k] = ids[k] and row k of out = weights[k] *
-/// grads.row(b) (no weights: grads.row(b) itself). A bag at a time.
+/// grads.row(b) (no weights: grads.row(b) itself; `mean`: grads.row(b)
+/// divided by the bag's number of ids, where each segment is a whole bag).
+/// A bag at a time.
 template <class T>
 struct ExpandBags {
   RowsAt<T> grads;
   const index_t* segments;
   const T* weights;
+  bool mean;
   const index_t* ids;
   index_t* ids_out;
   T* out;
@@ -162,6 +163,9 @@ struct ExpandBags {
       T* o = out + uk * cols;
       if (weights) {
         for (std::size_t c = 0; c < cols; ++c) o[c] = weights[uk] * g[c];
+      } else if (mean) {
+        const auto count = static_cast<T>(segments[b + 1] - segments[b]);
+        for (std::size_t c = 0; c < cols; ++c) o[c] = g[c] / count;
       } else {
         for (std::size_t c = 0; c < cols; ++c) o[c] = g[c];
       }
@@ -170,16 +174,17 @@ struct ExpandBags {
 };
 
 /// out[b] = g[b] / (the bag's ids): what a mean bag's gradient gives each of
-/// its rows (an empty bag's row is left as it is).
+/// its rows (an empty bag's row is left as it is). An element per call.
 template <class T>
 struct DivideByCount {
   const T* g;
   const index_t* offsets;
   T* out;
   std::size_t cols;
+  /// Bag b's number of ids.
+  PARALLAX_HOST_DEVICE index_t count(std::size_t b) const { return offsets[b + 1] - offsets[b]; }
   PARALLAX_HOST_DEVICE void operator()(std::size_t b, std::size_t c) const {
-    const index_t count = offsets[b + 1] - offsets[b];
-    out[b * cols + c] = count > 0 ? g[b * cols + c] / static_cast<T>(count) : g[b * cols + c];
+    out[b * cols + c] = count(b) > 0 ? g[b * cols + c] / static_cast<T>(count(b)) : g[b * cols + c];
   }
 };
 
@@ -247,21 +252,15 @@ void pool_bags(const Exec<Space>& ex, detail::RowsAt<detail::identity_t<T>> rows
 }
 
 /// The rows a pooled gradient `g` (bags x cols) gives the request's ids:
-/// n ids to ids_out and n x cols values to out (in Space). Local.
+/// n ids to ids_out and n x cols values to out (in Space), in one pass (a
+/// mean bag's division included). Local.
 template <class T, class Space>
 void expand_bags(const Exec<Space>& ex, const T* g, const index_t* offsets, std::size_t bags, const index_t* ids,
-                 const T* weights, Combiner combiner, std::size_t cols, index_t* ids_out, T* out,
-                 Buffer<T, Space>& scratch) {
+                 const T* weights, Combiner combiner, std::size_t cols, index_t* ids_out, T* out) {
   if (!bags) return;
-  const T* rows = g;
-  if (combiner == Combiner::mean) {
-    scratch.resize_discard(bags * cols);
-    for_each_rows(ex, bags, cols, detail::DivideByCount<T>{g, offsets, scratch.data(), cols});
-    rows = scratch.data();
-  }
   for_each(ex, bags,
-           detail::ExpandBags<T>{detail::RowsAt<T>(rows), offsets, combiner == Combiner::weighted_sum ? weights : nullptr,
-                                 ids, ids_out, out, cols},
+           detail::ExpandBags<T>{detail::RowsAt<T>(g), offsets, combiner == Combiner::weighted_sum ? weights : nullptr,
+                                 combiner == Combiner::mean, ids, ids_out, out, cols},
            Cost{cols * 4});
   ex.synchronize();
 }
@@ -380,7 +379,7 @@ class LocalBags {
     if (k.var != &g.var->state())
       return detail::concat("a gradient of bags for variable '", g.var->name(),
                             "' was given where its batch looked up another variable");
-    return detail::bag_gradient_problem(g.var->name(), k.bags, k.cols, g.rows, g.cols);
+    return detail::bag_gradient_problem(g.var->name(), k.bags, k.cols, g.values.rows, g.values.cols);
   }
   /// Adds to the variable's sparse gradient the rows kept request `index`'s
   /// ids get from `g` (checked already). Local.
@@ -388,8 +387,8 @@ class LocalBags {
   void expand(const Exec<Space>& ex, std::size_t index, const BagGradient<V>& g) {
     const Kept& k = *kept_[index];
     auto rows = g.var->grad().add_rows(k.n);
-    expand_bags(ex, g.values, k.offsets.data(), k.bags, k.ids.data(), k.weights.size() ? k.weights.data() : nullptr,
-                k.combiner, k.cols, rows.ids, rows.values.data, scratch_);
+    expand_bags(ex, g.values.data, k.offsets.data(), k.bags, k.ids.data(),
+                k.weights.size() ? k.weights.data() : nullptr, k.combiner, k.cols, rows.ids, rows.values.data);
   }
 
   /// Forgets the step's lookups (the buffers stay for the next one).
@@ -445,7 +444,6 @@ class LocalBags {
   std::vector<Batch> batches_;
   std::vector<Buffer<T, Space>> outputs_;
   std::size_t outputs_used_ = 0;
-  Buffer<T, Space> scratch_;
 };
 
 /// LocalBags for each element type a variable may have.

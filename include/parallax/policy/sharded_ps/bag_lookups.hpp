@@ -294,8 +294,8 @@ void ShardedSynchronizer<Engine, Optimizer>::bag_gradients(const BagGradient<V>*
         problem = detail::concat("a gradient of bags for variable '", grads[i].var->name(),
                                  "' was given where its batch looked up another variable");
       else
-        problem = detail::bag_gradient_problem(grads[i].var->name(), b->bags[i], b->rows[i].cols, grads[i].rows,
-                                               grads[i].cols);
+        problem = detail::bag_gradient_problem(grads[i].var->name(), b->bags[i], b->rows[i].cols,
+                                               grads[i].values.rows, grads[i].values.cols);
     }
   }
   // The check travels in the gradients' route (CallShape::problems_first):
@@ -321,7 +321,7 @@ void ShardedSynchronizer<Engine, Optimizer>::bag_gradients(const BagGradient<V>*
   auto shared = engine_->stats().shared(ShardedPS::name);
   for (std::size_t i = 0; i < count; ++i) {
     if (b->local[i]) continue;
-    per_group[b->request_group[i]][b->request_at[i]] = grads[i].values;
+    per_group[b->request_group[i]][b->request_at[i]] = grads[i].values.data;
     shared.part(*b->names[i], b->bags[i] + 1);
   }
   {

@@ -299,7 +299,8 @@ class BagPool {
     for_each(ex, segments,
              detail::ExpandBags<T>{half ? half_gradients_.received_values() : gradients_.received_values(),
                                    owner_first_.data(),
-                                   weighted_ ? owner_weights_.data() : nullptr, owner_keys_.data(), keys, values, cols_},
+                                   weighted_ ? owner_weights_.data() : nullptr, false, owner_keys_.data(), keys,
+                                   values, cols_},
              Cost{cols_ * 4});
     ex.synchronize();
   }
