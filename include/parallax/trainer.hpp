@@ -63,6 +63,9 @@ class Trainer {
   /// asynchronous one does not): code written for any architecture tests it with `if constexpr`.
   template <class V>
   static constexpr bool can_prefetch = policy::looks_up_ahead_v<policy_for_t<Arch, V>, V, Engine, Optimizer>;
+  /// Whether prefetch() takes bags of variables of type V here (ShardedPS).
+  template <class V>
+  static constexpr bool can_prefetch_bags = policy::looks_up_bags_ahead_v<policy_for_t<Arch, V>, V, Engine, Optimizer>;
 
   /// Registers the variables (each argument a variable or a collection of one kind: px::Variables<V>, a
   /// std::vector) and places them. Collective; every rank must pass the same variables in the same order,
@@ -173,6 +176,40 @@ class Trainer {
   }
   template <class V>
   Prefetched<V> prefetch(const std::vector<Lookup<V>>& batch) { return prefetch(batch.data(), batch.size()); }
+  /// prefetch() of plain lookups and bags together (one prefetch at a
+  /// time): rows() returns the `batch`'s rows, then a pooled block per
+  /// request of `bags`, as lookup() of each would return them then, and
+  /// bag_gradients() takes the bags' gradient as after lookup() of bags.
+  /// What reads no row runs now (under ShardedPS the bags' check, the choice
+  /// of pooling, the owners' segments planned and routed); the pooling waits
+  /// for rows(). A variable appears once in all. A bad request throws from
+  /// rows() on every rank. Collective.
+  template <class V>
+  Prefetched<V> prefetch(const Lookup<V>* batch, std::size_t count, const Bags<V>* bags, std::size_t bag_count) {
+    using Policy = policy_for_t<Arch, V>;
+    static_assert(policy::looks_up_bags_ahead_v<Policy, V, Engine, Optimizer>,
+                  "prefetch() of bags: this variable's policy cannot look bags up ahead (ShardedPS can); use lookup()");
+    steps_.ensure_usable();
+    const trainer::Calls::Scope call(calls_, "prefetch");
+    prefetches_.check_free();
+    registry_.check_batch(batch, count, "prefetch");
+    registry_.check_batch(bags, bag_count, "prefetch");
+    for (std::size_t i = 0; i < bag_count; ++i)
+      for (std::size_t j = 0; j < count; ++j)
+        PARALLAX_EXPECTS(!batch[j].var->same_as(*bags[i].var), "variable '", bags[i].var->name(),
+                         "' appears twice in one batched prefetch (looked up and in bags); give it all its ids in one "
+                         "request");
+    registry_.template synchronizer_of<Policy>().start_lookup(batch, count, bags, bag_count, comm_);
+    return prefetches_.started(batch, count, registry_.template index_of<Policy>(), bags, bag_count);
+  }
+  template <class V>
+  Prefetched<V> prefetch(const std::vector<Lookup<V>>& batch, const std::vector<Bags<V>>& bags) {
+    return prefetch(batch.data(), batch.size(), bags.data(), bags.size());
+  }
+  template <class V>
+  Prefetched<V> prefetch(std::initializer_list<Lookup<V>> batch, std::initializer_list<Bags<V>> bags) {
+    return prefetch(batch.begin(), batch.size(), bags.begin(), bags.size());
+  }
   template <class V>
   Prefetched<V> prefetch(std::initializer_list<Lookup<V>> batch) { return prefetch(batch.begin(), batch.size()); }
 

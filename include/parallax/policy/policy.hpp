@@ -59,7 +59,16 @@
 ///
 /// both collective: the pooled rows, one per bag, and the gradient of the
 /// step's last batch of bags that awaits one. looks_up_bags_v says whether
-/// a policy has them (ShardedPS and AllGatherv do).
+/// a policy has them (ShardedPS and AllGatherv do). To look bags up ahead
+/// (Trainer::prefetch with bags), with plain lookups, it also has
+///
+///     template <class V>
+///     void start_lookup(const Lookup<V>* batch, std::size_t n, const Bags<V>* bags, std::size_t m,
+///                       Background& background);
+///
+/// whose finish_lookup<V>() returns the n lookups' rows, then the m pooled
+/// blocks, and whose bags take their gradient by bag_gradients() as
+/// lookup_bags()'s do (looks_up_bags_ahead_v; ShardedPS has it).
 ///
 /// policy::check<Policy, Var, Engine, Optimizer>() names what a policy lacks.
 /// Before a step, the user may say a variable's gradient is final
@@ -355,6 +364,16 @@ struct looks_up_ahead<
                 decltype(std::declval<S&>().template finish_lookup<V>())>> : std::true_type {};
 
 template <class S, class V, class = void>
+struct looks_up_bags_ahead : std::false_type {};
+template <class S, class V>
+struct looks_up_bags_ahead<
+    S, V,
+    std::void_t<decltype(std::declval<S&>().start_lookup(std::declval<const Lookup<V>*>(), std::size_t{},
+                                                         std::declval<const Bags<V>*>(), std::size_t{},
+                                                         std::declval<Background&>())),
+                decltype(std::declval<S&>().template finish_lookup<V>())>> : std::true_type {};
+
+template <class S, class V, class = void>
 struct looks_up_bags : std::false_type {};
 template <class S, class V>
 struct looks_up_bags<
@@ -388,6 +407,13 @@ constexpr bool lookup_ok() {
 /// (start_lookup / finish_lookup; see the file comment).
 template <class Policy, class Var, class Engine, class Optimizer>
 inline constexpr bool looks_up_ahead_v = contract::looks_up_ahead<synchronizer_t<Policy, Engine, Optimizer>, Var>::value;
+
+/// Whether Policy's synchronizer can look up bags of variables of type Var
+/// ahead, with plain lookups (start_lookup with bags / finish_lookup; see
+/// the file comment).
+template <class Policy, class Var, class Engine, class Optimizer>
+inline constexpr bool looks_up_bags_ahead_v =
+    contract::looks_up_bags_ahead<synchronizer_t<Policy, Engine, Optimizer>, Var>::value;
 
 /// Whether Policy's synchronizer can look up bags of variables of type Var
 /// (lookup_bags / bag_gradients; see the file comment).

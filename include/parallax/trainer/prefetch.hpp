@@ -4,6 +4,7 @@
 /// holds, Prefetched<V>, and the trainer's record of the one prefetch in
 /// flight, which rows() takes once and restore() cancels.
 
+#include <parallax/bags.hpp>
 #include <parallax/error.hpp>
 #include <parallax/policy/policy.hpp>
 
@@ -65,12 +66,15 @@ class Prefetches {
   }
   /// Records a prefetch of `batch`, started on synchronizer `synchronizer`.
   template <class V>
-  Prefetched<V> started(const Lookup<V>* batch, std::size_t count, std::size_t synchronizer) {
+  Prefetched<V> started(const Lookup<V>* batch, std::size_t count, std::size_t synchronizer,
+                        const Bags<V>* bags = nullptr, std::size_t bag_count = 0) {
     in_flight_ = ++prefetches_;
     synchronizer_ = synchronizer;
     in_flight_what_.clear();
     for (std::size_t i = 0; i < count; ++i) in_flight_what_ += detail::concat(i ? ", '" : "'", batch[i].var->name(), "'");
-    if (count == 0) in_flight_what_ = "no variables";
+    for (std::size_t i = 0; i < bag_count; ++i)
+      in_flight_what_ += detail::concat(i || count ? ", bags of '" : "bags of '", bags[i].var->name(), "'");
+    if (count + bag_count == 0) in_flight_what_ = "no variables";
     return Prefetched<V>(trainer_, in_flight_);
   }
   /// Takes `p`'s rows' turn: throws, naming why, unless `p` is this

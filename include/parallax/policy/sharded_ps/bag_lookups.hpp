@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,7 +62,9 @@ class ShardedSynchronizer<Engine, Optimizer>::BagBatch final : public BagBatchBa
   // Per request: its group, its place there (pooled here: among those pooled here), its bags.
   std::vector<std::size_t> request_group, request_at, bags;
   std::vector<Rows<T, space>> rows;  // per request: the pooled rows
+  std::vector<std::pair<const std::string*, std::uint64_t>> parts;  // per request pooled at the owners: its share of the bytes
   std::uint64_t word = 0;  // the route's shape: each request's (group, table), in order
+  bool ahead = false;      // routed ahead (start_lookup): its groups' ahead_bag_pool(), the ahead bag route
   std::string describe(bool detailed, const char* what) const {
     std::string out = what;
     bool first = true;
@@ -162,19 +165,43 @@ std::vector<bool> ShardedSynchronizer<Engine, Optimizer>::choose_pooling(
   return local;
 }
 
+/// A lookup of bags started ahead (start_lookup with bags): copies of
+/// its requests (offsets, ids, weights), its check, its routed state.
 template <class Engine, class Optimizer>
 template <class V>
-auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, std::size_t count)
-    -> std::vector<Rows<typename V::value_type, space>> {
+class ShardedSynchronizer<Engine, Optimizer>::BagsAhead final : public BatchBase {
+ public:
   using T = typename V::value_type;
   using S = storage_type_t<V>;
+  std::size_t plain_count = 0;       // the plain lookups, whose rows come first
+  std::vector<Lookup<V>> lookups;    // the plain lookups, then the bags, on copies of their arrays
+  std::vector<Bags<V>> bags;
+  std::vector<Buffer<index_t, space>> ids, offsets;
+  std::vector<Buffer<T, space>> weights;
+  std::vector<std::vector<index_t>> host_offsets;  // the bags' offsets on the host (batch_problem)
+  std::optional<std::string> problem;              // this rank's bags' problem, found when started
+  std::unique_ptr<BagBatch<S>> record = std::make_unique<BagBatch<S>>();
+  Batch<S> plain;                  // the plain lookups and the bags pooled here
+  std::vector<Bags<V>> here;       // the bags pooled here
+  std::exception_ptr failure;      // what its route threw
+  bool routed = false;             // its route ran
+  void cancel() noexcept override { plain.cancel(); }
+};
+
+template <class Engine, class Optimizer>
+template <class V, class S>
+void ShardedSynchronizer<Engine, Optimizer>::route_bags(BagBatch<S>& b, Batch<S>& plain, bool ahead,
+                                                        const Lookup<V>* lookups, std::size_t n, const Bags<V>* batch,
+                                                        std::size_t count, std::vector<std::vector<index_t>>& offsets,
+                                                        const std::optional<std::string>& problem,
+                                                        std::vector<Bags<V>>& here) {
+  using T = typename V::value_type;
+  sharded::RouteBuffers<space>& buffers = ahead ? ahead_bag_route_ : bag_route_;
   // A batch pooled at the owners alone is checked by its route (a problem
   // travels in its headers, and only then do the ranks agree on its words),
   // one with automatic requests by the all-reduce that compares the ranks'
   // batches (choose_pooling): no call of its own. Others are checked first,
   // as they look up rows here before any route.
-  std::vector<std::vector<index_t>> offsets;
-  std::optional<std::string> problem = detail::batch_problem(engine_->exec(), batch, count, offsets);
   const bool checked_by_route =
       std::all_of(batch, batch + count, [](const Bags<V>& q) { return q.pooling == Pooling::owner; });
   const bool checked_by_choice =
@@ -182,12 +209,11 @@ auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, s
   if (!checked_by_route && !checked_by_choice) detail::agree(*engine_, problem);
   if (checked_by_route && problem) {
     auto scope = engine_->stats().scope("", "control");
-    sharded::route_lanes(*engine_, nullptr, 0, bag_route_, sharded::checked(sharded::lookup_shape(0)),
+    sharded::route_lanes(*engine_, nullptr, 0, buffers, sharded::checked(sharded::lookup_shape(0)),
                         [](bool) { return std::string(); }, index_t{0});
     detail::agree(*engine_, problem);  // throws, on every rank
   }
-  auto record = std::make_unique<BagBatch<S>>();
-  BagBatch<S>& b = *record;
+  b.ahead = ahead;
   b.local = choose_pooling(batch, count, offsets, problem);
   b.rows.resize(count);
   b.request_group.assign(count, 0);
@@ -198,27 +224,9 @@ auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, s
     b.names.push_back(&t.name());
     b.bags.push_back(offsets[i].size() - 1);
   }
-  // Pooled here: one plain lookup of their ids.
-  std::vector<Bags<V>> here;
-  std::vector<Lookup<V>> plain;
-  for (std::size_t i = 0; i < count; ++i)
-    if (b.local[i]) {
-      b.request_at[i] = here.size();
-      here.push_back(batch[i]);
-      plain.emplace_back(*batch[i].var, batch[i].ids, batch[i].n);
-    }
-  if (!here.empty()) {
-    LocalBags<T, space>& local = local_bags_.template of<T>();
-    b.local_first = local.pooled();
-    const auto looked_up = lookup(plain.data(), plain.size());
-    const detail::Span span("bags: pooled locally");
-    const auto pooled = local.pool(engine_->exec(), here.data(), here.size(), looked_up);
-    for (std::size_t i = 0; i < count; ++i)
-      if (b.local[i]) b.rows[i] = pooled[b.request_at[i]];
-  }
-  // Pooled at the owners.
+  // Pooled at the owners: planned and routed now, served with the plain
+  // lookup (their rows' buffers given then: set_out()).
   std::vector<std::vector<typename sharded::BagPool<T, Engine, S>::Request>> requests;
-  std::vector<std::pair<const std::string*, std::uint64_t>> parts;
   detail::Fingerprint word;
   word.add("bags");
   for (std::size_t i = 0; i < count; ++i) {
@@ -233,21 +241,19 @@ auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, s
     }
     const auto gi = static_cast<std::size_t>(at - b.groups.begin());
     const Bags<V>& q = batch[i];
-    T* out = g.outputs.next(b.bags[i] * g.tables.cols()).data();
     b.request_group[i] = gi;
     b.request_at[i] = requests[gi].size();
-    b.rows[i] = Rows<T, space>{out, b.bags[i], g.tables.cols()};
-    requests[gi].push_back({t.index(), std::move(offsets[i]), q.ids, q.n, q.weights, q.combiner, out});
-    parts.emplace_back(&t.name(), g.weight(q.n));
+    requests[gi].push_back({t.index(), std::move(offsets[i]), q.ids, q.n, q.weights, q.combiner, nullptr});
+    b.parts.emplace_back(&t.name(), g.weight(q.n));
     word.add(g.tables.identity()).add(t.index()).add(static_cast<std::uint64_t>(q.combiner));
   }
   b.word = word.value();
   if (!b.groups.empty()) {
     std::vector<sharded::RouteLane*> lanes;
     {
-      const detail::Span span("bags: plan");
+      const detail::Span span(ahead ? "prefetch bags: plan" : "bags: plan");
       for (std::size_t gi = 0; gi < b.groups.size(); ++gi) {
-        sharded::BagPool<T, Engine, S>& pool = b.groups[gi]->next_bag_pool();
+        sharded::BagPool<T, Engine, S>& pool = ahead ? b.groups[gi]->ahead_bag_pool() : b.groups[gi]->next_bag_pool();
         pool.plan(b.groups[gi]->tables, std::move(requests[gi]));
         b.pools.push_back(&pool);
         lanes.push_back(&pool.entry_lane());
@@ -255,13 +261,70 @@ auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, s
       }
     }
     auto shared = engine_->stats().shared(ShardedPS::name);
-    for (const auto& [name, weight] : parts) shared.part(*name, weight);
-    {
-      const detail::Span span("bags: route");
-      if (sharded::route_lanes(*engine_, lanes.data(), lanes.size(), bag_route_, sharded::checked(sharded::lookup_shape(b.word)),
-                              [&](bool detailed) { return b.describe(detailed, "bags of "); }))
-        detail::agree(*engine_, std::optional<std::string>());  // another rank's problem: throws, on every rank
+    for (const auto& [name, weight] : b.parts) shared.part(*name, weight);
+    const detail::Span span(ahead ? "prefetch bags: route" : "bags: route");
+    if (sharded::route_lanes(*engine_, lanes.data(), lanes.size(), buffers, sharded::checked(sharded::lookup_shape(b.word)),
+                            [&](bool detailed) { return b.describe(detailed, ahead ? "prefetch of bags of " : "bags of "); }))
+      detail::agree(*engine_, std::optional<std::string>());  // another rank's problem: throws, on every rank
+  }
+  // Pooled here: one plain lookup of their ids (after the plain lookups
+  // given with them), routed now, served with the bags. It follows the
+  // owners' route, which carries the bags' check: a rank whose bags have a
+  // problem routes nothing else.
+  std::vector<Lookup<V>> looked_up(lookups, lookups + n);
+  for (std::size_t i = 0; i < count; ++i)
+    if (b.local[i]) {
+      b.request_at[i] = here.size();
+      here.push_back(batch[i]);
+      looked_up.emplace_back(*batch[i].var, batch[i].ids, batch[i].n);
     }
+  if (!looked_up.empty()) {
+    if (ahead) {
+      std::size_t total = 0;
+      for (const auto& q : looked_up) total += q.n;
+      plain.ids.resize_discard(total);
+    }
+    gather(plain, looked_up.data(), looked_up.size(), ahead);
+    auto shared = engine_->stats().shared(ShardedPS::name);
+    for (const auto& [name, weight] : plain.parts) shared.part(*name, weight);
+    route(plain);
+    if (ahead && options_.sharded.early_rows) serve_part(plain, true);
+  }
+}
+
+template <class Engine, class Optimizer>
+template <class V, class S>
+auto ShardedSynchronizer<Engine, Optimizer>::serve_bags(std::unique_ptr<BagBatch<S>> record, Batch<S>* plain,
+                                                        std::size_t n, const std::vector<Bags<V>>& here)
+    -> std::vector<Rows<typename V::value_type, space>> {
+  using T = typename V::value_type;
+  BagBatch<S>& b = *record;
+  std::vector<Rows<T, space>> out;  // the plain lookups' rows, then the bags'
+  if (plain) {
+    const auto looked_up = plain->ahead ? finish_ahead(*plain) : serve(*plain);
+    out.assign(looked_up.begin(), looked_up.begin() + static_cast<std::ptrdiff_t>(n));
+    if (!here.empty()) {
+      LocalBags<T, space>& local = local_bags_.template of<T>();
+      b.local_first = local.pooled();
+      const std::vector<Rows<T, space>> mine(looked_up.begin() + static_cast<std::ptrdiff_t>(n), looked_up.end());
+      const detail::Span span("bags: pooled locally");
+      const auto pooled = local.pool(engine_->exec(), here.data(), here.size(), mine);
+      for (std::size_t i = 0; i < b.local.size(); ++i)
+        if (b.local[i]) b.rows[i] = pooled[b.request_at[i]];
+    }
+  }
+  if (!b.groups.empty()) {
+    for (std::size_t i = 0; i < b.local.size(); ++i) {
+      if (b.local[i]) continue;
+      Group<S>& g = *b.groups[b.request_group[i]];
+      T* rows = g.outputs.next(b.bags[i] * g.tables.cols()).data();
+      b.pools[b.request_group[i]]->set_out(b.request_at[i], rows);
+      b.rows[i] = Rows<T, space>{rows, b.bags[i], g.tables.cols()};
+    }
+    if (b.ahead)
+      for (auto* g : b.groups) g->adopt_ahead_bag_pool();
+    auto shared = engine_->stats().shared(ShardedPS::name);
+    for (const auto& [name, weight] : b.parts) shared.part(*name, weight);
     {
       const detail::Span span("bags: owners pool and reply");
       for (std::size_t gi = 0; gi < b.groups.size(); ++gi) b.pools[gi]->serve(b.groups[gi]->tables);
@@ -270,9 +333,73 @@ auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, s
     const detail::Span span("bags: partial sums added");
     for (auto* pool : b.pools) pool->finish();
   }
-  std::vector<Rows<T, space>> rows = b.rows;
+  out.insert(out.end(), b.rows.begin(), b.rows.end());
   bag_batches_.push_back(std::move(record));
-  return rows;
+  return out;
+}
+
+template <class Engine, class Optimizer>
+template <class V>
+auto ShardedSynchronizer<Engine, Optimizer>::lookup_bags(const Bags<V>* batch, std::size_t count)
+    -> std::vector<Rows<typename V::value_type, space>> {
+  using S = storage_type_t<V>;
+  std::vector<std::vector<index_t>> offsets;
+  const std::optional<std::string> problem = detail::batch_problem(engine_->exec(), batch, count, offsets);
+  auto record = std::make_unique<BagBatch<S>>();
+  Batch<S> plain;
+  std::vector<Bags<V>> here;
+  route_bags(*record, plain, false, static_cast<const Lookup<V>*>(nullptr), 0, batch, count, offsets, problem, here);
+  return serve_bags(std::move(record), plain.groups.empty() ? nullptr : &plain, 0, here);
+}
+
+template <class Engine, class Optimizer>
+template <class V>
+void ShardedSynchronizer<Engine, Optimizer>::start_lookup(const Lookup<V>* batch, std::size_t count,
+                                                          const Bags<V>* bags, std::size_t bag_count,
+                                                          Background& background) {
+  using T = typename V::value_type;
+  auto owned = std::make_unique<BagsAhead<V>>();
+  BagsAhead<V>& a = *owned;
+  // Copies of every array, so the caller may reuse its own at once; the
+  // bags' check reads them here, its agreement travels on `background`.
+  a.plain_count = count;
+  a.ids.resize(count + bag_count);
+  a.offsets.resize(bag_count);
+  a.weights.resize(bag_count);
+  for (std::size_t i = 0; i < count; ++i) {
+    a.ids[i].resize_discard(batch[i].n);
+    if (batch[i].n) space_traits<space>::copy(a.ids[i].data(), batch[i].ids, batch[i].n * sizeof(index_t));
+    a.lookups.emplace_back(*batch[i].var, a.ids[i].data(), batch[i].n);
+  }
+  for (std::size_t i = 0; i < bag_count; ++i) {
+    const Bags<V>& q = bags[i];
+    Buffer<index_t, space>& ids = a.ids[count + i];
+    ids.resize_discard(q.ids ? q.n : 0);
+    if (q.ids && q.n) space_traits<space>::copy(ids.data(), q.ids, q.n * sizeof(index_t));
+    a.offsets[i].resize_discard(q.offsets ? q.offsets_count : 0);
+    if (q.offsets && q.offsets_count)
+      space_traits<space>::copy(a.offsets[i].data(), q.offsets, q.offsets_count * sizeof(index_t));
+    a.weights[i].resize_discard(q.weights ? q.n : 0);
+    if (q.weights && q.n) space_traits<space>::copy(a.weights[i].data(), q.weights, q.n * sizeof(T));
+    // An array of nothing keeps the caller's pointer (never read), so the
+    // check finds what it would find in the caller's request.
+    Bags<V> copy = q;
+    if (q.ids && q.n) copy.ids = ids.data();
+    if (q.offsets && q.offsets_count) copy.offsets = a.offsets[i].data();
+    if (q.weights && q.n) copy.weights = a.weights[i].data();
+    a.bags.push_back(copy);
+  }
+  a.problem = detail::batch_problem(engine_->exec(), a.bags.data(), a.bags.size(), a.host_offsets);
+  ahead_ = std::move(owned);
+  background.post([this, &a] {
+    try {
+      route_bags(*a.record, a.plain, true, a.lookups.data(), a.lookups.size(), a.bags.data(), a.bags.size(),
+                 a.host_offsets, a.problem, a.here);
+    } catch (...) {
+      a.failure = std::current_exception();  // rows() throws it, on every rank alike
+    }
+    a.routed = true;
+  });
 }
 
 template <class Engine, class Optimizer>

@@ -87,7 +87,8 @@ class BagPool {
 
   /// One request of the batch for a table of the group, checked already
   /// (detail::bag_problem): `offsets` on the host, the ids and weights in
-  /// space (read by plan() only), rows to `out` (bags x cols, in space).
+  /// space (read by plan() only), rows to `out` (bags x cols, in space;
+  /// set_out()).
   struct Request {
     std::size_t table = 0;
     std::vector<index_t> offsets;
@@ -249,6 +250,10 @@ class BagPool {
 
   std::size_t requests() const noexcept { return requests_.size(); }
   const Request& request(std::size_t r) const noexcept { return requests_[r]; }
+  /// Where finish() puts request r's rows (bags x cols, in space): given
+  /// when they are served, so a batch routed a step ahead writes them
+  /// where that step's buffers lie.
+  void set_out(std::size_t r, T* out) noexcept { requests_[r].out = out; }
 
   // ---------------------------------------------------------------- backward
   //

@@ -249,25 +249,38 @@ template <class V>
 auto ShardedSynchronizer<Engine, Optimizer>::finish_lookup() -> std::vector<Rows<typename V::value_type, space>> {
   using T = storage_type_t<V>;
   std::unique_ptr<BatchBase> taken = std::move(ahead_);
+  if (auto* a = dynamic_cast<BagsAhead<V>*>(taken.get())) {
+    if (a->failure) std::rethrow_exception(a->failure);
+    PARALLAX_EXPECTS(a->routed, "the prefetch's route never ran: the communication thread failed before it (see the "
+                                "error the trainer threw then); prefetch the batch again");
+    return serve_bags(std::move(a->record), a->plain.groups.empty() ? nullptr : &a->plain, a->plain_count, a->here);
+  }
   auto* b = dynamic_cast<Batch<T>*>(taken.get());
   PARALLAX_EXPECTS(b != nullptr, "ShardedPS: finish_lookup() without a start_lookup() of this element type");
   if (b->failure) std::rethrow_exception(b->failure);
   PARALLAX_EXPECTS(b->routed, "the prefetch's route never ran: the communication thread failed before it (see the "
                               "error the trainer threw then); prefetch the batch again");
+  return finish_ahead(*b);
+}
+
+/// The rows of a lookup ahead whose route ran. Rows read in place: the
+/// route came before this step's update, so the owners say they are done
+/// writing once more (a route of headers alone).
+template <class Engine, class Optimizer>
+template <class S>
+auto ShardedSynchronizer<Engine, Optimizer>::finish_ahead(Batch<S>& b) -> std::vector<Rows<compute_t<S>, space>> {
   auto shared = engine_->stats().shared(ShardedPS::name);
-  for (const auto& [name, weight] : b->parts) shared.part(*name, weight);
-  // Rows read in place: the route came before this step's update, so the
-  // owners say they are done writing once more (a route of headers alone).
+  for (const auto& [name, weight] : b.parts) shared.part(*name, weight);
   bool direct = false;
-  for (auto* g : b->groups) direct = direct || g->tables.reads_directly();
+  for (auto* g : b.groups) direct = direct || g->tables.reads_directly();
   if (direct && engine_->size() > 1) {
     const detail::Span span("prefetch: owners updated");
-    for (auto* g : b->groups) g->tables.sync_shard();
-    const auto word = detail::Fingerprint().add("prefetch rows").add(b->word).value();
+    for (auto* g : b.groups) g->tables.sync_shard();
+    const auto word = detail::Fingerprint().add("prefetch rows").add(b.word).value();
     sharded::route_lanes(*engine_, nullptr, 0, ahead_route_, sharded::prefetch_shape(word),
-                        [&](bool detailed) { return b->describe(detailed); });
+                        [&](bool detailed) { return b.describe(detailed); });
   }
-  return serve(*b);
+  return serve(b);
 }
 
 }  // namespace parallax::policy

@@ -183,6 +183,18 @@ class ShardedSynchronizer<Engine, Optimizer>::Group final : public GroupBase {
     if (bag_pools_used_ == bag_pools_.size()) bag_pools_.push_back(std::make_unique<sharded::BagPool<T, Engine, S>>(*engine_));
     return *bag_pools_[bag_pools_used_++];
   }
+  /// The BagPool of a lookup of bags ahead (Trainer::prefetch), apart from
+  /// the step's: routed during one step, served in a later one.
+  sharded::BagPool<T, Engine, S>& ahead_bag_pool() {
+    if (!ahead_bag_pool_) ahead_bag_pool_ = std::make_unique<sharded::BagPool<T, Engine, S>>(*engine_);
+    return *ahead_bag_pool_;
+  }
+  /// The lookup ahead's pool joins this step's (kept until clear() for
+  /// the gradient); the next lookup ahead gets another.
+  void adopt_ahead_bag_pool() {
+    if (bag_pools_used_ == bag_pools_.size()) bag_pools_.push_back(nullptr);
+    std::swap(bag_pools_[bag_pools_used_++], ahead_bag_pool_);
+  }
 
   sharded::TableGroup<T, Engine, S> tables;
   std::vector<TableMember<S>*> members;  // by table index
@@ -195,6 +207,7 @@ class ShardedSynchronizer<Engine, Optimizer>::Group final : public GroupBase {
   std::vector<typename sharded::TableGroup<T, Engine, S>::Push> pushes_;
   std::vector<std::unique_ptr<sharded::BagPool<T, Engine, S>>> bag_pools_;
   std::size_t bag_pools_used_ = 0;
+  std::unique_ptr<sharded::BagPool<T, Engine, S>> ahead_bag_pool_;
   Buffer<index_t, space> local_rows_;
   Buffer<T, space> sums_;
   std::size_t rows_ = 0;

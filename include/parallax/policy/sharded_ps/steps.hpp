@@ -200,6 +200,18 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   /// different variables), on every rank. Collective.
   template <class V>
   std::vector<Rows<typename V::value_type, space>> finish_lookup();
+  /// Trainer::prefetch of plain lookups and bags together: start_lookup()
+  /// of `batch`, with `bags` as lookup_bags() would look them up (their
+  /// check, the choice of pooling, the plain lookup of those pooled here,
+  /// the owners' segments planned and routed: nothing that reads a row).
+  /// Their arrays are copied. finish_lookup() returns the plain lookups'
+  /// rows, then a pooled block per request of `bags`, as lookup() and
+  /// lookup_bags() would return them then, and the bags' gradient is given
+  /// by bag_gradients() as for lookup_bags(). A bad request throws from
+  /// finish_lookup(), on every rank. Collective.
+  template <class V>
+  void start_lookup(const Lookup<V>* batch, std::size_t count, const Bags<V>* bags, std::size_t bag_count,
+                    Background& background);
   /// Forgets the batch start_lookup() began (its route has run).
   void cancel_lookup() override {
     if (ahead_) ahead_->cancel();
@@ -264,11 +276,30 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   std::vector<Rows<compute_t<S>, space>> serve(Batch<S>& b);
   template <class S>
   void serve_part(Batch<S>& b, bool early);
+  template <class S>
+  std::vector<Rows<compute_t<S>, space>> finish_ahead(Batch<S>& b);
 
   // Lookups of bags (bag_lookups.hpp).
   class BagBatchBase;
   template <class S>
   class BagBatch;  // a lookup_bags() batch of tables stored as S, kept until clear() for its gradient
+  template <class V>
+  class BagsAhead;  // a lookup of bags ahead, from start_lookup() to finish_lookup()
+  /// A batch of bags up to what reads a row (collective): its check, the
+  /// choice of pooling, the plain lookup of `lookups` and of the bags
+  /// pooled here (into `here`) gathered into `plain` and routed, the
+  /// owners' segments planned and routed. `ahead`: a lookup ahead's
+  /// buffers and pools, kept apart from the step's.
+  template <class V, class S = storage_type_t<V>>
+  void route_bags(BagBatch<S>& b, Batch<S>& plain, bool ahead, const Lookup<V>* lookups, std::size_t n,
+                  const Bags<V>* batch, std::size_t count, std::vector<std::vector<index_t>>& offsets,
+                  const std::optional<std::string>& problem, std::vector<Bags<V>>& here);
+  /// The rest (collective): `plain`'s rows (if any; the first n returned),
+  /// the bags pooled here, the owners' pooled rows; keeps the batch for its
+  /// gradient.
+  template <class V, class S = storage_type_t<V>>
+  std::vector<Rows<typename V::value_type, space>> serve_bags(std::unique_ptr<BagBatch<S>> record, Batch<S>* plain,
+                                                              std::size_t n, const std::vector<Bags<V>>& here);
   template <class V>
   std::vector<bool> choose_pooling(const Bags<V>* batch, std::size_t count,
                                    const std::vector<std::vector<index_t>>& offsets,
@@ -289,6 +320,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   sharded::RouteBuffers<space> ahead_parts_;  // its rows in two parts (ShardedOptions::early_rows)
   std::unique_ptr<BatchBase> ahead_;         // the lookup ahead, from start_lookup() to finish_lookup()
   sharded::RouteBuffers<space> bag_route_;    // bag lookups' and their gradients' routes
+  sharded::RouteBuffers<space> ahead_bag_route_;  // a lookup of bags ahead's route
   std::vector<std::unique_ptr<BagBatchBase>> bag_batches_;  // this step's lookup_bags(), in order
   LocalBagsOfEachType<space> local_bags_;                    // its requests pooled here
   bool bag_gradients_given_ = false;
