@@ -255,14 +255,18 @@ class Model {
     }
     for (std::size_t f = 0; f < features; ++f)
       if (looked_up_plainly<Trainer>(batch, f)) lookups_.emplace_back(tables[f], ids_[f]);
+    const std::size_t bags_ahead = prefetched ? ahead_.bags : 0;
     const auto looked_up = timed(ex, Part::parallax, [&] {
       if constexpr (Trainer::template can_prefetch<Table>)
         if (prefetched) return trainer.rows(ahead_.take());
       return trainer.lookup(lookups_);
     });
-    std::vector<typename Trainer::template RowsOf<Table>> pooled;
+    // The pooled bags: the prefetch's last blocks, or looked up now.
+    std::vector<typename Trainer::template RowsOf<Table>> pooled(looked_up.end() - static_cast<std::ptrdiff_t>(bags_ahead),
+                                                                 looked_up.end());
     if constexpr (pools)
-      if (!bags_.empty()) pooled = timed(ex, Part::parallax, [&] { return trainer.lookup(bags_.data(), bags_.size()); });
+      if (!bags_.empty() && !bags_ahead)
+        pooled = timed(ex, Part::parallax, [&] { return trainer.lookup(bags_.data(), bags_.size()); });
     // (Architectures whose lookups cannot run ahead, the asynchronous ones, look up each batch.)
     if constexpr (Trainer::template can_prefetch<Table>)
       if (next) prefetch(trainer, *next);
@@ -387,7 +391,9 @@ class Model {
   /// them in) and a host copy to check that step is given that batch.
   struct Ahead {
     bool held = false;
+    std::size_t bags = 0;  // the requests of bags among its lookups (its last blocks)
     px::Prefetched<Table> lookups;
+    std::array<px::Buffer<px::index_t, Space>, features> offsets;  // the bags' offsets
     std::array<px::Buffer<px::index_t, Space>, features> ids;
     std::array<std::vector<px::index_t>, features> ids_host;
     px::Prefetched<Table>& take() {
@@ -403,15 +409,28 @@ class Model {
     return !batch.multi(f) || cfg_.pool_by_hand || !trains_bags<Trainer>();
   }
 
+  /// Starts the next batch's lookup: its rows, and its bags where the
+  /// trainer pools them ahead (ShardedPS: routed to their owners now,
+  /// pooled when the next step takes them).
   template <class Trainer>
   void prefetch(Trainer& trainer, const Batch& next) {
     std::vector<px::Lookup<Table>> batch;
+    std::vector<px::Bags<Table>> bags;
     for (std::size_t f = 0; f < features; ++f) {
       ahead_.ids[f].assign_from_host(next.ids[f].data(), next.ids[f].size());
-      if (looked_up_plainly<Trainer>(next, f)) batch.emplace_back(tables[f], ahead_.ids[f]);
+      if (looked_up_plainly<Trainer>(next, f)) {
+        batch.emplace_back(tables[f], ahead_.ids[f]);
+      } else if constexpr (Trainer::template can_prefetch_bags<Table>) {
+        ahead_.offsets[f].assign_from_host(next.offsets[f].data(), next.offsets[f].size());
+        bags.push_back(px::Bags<Table>(tables[f], ahead_.offsets[f], ahead_.ids[f], px::Combiner::mean).pooled_at(cfg_.pooling));
+      }
     }
     ahead_.ids_host = next.ids;
-    ahead_.lookups = timed(trainer.engine().exec(), Part::parallax, [&] { return trainer.prefetch(batch); });
+    ahead_.bags = bags.size();
+    ahead_.lookups = timed(trainer.engine().exec(), Part::parallax, [&] {
+      if constexpr (Trainer::template can_prefetch_bags<Table>) return trainer.prefetch(batch, bags);
+      return trainer.prefetch(batch);
+    });
     ahead_.held = true;
   }
 
