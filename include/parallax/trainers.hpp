@@ -120,7 +120,7 @@
       const ::parallax::Lookup<PARALLAX_TRAINERS_SPARSE_>*, std::size_t);                              \
   EXTERN template void parallax::policy::ShardedSynchronizer<::parallax::engine::Mpi, O>::gather(      \
       ::parallax::policy::ShardedSynchronizer<::parallax::engine::Mpi, O>::Batch<float>&,              \
-      const ::parallax::Lookup<PARALLAX_TRAINERS_SPARSE_>*, std::size_t, bool);                        \
+      const ::parallax::Lookup<PARALLAX_TRAINERS_SPARSE_>*, std::size_t, bool, bool);                  \
   EXTERN template void parallax::policy::ShardedSynchronizer<::parallax::engine::Mpi, O>::route(       \
       ::parallax::policy::ShardedSynchronizer<::parallax::engine::Mpi, O>::Batch<float>&);             \
   EXTERN template std::vector<PARALLAX_TRAINERS_ROWS_>                                                 \

@@ -174,17 +174,15 @@ class ShardedSynchronizer<Engine, Optimizer>::BagsAhead final : public BatchBase
   using T = typename V::value_type;
   using S = storage_type_t<V>;
   std::size_t plain_count = 0;       // the plain lookups, whose rows come first
-  std::vector<Lookup<V>> lookups;    // the plain lookups, then the bags, on copies of their arrays
+  std::vector<Lookup<V>> lookups;    // the plain lookups, and the bags, on copies of their arrays
   std::vector<Bags<V>> bags;
-  std::vector<Buffer<index_t, space>> ids, offsets;
+  std::vector<Buffer<index_t, space>> ids, offsets;  // ids: the lookups', then the bags'
   std::vector<Buffer<T, space>> weights;
   std::vector<std::vector<index_t>> host_offsets;  // the bags' offsets on the host (batch_problem)
   std::optional<std::string> problem;              // this rank's bags' problem, found when started
   std::unique_ptr<BagBatch<S>> record = std::make_unique<BagBatch<S>>();
   Batch<S> plain;                  // the plain lookups and the bags pooled here
   std::vector<Bags<V>> here;       // the bags pooled here
-  std::exception_ptr failure;      // what its route threw
-  bool routed = false;             // its route ran
   void cancel() noexcept override { plain.cancel(); }
 };
 
@@ -279,12 +277,7 @@ void ShardedSynchronizer<Engine, Optimizer>::route_bags(BagBatch<S>& b, Batch<S>
       looked_up.emplace_back(*batch[i].var, batch[i].ids, batch[i].n);
     }
   if (!looked_up.empty()) {
-    if (ahead) {
-      std::size_t total = 0;
-      for (const auto& q : looked_up) total += q.n;
-      plain.ids.resize_discard(total);
-    }
-    gather(plain, looked_up.data(), looked_up.size(), ahead);
+    gather(plain, looked_up.data(), looked_up.size(), ahead, /*ids_copied=*/true);  // ahead: start_lookup's copies
     auto shared = engine_->stats().shared(ShardedPS::name);
     for (const auto& [name, weight] : plain.parts) shared.part(*name, weight);
     route(plain);

@@ -35,6 +35,14 @@ class ShardedSynchronizer<Engine, Optimizer>::BatchBase {
  public:
   virtual ~BatchBase() = default;
   virtual void cancel() noexcept {}  // forgets its groups' early parts
+  /// Throws, at rows(), what a lookup ahead's route threw, or that it never ran.
+  void check_routed() const {
+    if (failure) std::rethrow_exception(failure);
+    PARALLAX_EXPECTS(routed, "the prefetch's route never ran: the communication thread failed before it (see the "
+                             "error the trainer threw then); prefetch the batch again");
+  }
+  std::exception_ptr failure;  // what a lookup ahead's route threw
+  bool routed = false;         // a lookup ahead's route ran
 };
 /// A batched lookup of tables of storage type S, from gather() to serve().
 template <class Engine, class Optimizer>
@@ -52,8 +60,6 @@ class ShardedSynchronizer<Engine, Optimizer>::Batch final : public BatchBase {
   std::vector<sharded::RouteLane*> lanes;
   std::uint64_t word = 0;  // the route's shape: each request's (group, table), in order
   Buffer<index_t, space> ids;  // a lookup ahead's copy of the ids
-  std::exception_ptr failure;  // what a lookup ahead's route threw
-  bool routed = false;         // a lookup ahead's route ran
   bool early = false;          // its groups that serves_early() sent their early parts
 
   Pull& pull(Group<S>& g) noexcept { return ahead ? g.tables.ahead_pull() : g.tables.plain_pull(); }
@@ -76,11 +82,12 @@ class ShardedSynchronizer<Engine, Optimizer>::Batch final : public BatchBase {
   }
 };
 
-/// Sorts a batch's requests into their groups (and, ahead, copies the ids).
+/// Sorts a batch's requests into their groups (and, ahead, copies the ids
+/// into b.ids, sized for them, unless `ids_copied`: the caller's copies already).
 template <class Engine, class Optimizer>
 template <class V, class T>
 void ShardedSynchronizer<Engine, Optimizer>::gather(Batch<T>& b, const Lookup<V>* batch, std::size_t count,
-                                                    bool ahead) {
+                                                    bool ahead, bool ids_copied) {
   // T: the storage type of V's tables.
   b.ahead = ahead;
   b.request_group.resize(count);
@@ -97,7 +104,7 @@ void ShardedSynchronizer<Engine, Optimizer>::gather(Batch<T>& b, const Lookup<V>
     }
     const auto gi = static_cast<std::size_t>(at - b.groups.begin());
     const index_t* ids = batch[i].ids;
-    if (ahead && batch[i].n) {
+    if (ahead && !ids_copied && batch[i].n) {
       space_traits<space>::copy(b.ids.data() + copied, ids, batch[i].n * sizeof(index_t));
       ids = b.ids.data() + copied;
       copied += batch[i].n;
@@ -250,16 +257,12 @@ auto ShardedSynchronizer<Engine, Optimizer>::finish_lookup() -> std::vector<Rows
   using T = storage_type_t<V>;
   std::unique_ptr<BatchBase> taken = std::move(ahead_);
   if (auto* a = dynamic_cast<BagsAhead<V>*>(taken.get())) {
-    if (a->failure) std::rethrow_exception(a->failure);
-    PARALLAX_EXPECTS(a->routed, "the prefetch's route never ran: the communication thread failed before it (see the "
-                                "error the trainer threw then); prefetch the batch again");
+    a->check_routed();
     return serve_bags(std::move(a->record), a->plain.groups.empty() ? nullptr : &a->plain, a->plain_count, a->here);
   }
   auto* b = dynamic_cast<Batch<T>*>(taken.get());
   PARALLAX_EXPECTS(b != nullptr, "ShardedPS: finish_lookup() without a start_lookup() of this element type");
-  if (b->failure) std::rethrow_exception(b->failure);
-  PARALLAX_EXPECTS(b->routed, "the prefetch's route never ran: the communication thread failed before it (see the "
-                              "error the trainer threw then); prefetch the batch again");
+  b->check_routed();
   return finish_ahead(*b);
 }
 

@@ -269,7 +269,7 @@ class ShardedSynchronizer final : public Synchronizer<Engine> {
   template <class S>
   class Batch;  // a batched lookup of tables of storage type S, from gather() to serve()
   template <class V, class S = storage_type_t<V>>
-  void gather(Batch<S>& b, const Lookup<V>* batch, std::size_t count, bool ahead);
+  void gather(Batch<S>& b, const Lookup<V>* batch, std::size_t count, bool ahead, bool ids_copied = false);
   template <class S>
   void route(Batch<S>& b);
   template <class S>
