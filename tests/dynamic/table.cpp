@@ -205,7 +205,7 @@ TEST_CASE("LRU, LFU and a user score evict what the reference model evicts", "[d
   }
 }
 
-TEST_CASE("the eviction cache stays exact across erase(), evict() and import between evictions",
+TEST_CASE("the eviction order stays exact across erase(), evict() and import between evictions",
           "[dynamic][table]") {
   for (pd::Evict policy : {pd::Evict::lru, pd::Evict::lfu, pd::Evict::score}) {
     auto o = small(200);
@@ -235,6 +235,12 @@ TEST_CASE("the eviction cache stays exact across erase(), evict() and import bet
         std::sort(c.begin(), c.end());
         for (std::size_t i = 0; i < 3 && i < c.size(); ++i) m.live.erase(std::get<2>(c[i]));
         REQUIRE(t.evict(3) == std::min<std::size_t>(3, c.size()));
+        // More keys at the same step: LRU's queue takes them behind the
+        // current step's rows it has just sorted for evict().
+        std::vector<std::uint64_t> more;
+        for (int i = 0; i < 6; ++i) more.push_back(3000 + rng() % 3000);
+        t.find_or_insert(more.data(), more.size(), step, slots.data());
+        for (std::uint64_t k : more) m.see(k, step);
       }
       if (step % 50 == 0) {  // a round trip through a snapshot re-seats every row
         const auto snap = t.export_rows();
@@ -246,6 +252,27 @@ TEST_CASE("the eviction cache stays exact across erase(), evict() and import bet
     INFO("policy " << static_cast<int>(policy));
     require_model(t, m);
     REQUIRE(t.stats().evictions > 100);
+  }
+}
+
+TEST_CASE("LRU: rows that arrive at a step evict() has reached go by key with that step's others",
+          "[dynamic][table]") {
+  auto keys_of = [](const pd::Table<float>& t) { return t.export_rows().keys; };
+  auto insert = [](pd::Table<float>& t, std::vector<std::uint64_t> keys, std::uint64_t step) {
+    std::vector<px::index_t> slots(keys.size());
+    t.find_or_insert(keys.data(), keys.size(), step, slots.data());
+  };
+  for (std::uint64_t later : {0, 1}) {  // the second evict() at the same step, or at the next
+    INFO("second evict() " << later << " steps later");
+    pd::Table<float> t(small(16));
+    insert(t, {100, 101, 102, 103}, 1);
+    insert(t, {50, 51, 52, 53, 54, 55}, 2);
+    REQUIRE(t.evict(6) == 6);  // step 1's four, then 50 and 51 of step 2, sorted by key
+    REQUIRE(keys_of(t) == std::vector<std::uint64_t>{52, 53, 54, 55});
+    insert(t, {10, 11}, 2);  // step 2 again: they come first among its rows
+    if (later) insert(t, {7}, 3);
+    REQUIRE(t.evict(3) == 3);
+    REQUIRE(keys_of(t) == (later ? std::vector<std::uint64_t>{7, 53, 54, 55} : std::vector<std::uint64_t>{53, 54, 55}));
   }
 }
 
@@ -275,6 +302,8 @@ TEST_CASE("a step with more distinct keys than the capacity is an error; evict()
   bad = small(4);
   bad.evict = pd::Evict::score;
   REQUIRE_THROWS_WITH(pd::Table<float>(bad), Catch::Contains("score function"));
+  bad = small(3'100'000'000);  // a valid capacity, but 0.7 load needs 2^32 buckets: refused before allocating
+  REQUIRE_THROWS_WITH(pd::Table<float>(bad), Catch::Contains("index buckets"));
 }
 
 TEST_CASE("the index stays consistent under random inserts, erases and evictions", "[dynamic][table]") {

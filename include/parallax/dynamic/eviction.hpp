@@ -5,13 +5,21 @@
 /// say which rows are live. Rows go by lowest (score, last step, key), so
 /// the same contents evict the same keys whatever their insertion order.
 ///
-/// Finding the lowest rows anew for every eviction would scan the table
-/// each time; instead a cache of the lowest rows (a table gives it room for
-/// a quarter of its capacity, a rebuild fills about half of that) is kept
-/// from call to call and read in order, so a full table scans its rows
-/// about once per that many evictions. Rows seen after the
-/// cache was built either stay above its threshold (LRU: a seen row only
-/// rises) or, for LFU and a user score, are looked at again (catch_up).
+/// LRU keeps its rows in a queue in the order of their last step: a row's
+/// first sighting at a step appends it, and the entry it had before goes
+/// stale (each row knows the place of its one current entry). The lowest
+/// rows are then the queue's head, and only the head's step is sorted by
+/// key, when evictions reach it; a row costs one append a step it is seen,
+/// whatever the capacity.
+///
+/// LFU and a user score move rows both ways, so they keep a cache of the
+/// lowest rows instead (a table gives it room for a quarter of its
+/// capacity, a rebuild fills about half of that), read in order from call
+/// to call, so a full table scans its rows about once per that many
+/// evictions. Rows seen after the cache was built that fall at or below
+/// its threshold join it (catch_up).
+
+#include <parallax/space.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -49,6 +57,14 @@ class EvictionOrder {
   EvictionOrder(std::size_t capacity, std::size_t cache_rows, Evict evict, ScoreFn score)
       : evict_(evict), score_(std::move(score)), capacity_(capacity), cache_rows_(cache_rows) {
     flags_.assign(capacity, 0);
+    if (evict_ == Evict::lru) {
+      // Room for half the capacity's appends between compactions, each of
+      // which leaves at most the live rows: a compaction per capacity / 2
+      // appends. Places are 32-bit (Table's capacity is below 2^32 - 1).
+      queue_.resize(std::min<std::size_t>(capacity + std::max<std::size_t>(capacity / 2, 1), UINT32_MAX));
+      place_.assign(capacity, 0);
+      return;
+    }
     cache_.reserve(cache_rows_);
     if (tracks_seen()) {
       extra_.reserve(cache_rows_);
@@ -59,15 +75,25 @@ class EvictionOrder {
   bool live(std::size_t r) const noexcept { return (flags_[r] & live_flag) != 0; }
   void set_live(std::size_t r) noexcept { flags_[r] |= live_flag; }
   void clear_live(std::size_t r) noexcept { flags_[r] &= static_cast<std::uint8_t>(~live_flag); }
+  void prefetch_flags(std::size_t r) const noexcept { prefetch_bytes(&flags_[r], 1); }
 
-  /// Row r was found or created (its last step and count updated).
-  void seen(std::uint32_t r) {
-    if (cached_) mark_seen(r);
+  /// Row r was found or created (its last step and count updated); `fresh`:
+  /// its first sighting at this step (a created row always is).
+  void seen(std::uint32_t r, bool fresh) {
+    if (evict_ == Evict::lru) {
+      if (fresh && !stale_) append(r);
+    } else if (cached_) {
+      mark_seen(r);
+    }
   }
 
   /// Starts a round of evictions; with `spare_current`, rows seen at the
   /// current step stay, and the cache is kept for later rounds.
   void begin(const RowMeta& m, bool spare_current) {
+    if (evict_ == Evict::lru) {
+      if (stale_) rebuild_queue(m);
+      return;
+    }
     if (!spare_current) cached_ = false;  // its entries spare the current step
     else if (cached_) catch_up(m, true);
   }
@@ -75,6 +101,7 @@ class EvictionOrder {
   /// round takes at most; false when no row is left to evict. The caller
   /// removes the row (clear_live) before asking for another.
   bool next(const RowMeta& m, bool spare_current, std::size_t wanted, std::uint64_t& key) {
+    if (evict_ == Evict::lru) return next_in_queue(m, spare_current, key);
     Candidate c;
     if (!cached_ || !next_victim(m, c)) {
       build_cache(m, spare_current ? cache_rows_ : std::min(wanted, cache_rows_), spare_current);
@@ -83,8 +110,14 @@ class EvictionOrder {
     key = c.key;
     return true;
   }
-  /// Drops the cache (rows changed behind it: an import).
-  void forget() noexcept { cached_ = false; }
+  /// Whether next() may be asked again before the row it gave is removed
+  /// (LRU: each entry it gives is its row's only current one).
+  bool takes_ahead() const noexcept { return evict_ == Evict::lru; }
+  /// Drops the cache or the queue (rows changed behind it: an import).
+  void forget() noexcept {
+    cached_ = false;
+    stale_ = evict_ == Evict::lru;
+  }
   /// Ends the round begun with the same `spare_current`.
   void end(bool spare_current) noexcept {
     if (!spare_current) cached_ = false;  // a one-off cache
@@ -93,7 +126,7 @@ class EvictionOrder {
   /// The bytes held, all reserved at construction.
   std::size_t bytes() const noexcept {
     return flags_.capacity() + (cache_.capacity() + extra_.capacity()) * sizeof(Candidate) +
-           seen_.capacity() * sizeof(std::uint32_t);
+           (seen_.capacity() + queue_.capacity() + place_.capacity()) * sizeof(std::uint32_t);
   }
 
  private:
@@ -250,6 +283,85 @@ class EvictionOrder {
     }
   }
 
+  /// LRU's queue: whether queue_[p] is its row's current entry.
+  bool current_at(std::size_t p) const noexcept {
+    const std::uint32_t r = queue_[p];
+    return live(r) && place_[r] == p;
+  }
+  void append(std::uint32_t r) {
+    if (sorted_open_) sorted_end_ = head_;  // r may join the sorted step: sort it again
+    sorted_open_ = false;
+    if (tail_ == queue_.size()) compact();
+    queue_[tail_] = r;
+    place_[r] = static_cast<std::uint32_t>(tail_);
+    ++tail_;
+  }
+  /// Moves the current entries to the front, in order.
+  void compact() noexcept {
+    std::size_t w = 0;
+    for (std::size_t p = head_; p < tail_; ++p)
+      if (current_at(p)) {
+        const std::uint32_t r = queue_[p];
+        queue_[w] = r;
+        place_[r] = static_cast<std::uint32_t>(w++);
+      }
+    head_ = sorted_end_ = 0;
+    tail_ = w;
+  }
+  /// The queue anew from the live rows, by (last step, key): after an import.
+  void rebuild_queue(const RowMeta& m) {
+    tail_ = 0;
+    for (std::size_t r = 0; r < capacity_; ++r)
+      if (live(r)) queue_[tail_++] = static_cast<std::uint32_t>(r);
+    std::sort(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(tail_),
+              [&](std::uint32_t a, std::uint32_t b) { return m.last[a] != m.last[b] ? m.last[a] < m.last[b] : m.keys[a] < m.keys[b]; });
+    for (std::size_t p = 0; p < tail_; ++p) place_[queue_[p]] = static_cast<std::uint32_t>(p);
+    head_ = 0;
+    sorted_end_ = tail_ == 0 ? 0 : sorted_run(m, 0);  // the first step's run, already in key order
+    sorted_open_ = tail_ != 0 && sorted_step_ >= m.step;
+    stale_ = false;
+  }
+  /// The end of the run of one last step that starts at p (current entries only).
+  std::size_t sorted_run(const RowMeta& m, std::size_t p) noexcept {
+    sorted_step_ = m.last[queue_[p]];
+    std::size_t e = p;
+    while (e < tail_ && m.last[queue_[e]] == sorted_step_) ++e;
+    return e;
+  }
+  /// Sorts the head's step by key: its current entries, gathered to the
+  /// head (the ones of later steps stay behind them). Current entries lie
+  /// in the queue in the order of their last step, each at the step it was
+  /// appended. False when the queue holds no current entry.
+  bool sort_head(const RowMeta& m) {
+    while (head_ < tail_ && !current_at(head_)) ++head_;
+    if (head_ == tail_) return false;
+    sorted_step_ = m.last[queue_[head_]];
+    std::size_t w = head_;
+    for (std::size_t p = head_; p < tail_; ++p) {
+      if (!current_at(p)) continue;
+      const std::uint32_t r = queue_[p];
+      if (m.last[r] != sorted_step_) break;
+      queue_[w++] = r;  // the entries it passes over are stale: place_ points to none of them
+    }
+    std::sort(queue_.begin() + static_cast<std::ptrdiff_t>(head_), queue_.begin() + static_cast<std::ptrdiff_t>(w),
+              [&](std::uint32_t a, std::uint32_t b) { return m.keys[a] < m.keys[b]; });
+    for (std::size_t p = head_; p < w; ++p) place_[queue_[p]] = static_cast<std::uint32_t>(p);
+    sorted_end_ = w;
+    sorted_open_ = sorted_step_ >= m.step;
+    return true;
+  }
+  bool next_in_queue(const RowMeta& m, bool spare_current, std::uint64_t& key) {
+    if (stale_) rebuild_queue(m);
+    for (;;) {
+      if (head_ >= sorted_end_ && !sort_head(m)) return false;
+      if (spare_current && sorted_step_ == m.step) return false;  // every row left was seen at this step
+      const std::size_t p = head_++;
+      if (!current_at(p)) continue;
+      key = m.keys[queue_[p]];
+      return true;
+    }
+  }
+
   Evict evict_ = Evict::lru;
   ScoreFn score_;
   std::size_t capacity_ = 0, cache_rows_ = 0;
@@ -265,6 +377,15 @@ class EvictionOrder {
   std::size_t at_ = 0;
   static constexpr std::size_t sample_rows = 1024;  // build_cache's sample of the rows
   bool cached_ = false;
+  // LRU: the queue of rows by last step, current entries at place_[row];
+  // [head_, sorted_end_) is the head's step (sorted_step_) in key order,
+  // [sorted_end_, tail_) the later appends. sorted_open_: the sorted step
+  // is the current one, which appends may still join. stale_: rebuilt
+  // before use.
+  std::vector<std::uint32_t> queue_, place_;
+  std::size_t head_ = 0, sorted_end_ = 0, tail_ = 0;
+  std::uint64_t sorted_step_ = 0;
+  bool sorted_open_ = false, stale_ = false;
 };
 
 }  // namespace parallax::dynamic

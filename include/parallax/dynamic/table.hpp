@@ -6,9 +6,9 @@
 ///
 /// Layout: every array is allocated once, in the constructor, so the table's
 /// memory is `bytes()` from its first step to its last.
-///   * the index: `buckets` (key, row) pairs, open addressing with linear
-///     probing and backward-shift deletion (no tombstones), at most
-///     `max_load` full when the table is;
+///   * the index: `buckets` (key, row, distance from home) entries, open
+///     addressing with linear probing and backward-shift deletion (no
+///     tombstones), at most `max_load` full when the table is;
 ///   * per row (`capacity` of them): `cols` values, `slots` optimizer state
 ///     rows of `cols` values each (laid out as optim::State lays out a
 ///     variable's, one array per slot, row r at r * cols), its key, the step
@@ -115,6 +115,10 @@ inline void check_options(const Options& op, const std::string& what) {
     throw error(what + "slots must be 0, 1 or 2, got " + std::to_string(op.slots));
   if (!(op.max_load > 0.0 && op.max_load < 1.0))
     throw error(what + "max_load must be in (0, 1), got " + std::to_string(op.max_load));
+  // The index stores each entry's distance from its home bucket in 32 bits.
+  if (std::ceil(static_cast<double>(op.capacity) / op.max_load) >= static_cast<double>(UINT32_MAX))
+    throw error(what + "capacity / max_load must stay below 2^32 - 1 index buckets, got " +
+                std::to_string(op.capacity) + " / " + std::to_string(op.max_load));
   if (!(op.evict_fraction > 0.0 && op.evict_fraction <= 1.0))
     throw error(what + "evict_fraction must be in (0, 1], got " + std::to_string(op.evict_fraction));
   if (op.evict == Evict::score && !op.score) throw error(what + "Evict::score needs a score function");
@@ -164,7 +168,7 @@ class Table {
     rule_ = parallax::detail::make_init_rule(op.init, op.name, Shape{op.capacity, op.cols});
     buckets_ = std::max<std::size_t>(op.capacity + 1,
                                      static_cast<std::size_t>(std::ceil(static_cast<double>(op.capacity) / op.max_load)));
-    index_.assign(buckets_, Bucket{0, none});
+    index_.assign(buckets_, Bucket{0, none, 0});
     values_.assign(op.capacity * op.cols, T(0));
     for (int k = 0; k < op.slots; ++k) state_[k].assign(op.capacity * op.cols, T(0));
     keys_.assign(op.capacity, 0);
@@ -173,10 +177,12 @@ class Table {
     free_.resize(op.capacity);
     // Row 0 is handed out first.
     for (std::size_t r = 0; r < op.capacity; ++r) free_[r] = static_cast<std::uint32_t>(op.capacity - 1 - r);
-    // The eviction cache: a quarter of the rows (at least one batch), so a
-    // full table scans its rows about once per capacity / 8 evictions.
+    // LFU's and a score's eviction cache: a quarter of the rows (at least
+    // one batch), so a full table scans its rows about once per capacity / 8
+    // evictions.
     order_ = EvictionOrder(op.capacity, std::min(op.capacity, std::max(evict_batch(), (op.capacity + 3) / 4)),
                            op.evict, op.score);
+    if (order_.takes_ahead()) victims_.resize(std::min<std::size_t>(evict_batch(), 256));
     stats_.capacity = op.capacity;
   }
 
@@ -207,8 +213,8 @@ class Table {
   /// The row of each key, or -1 (no insert, no statistics, no admission).
   void find(const std::uint64_t* keys, std::size_t n, index_t* slots_out) const {
     for (std::size_t i = 0; i < n; ++i) {
-      const std::size_t b = locate(keys[i]);
-      slots_out[i] = index_[b].row == none ? index_t{-1} : static_cast<index_t>(index_[b].row);
+      const Place p = locate(keys[i]);
+      slots_out[i] = p.found ? static_cast<index_t>(index_[p.bucket].row) : index_t{-1};
     }
   }
 
@@ -216,7 +222,10 @@ class Table {
   /// the default row of keys[i] (zeros or its initial row).
   void gather(const std::uint64_t* keys, const index_t* slots, std::size_t n, T* out) const {
     const std::size_t cols = options_.cols;
+    constexpr std::size_t ahead = 4;  // the rows are scattered over the table
     for (std::size_t i = 0; i < n; ++i) {
+      if (i + ahead < n && slots[i + ahead] >= 0)
+        prefetch_bytes(values_.data() + static_cast<std::size_t>(slots[i + ahead]) * cols, cols * sizeof(T));
       if (slots[i] >= 0) std::copy_n(values_.data() + static_cast<std::size_t>(slots[i]) * cols, cols, out + i * cols);
       else if (options_.unadmitted == Unadmitted::initial) initial_row(keys[i], out + i * cols);
       else std::fill_n(out + i * cols, cols, T(0));
@@ -272,9 +281,9 @@ class Table {
   std::size_t erase(const std::uint64_t* keys, std::size_t n) {
     std::size_t gone = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      const std::size_t b = locate(keys[i]);
-      if (index_[b].row == none) continue;
-      remove_bucket(b);
+      const Place p = locate(keys[i]);
+      if (!p.found) continue;
+      remove_bucket(p.bucket);
       ++gone;
     }
     stats_.erased += gone;
@@ -325,7 +334,7 @@ class Table {
     auto mine = [&](std::uint64_t key) { return ranks <= 0 || owner(key, ranks) == rank; };
     std::size_t fresh = 0;
     for (std::size_t i = 0; i < n; ++i)
-      if (mine(s.keys[i]) && index_[locate(s.keys[i])].row == none) ++fresh;
+      if (mine(s.keys[i]) && !locate(s.keys[i]).found) ++fresh;
     if (fresh > free_.size())
       throw error(what + std::to_string(fresh) + " new keys, " + std::to_string(free_.size()) + " free rows");
     order_.forget();  // imported rows may lie anywhere in the eviction order
@@ -333,9 +342,8 @@ class Table {
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint64_t key = s.keys[i];
       if (!mine(key)) continue;
-      const std::size_t b = locate(key);
-      std::uint32_t r = index_[b].row;
-      if (r == none) r = take_row(b, key);
+      const Place p = locate(key);
+      const std::uint32_t r = p.found ? index_[p.bucket].row : take_row(p, key);
       std::copy_n(s.rows.begin() + i * cols, cols, values_.begin() + r * cols);
       for (int k = 0; k < s.slots; ++k) std::copy_n(s.state[k].begin() + i * cols, cols, state_[k].begin() + r * cols);
       count_[r] = s.counts[i];
@@ -373,6 +381,12 @@ class Table {
   bool holds(index_t r, std::uint64_t key) const noexcept {
     return order_.live(static_cast<std::size_t>(r)) && keys_[static_cast<std::size_t>(r)] == key;
   }
+  /// Asks for what holds(r, key) reads; a negative r asks for nothing.
+  void prefetch_holds(index_t r) const noexcept {
+    if (r < 0) return;
+    prefetch_bytes(&keys_[static_cast<std::size_t>(r)], sizeof(std::uint64_t));
+    order_.prefetch_flags(static_cast<std::size_t>(r));
+  }
   std::uint64_t count_of(index_t r) const noexcept { return count_[static_cast<std::size_t>(r)]; }
   std::uint64_t last_step_of(index_t r) const noexcept { return last_[static_cast<std::size_t>(r)]; }
   /// The whole value array (capacity x cols) and state slot k's, as a
@@ -392,7 +406,8 @@ class Table {
   std::size_t bytes() const noexcept {
     std::size_t b = index_.capacity() * sizeof(Bucket) + values_.capacity() * sizeof(T) +
                     (keys_.capacity() + last_.capacity() + count_.capacity()) * sizeof(std::uint64_t) +
-                    free_.capacity() * sizeof(std::uint32_t) + order_.bytes() + sketch_.bytes();
+                    free_.capacity() * sizeof(std::uint32_t) + victims_.capacity() * sizeof(std::uint64_t) +
+                    order_.bytes() + sketch_.bytes();
     for (const auto& s : state_) b += s.capacity() * sizeof(T);
     return b;
   }
@@ -407,7 +422,8 @@ class Table {
  private:
   struct Bucket {
     std::uint64_t key;
-    std::uint32_t row;  // none: empty
+    std::uint32_t row;   // none: empty
+    std::uint32_t dist;  // from the key's home bucket: deletion need not hash again
   };
 
   std::size_t home(std::uint64_t key) const noexcept {
@@ -435,23 +451,32 @@ class Table {
     prefetch_bytes(&count_[r], sizeof(std::uint64_t));
   }
 
-  /// The bucket of `key`, or the empty bucket where it would go.
-  std::size_t locate(std::uint64_t key) const noexcept {
+  /// Where a key is, or where it would go: `dist` buckets from its home.
+  struct Place {
+    std::size_t bucket;
+    std::uint32_t dist;
+    bool found;
+  };
+  Place locate(std::uint64_t key) const noexcept {
     std::size_t b = home(key);
-    while (index_[b].row != none && index_[b].key != key)
+    for (std::uint32_t d = 0;; ++d) {
+      const Bucket& e = index_[b];
+      if (e.row == none) return Place{b, d, false};
+      if (e.key == key) return Place{b, d, true};
       if (++b == buckets_) b = 0;
-    return b;
+    }
   }
 
   index_t find_or_insert_one(std::uint64_t key, std::uint64_t step) {
     ++stats_.lookups;
-    std::size_t b = locate(key);
-    std::uint32_t r = index_[b].row;
-    if (r != none) {
+    Place p = locate(key);
+    std::uint32_t r = index_[p.bucket].row;
+    if (p.found) {
       ++stats_.hits;
+      const bool fresh = last_[r] != step;
       last_[r] = step;
       ++count_[r];
-      order_.seen(r);
+      order_.seen(r, fresh);
       return static_cast<index_t>(r);
     }
     if (!admit(key, step)) {
@@ -463,17 +488,17 @@ class Table {
         throw error("parallax::dynamic::Table \"" + options_.name + "\": step " + std::to_string(step) +
                     " asks for more distinct keys than its capacity of " + std::to_string(options_.capacity) +
                     " rows, every one of them seen at this step");
-      b = locate(key);  // eviction moved buckets
+      p = locate(key);  // eviction moved buckets
     }
     prefetch_free_row();
-    r = take_row(b, key);
+    r = take_row(p, key);
     const std::size_t cols = options_.cols;
     initial_row(key, values_.data() + r * cols);
     for (int k = 0; k < options_.slots; ++k)
       std::fill_n(state_[k].data() + r * cols, cols, static_cast<T>(options_.slot_initial[k]));
     last_[r] = step;
     count_[r] = 1;
-    order_.seen(r);
+    order_.seen(r, true);
     ++stats_.inserts;
     stats_.size = size_;
     return static_cast<index_t>(r);
@@ -491,10 +516,11 @@ class Table {
     return true;
   }
 
-  std::uint32_t take_row(std::size_t b, std::uint64_t key) {
+  /// A free row for `key`, absent, in the empty bucket p (locate's).
+  std::uint32_t take_row(const Place& p, std::uint64_t key) {
     const std::uint32_t r = free_.back();
     free_.pop_back();
-    index_[b] = Bucket{key, r};
+    index_[p.bucket] = Bucket{key, r, p.dist};
     keys_[r] = key;
     order_.set_live(r);
     ++size_;
@@ -507,16 +533,17 @@ class Table {
     order_.clear_live(index_[b].row);
     --size_;
     std::size_t hole = b, j = b;
+    std::uint32_t gap = 0;  // from the hole to j
     for (;;) {
       if (++j == buckets_) j = 0;
-      if (index_[j].row == none) break;
-      const std::size_t h = home(index_[j].key);
+      ++gap;
+      const Bucket& e = index_[j];
+      if (e.row == none) break;
       // Move j into the hole unless its home lies cyclically in (hole, j].
-      const std::size_t dist_j = j >= h ? j - h : j + buckets_ - h;
-      const std::size_t dist_hole = hole >= h ? hole - h : hole + buckets_ - h;
-      if (dist_hole < dist_j) {
-        index_[hole] = index_[j];
+      if (e.dist >= gap) {
+        index_[hole] = Bucket{e.key, e.row, e.dist - gap};
         hole = j;
+        gap = 0;
       }
     }
     index_[hole].row = none;
@@ -529,8 +556,26 @@ class Table {
     const RowMeta m{keys_.data(), last_.data(), count_.data(), step_};
     std::size_t gone = 0;
     order_.begin(m, spare_current);
-    for (std::uint64_t key = 0; gone < n && order_.next(m, spare_current, n - gone, key); ++gone)
-      remove_bucket(locate(key));
+    if (order_.takes_ahead()) {
+      // The victims a batch at a time, their buckets asked for before the
+      // first is removed: each lies anywhere in the index.
+      for (bool more = true; more && gone < n;) {
+        std::size_t k = 0;
+        for (std::uint64_t key = 0; k < victims_.size() && gone + k < n; ++k) {
+          if (!order_.next(m, spare_current, n - gone - k, key)) {
+            more = false;
+            break;
+          }
+          victims_[k] = key;
+          prefetch_home(key);
+        }
+        for (std::size_t i = 0; i < k; ++i) remove_bucket(locate(victims_[i]).bucket);
+        gone += k;
+      }
+    } else {
+      for (std::uint64_t key = 0; gone < n && order_.next(m, spare_current, n - gone, key); ++gone)
+        remove_bucket(locate(key).bucket);
+    }
     order_.end(spare_current);
     stats_.evictions += gone;
     stats_.size = size_;
@@ -545,6 +590,7 @@ class Table {
   std::vector<T> state_[optim::max_slots];
   std::vector<std::uint64_t> keys_, last_, count_;
   std::vector<std::uint32_t> free_;
+  std::vector<std::uint64_t> victims_;  // evict_lowest's batch, where the order takes it ahead
   EvictionOrder order_;  // which rows are live, and which go first
   CountMinSketch sketch_;
   std::size_t size_ = 0;

@@ -18,6 +18,7 @@
 #include <parallax/optim/optimizer.hpp>
 #include <parallax/policy/dynamic_ps/saves.hpp>
 #include <parallax/policy/policy.hpp>
+#include <parallax/space.hpp>
 #include <parallax/types.hpp>
 
 #include <algorithm>
@@ -269,11 +270,15 @@ class TableMember : public Shard<Engine, Optimizer> {
   /// a key without a row (never looked up, refused or evicted) pushes nothing.
   void sum_pushed(const std::uint64_t* keys, const T* rows, std::size_t n) {
     const std::size_t cols = var_.cols();
+    // Rows lie anywhere in the table: what each loop reads of them is asked
+    // for this many entries ahead.
+    constexpr std::size_t ahead = 8;
     arrived_.resize(n);
     if (n != 0 && looked_keys_.size() == n && std::equal(keys, keys + n, looked_keys_.begin())) {
       // The keys of this step's last lookup, in its order: its rows, where
       // they still hold the key (a key refused then may hold one now).
       for (std::size_t j = 0; j < n; ++j) {
+        if (j + ahead < n) table_.prefetch_holds(looked_slots_[j + ahead]);
         const index_t s = looked_slots_[j];
         if (s >= 0 && table_.holds(s, keys[j])) arrived_[j] = s;
         else table_.find(keys + j, 1, arrived_.data() + j);
@@ -285,6 +290,8 @@ class TableMember : public Shard<Engine, Optimizer> {
     push_slots_.clear();
     sums_.clear();
     for (std::size_t j = 0; j < n; ++j) {
+      if (j + ahead < n && arrived_[j + ahead] >= 0)
+        prefetch_bytes(&at_[static_cast<std::size_t>(arrived_[j + ahead])], sizeof(std::uint32_t));
       if (arrived_[j] < 0) continue;
       std::uint32_t& k = at_[static_cast<std::size_t>(arrived_[j])];
       if (k == unseen) {
