@@ -316,17 +316,8 @@ class EvictionOrder {
     std::sort(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(tail_),
               [&](std::uint32_t a, std::uint32_t b) { return m.last[a] != m.last[b] ? m.last[a] < m.last[b] : m.keys[a] < m.keys[b]; });
     for (std::size_t p = 0; p < tail_; ++p) place_[queue_[p]] = static_cast<std::uint32_t>(p);
-    head_ = 0;
-    sorted_end_ = tail_ == 0 ? 0 : sorted_run(m, 0);  // the first step's run, already in key order
-    sorted_open_ = tail_ != 0 && sorted_step_ >= m.step;
-    stale_ = false;
-  }
-  /// The end of the run of one last step that starts at p (current entries only).
-  std::size_t sorted_run(const RowMeta& m, std::size_t p) noexcept {
-    sorted_step_ = m.last[queue_[p]];
-    std::size_t e = p;
-    while (e < tail_ && m.last[queue_[e]] == sorted_step_) ++e;
-    return e;
+    head_ = sorted_end_ = 0;  // sort_head() reads the first step off again
+    sorted_open_ = stale_ = false;
   }
   /// Sorts the head's step by key: its current entries, gathered to the
   /// head (the ones of later steps stay behind them). Current entries lie
@@ -351,8 +342,7 @@ class EvictionOrder {
     return true;
   }
   bool next_in_queue(const RowMeta& m, bool spare_current, std::uint64_t& key) {
-    if (stale_) rebuild_queue(m);
-    for (;;) {
+    for (;;) {  // begin() rebuilt a stale queue
       if (head_ >= sorted_end_ && !sort_head(m)) return false;
       if (spare_current && sorted_step_ == m.step) return false;  // every row left was seen at this step
       const std::size_t p = head_++;
