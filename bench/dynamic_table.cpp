@@ -4,7 +4,9 @@
 // hit, bump its count and last step) at the same load, in the same run; and
 // a stream of 4 million keys (Zipf head, once-seen tail) through a table of
 // 2^20 rows, reporting how far the process's max RSS grew past the bytes
-// the table allocated at construction. One process, one thread:
+// the table allocated at construction; and 02_ctr --dynamic's 8 full
+// tables without its model, inserting and evicting every step
+// (full_tables). One process, one thread:
 //
 //   build/host/bench/bench_dynamic_table --benchmark_counters_tabular=true
 #include <parallax/dynamic/table.hpp>
@@ -164,6 +166,72 @@ void stream(benchmark::State& st) {
   st.SetItemsProcessed(static_cast<std::int64_t>(st.iterations() * 1000 * batch));
 }
 BENCHMARK(stream)->Iterations(1)->Unit(benchmark::kMillisecond);
+
+/// 02_ctr --dynamic's tables without its model: 8 tables of 12,500 rows of
+/// 16 floats with Adagrad's state (its 100,000 rows a rank), 1,024 keys a
+/// table a step, 60% from a Zipf(1.1) pool of 100,000 keys that gains 1,000
+/// a step and 40% seen once, so that a full table inserts and evicts about
+/// 580 rows a table every step. An iteration is one step of all 8 tables:
+/// find_or_insert, gather and an Adagrad apply of the step's rows (unique,
+/// in order of first sighting, as DynamicPS's push-sum gives them). The
+/// keys are drawn before the timed loop, the first 40 steps fill the
+/// tables untimed; the counters are per step.
+void full_tables(benchmark::State& st) {
+  constexpr std::size_t tables = 8, per_table = 12500, keys_per_step = 1024, cols = 16;
+  constexpr std::uint64_t warm = 40, steps = 440;
+  std::vector<std::uint64_t> keys(steps * tables * keys_per_step);
+  std::mt19937_64 rng(17);
+  std::uniform_real_distribution<double> u01(0.0, 1.0);
+  std::uint64_t once = 1ull << 40;
+  for (std::uint64_t s = 0; s < steps; ++s) {
+    const double pool = 100000.0 + 1000.0 * static_cast<double>(s), top = std::pow(pool + 1, 1 - 1.1);
+    for (std::size_t i = 0; i < tables * keys_per_step; ++i) {
+      const std::uint64_t f = i / keys_per_step;
+      std::uint64_t k = once++;
+      if (u01(rng) < 0.6) k = static_cast<std::uint64_t>(std::max(std::pow(1 + u01(rng) * (top - 1), 1 / (1 - 1.1)), 1.0));
+      keys[s * tables * keys_per_step + i] = px::detail::splitmix64(k ^ (f << 56));
+    }
+  }
+  std::vector<pd::Table<float>> t;
+  for (std::size_t f = 0; f < tables; ++f) {
+    pd::Options o;
+    o.capacity = per_table;
+    o.cols = cols;
+    o.init = px::init::Uniform{-0.05f, 0.05f, 3};
+    o.with_optimizer(px::optim::Adagrad{});
+    t.emplace_back(o);
+  }
+  std::vector<px::index_t> slots(keys_per_step), unique;
+  std::vector<float> rows(keys_per_step * cols), grads(keys_per_step * cols, 0.01f);
+  std::vector<std::uint8_t> seen(per_table, 0);
+  const px::optim::Adagrad opt;
+  auto step = [&](std::uint64_t s) {
+    for (std::size_t f = 0; f < tables; ++f) {
+      const std::uint64_t* k = keys.data() + (s * tables + f) * keys_per_step;
+      t[f].find_or_insert(k, keys_per_step, s + 1, slots.data());
+      t[f].gather(k, slots.data(), keys_per_step, rows.data());
+      unique.clear();
+      for (px::index_t r : slots)
+        if (!seen[static_cast<std::size_t>(r)]) seen[static_cast<std::size_t>(r)] = 1, unique.push_back(r);
+      for (px::index_t r : unique) seen[static_cast<std::size_t>(r)] = 0;
+      t[f].apply(opt, s + 1, unique.data(), grads.data(), unique.size());
+    }
+  };
+  for (std::uint64_t s = 0; s < warm; ++s) step(s);
+  std::uint64_t s = warm;
+  for (auto _ : st) {
+    step(s++);
+    benchmark::DoNotOptimize(rows.data());
+  }
+  std::uint64_t inserts = 0, evictions = 0;
+  for (const auto& x : t) inserts += x.stats().inserts, evictions += x.stats().evictions;
+  const double timed = static_cast<double>(s - warm);
+  st.counters["inserts_per_step"] = static_cast<double>(inserts) / static_cast<double>(s);
+  st.counters["evictions_per_step"] = static_cast<double>(evictions) / static_cast<double>(s);
+  st.counters["bytes_per_row"] = static_cast<double>(t[0].bytes()) / per_table;
+  st.SetItemsProcessed(static_cast<std::int64_t>(timed * tables * keys_per_step));
+}
+BENCHMARK(full_tables)->Iterations(400)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

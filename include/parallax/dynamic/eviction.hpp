@@ -1,9 +1,12 @@
 #pragma once
 /// @file
 /// The eviction order of a dynamic table (dynamic::Table, table.hpp): which
-/// live rows go first when the table is full, and the per-row flags that
-/// say which rows are live. Rows go by lowest (score, last step, key), so
-/// the same contents evict the same keys whatever their insertion order.
+/// live rows go first when the table is full, and each row's record (its
+/// key, last step, count, whether it is live, and LRU's place in the
+/// queue), one record a row so that what a lookup, an insert or an
+/// eviction reads and writes of a row lies in one cache line. Rows go by
+/// lowest (score, last step, key), so the same contents evict the same
+/// keys whatever their insertion order.
 ///
 /// LRU keeps its rows in a queue in the order of their last step: a row's
 /// first sighting at a step appends it, and the entry it had before goes
@@ -40,29 +43,31 @@ enum class Evict : std::uint8_t {
 /// A user's eviction score (Evict::score): lower goes first.
 using ScoreFn = std::function<double(std::uint64_t key, std::uint64_t count, std::uint64_t last_step)>;
 
-/// What the eviction order reads of a table's rows: each row's key, the
-/// step it was last seen, how often it was seen, and the current step.
-struct RowMeta {
-  const std::uint64_t* keys;
-  const std::uint64_t* last;
-  const std::uint64_t* count;
-  std::uint64_t step;
+/// A row's record: what the table and its eviction order keep of a row
+/// besides its values and optimizer state. 32 bytes, aligned so that a
+/// record never straddles two cache lines.
+struct alignas(32) RowRecord {
+  std::uint64_t key = 0;
+  std::uint64_t last = 0;   ///< the step it was last seen
+  std::uint64_t count = 0;  ///< how often it was seen since it took its row
+  std::uint32_t place = 0;  ///< LRU: its current entry in the queue
+  std::uint8_t flags = 0;   ///< live, and (LFU, score) in the seen list
 };
+static_assert(sizeof(RowRecord) == 32, "a RowRecord is half a cache line");
 
-/// The eviction order of `capacity` rows, with their live flags.
+/// The eviction order of `capacity` rows, with their records.
 class EvictionOrder {
  public:
   EvictionOrder() = default;
   /// `cache_rows`: the lowest rows kept from call to call (at most capacity).
   EvictionOrder(std::size_t capacity, std::size_t cache_rows, Evict evict, ScoreFn score)
       : evict_(evict), score_(std::move(score)), capacity_(capacity), cache_rows_(cache_rows) {
-    flags_.assign(capacity, 0);
+    rows_.assign(capacity, RowRecord{});
     if (evict_ == Evict::lru) {
       // Room for half the capacity's appends between compactions, each of
       // which leaves at most the live rows: a compaction per capacity / 2
       // appends. Places are 32-bit (Table's capacity is below 2^32 - 1).
       queue_.resize(std::min<std::size_t>(capacity + std::max<std::size_t>(capacity / 2, 1), UINT32_MAX));
-      place_.assign(capacity, 0);
       return;
     }
     cache_.reserve(cache_rows_);
@@ -72,12 +77,15 @@ class EvictionOrder {
     }
   }
 
-  bool live(std::size_t r) const noexcept { return (flags_[r] & live_flag) != 0; }
-  void set_live(std::size_t r) noexcept { flags_[r] |= live_flag; }
-  void clear_live(std::size_t r) noexcept { flags_[r] &= static_cast<std::uint8_t>(~live_flag); }
-  void prefetch_flags(std::size_t r) const noexcept { prefetch_bytes(&flags_[r], 1); }
+  /// Row r's record (r in [0, capacity)).
+  RowRecord& row(std::size_t r) noexcept { return rows_[r]; }
+  const RowRecord& row(std::size_t r) const noexcept { return rows_[r]; }
+  void prefetch_row(std::size_t r) const noexcept { prefetch_bytes(&rows_[r], sizeof(RowRecord)); }
+  bool live(std::size_t r) const noexcept { return (rows_[r].flags & live_flag) != 0; }
+  void set_live(std::size_t r) noexcept { rows_[r].flags |= live_flag; }
+  void clear_live(std::size_t r) noexcept { rows_[r].flags &= static_cast<std::uint8_t>(~live_flag); }
 
-  /// Row r was found or created (its last step and count updated); `fresh`:
+  /// Row r was found or created (its record's last step and count updated); `fresh`:
   /// its first sighting at this step (a created row always is).
   void seen(std::uint32_t r, bool fresh) {
     if (evict_ == Evict::lru) {
@@ -87,25 +95,25 @@ class EvictionOrder {
     }
   }
 
-  /// Starts a round of evictions; with `spare_current`, rows seen at the
-  /// current step stay, and the cache is kept for later rounds.
-  void begin(const RowMeta& m, bool spare_current) {
+  /// Starts a round of evictions at `step` (the current one); with
+  /// `spare_current`, rows seen at it stay, and the cache is kept for later rounds.
+  void begin(std::uint64_t step, bool spare_current) {
     if (evict_ == Evict::lru) {
-      if (stale_) rebuild_queue(m);
+      if (stale_) rebuild_queue();
       return;
     }
     if (!spare_current) cached_ = false;  // its entries spare the current step
-    else if (cached_) catch_up(m, true);
+    else if (cached_) catch_up(step, true);
   }
   /// The key of the next row to go, `wanted` being how many more this
   /// round takes at most; false when no row is left to evict. The caller
   /// removes the row (clear_live) before asking for another.
-  bool next(const RowMeta& m, bool spare_current, std::size_t wanted, std::uint64_t& key) {
-    if (evict_ == Evict::lru) return next_in_queue(m, spare_current, key);
+  bool next(std::uint64_t step, bool spare_current, std::size_t wanted, std::uint64_t& key) {
+    if (evict_ == Evict::lru) return next_in_queue(step, spare_current, key);
     Candidate c;
-    if (!cached_ || !next_victim(m, c)) {
-      build_cache(m, spare_current ? cache_rows_ : std::min(wanted, cache_rows_), spare_current);
-      if (!cached_ || !next_victim(m, c)) return false;
+    if (!cached_ || !next_victim(c)) {
+      build_cache(step, spare_current ? cache_rows_ : std::min(wanted, cache_rows_), spare_current);
+      if (!cached_ || !next_victim(c)) return false;
     }
     key = c.key;
     return true;
@@ -125,8 +133,8 @@ class EvictionOrder {
 
   /// The bytes held, all reserved at construction.
   std::size_t bytes() const noexcept {
-    return flags_.capacity() + (cache_.capacity() + extra_.capacity()) * sizeof(Candidate) +
-           (seen_.capacity() + queue_.capacity() + place_.capacity()) * sizeof(std::uint32_t);
+    return rows_.capacity() * sizeof(RowRecord) + (cache_.capacity() + extra_.capacity()) * sizeof(Candidate) +
+           (seen_.capacity() + queue_.capacity()) * sizeof(std::uint32_t);
   }
 
  private:
@@ -148,27 +156,28 @@ class EvictionOrder {
   struct After {
     bool operator()(const Candidate& a, const Candidate& b) const noexcept { return before(b, a); }
   };
-  Candidate candidate(const RowMeta& m, std::uint32_t r) const {
+  Candidate candidate(std::uint32_t r) const {
+    const RowRecord& x = rows_[r];
     double score = 0.0;
-    if (evict_ == Evict::lfu) score = static_cast<double>(m.count[r]);
-    else if (evict_ == Evict::score) score = score_(m.keys[r], m.count[r], m.last[r]);
-    return Candidate{score, m.last[r], m.keys[r], r};
+    if (evict_ == Evict::lfu) score = static_cast<double>(x.count);
+    else if (evict_ == Evict::score) score = score_(x.key, x.count, x.last);
+    return Candidate{score, x.last, x.key, r};
   }
   /// An entry still describes its row: the row is live, holds the key and
   /// has not been seen since (every lookup that finds or creates a row
   /// sets its last step to one after every entry's).
-  bool current(const RowMeta& m, const Candidate& c) const noexcept {
-    return live(c.row) && m.keys[c.row] == c.key && m.last[c.row] == c.last;
+  bool current(const Candidate& c) const noexcept {
+    return live(c.row) && rows_[c.row].key == c.key && rows_[c.row].last == c.last;
   }
   /// LFU's and a user score's rows move in the order when seen (a count
   /// goes up, a score may go down); LRU's only go to the end.
   bool tracks_seen() const noexcept { return evict_ != Evict::lru; }
   void mark_seen(std::uint32_t r) {
-    if (!tracks_seen() || (flags_[r] & seen_flag) != 0) return;
-    flags_[r] |= seen_flag;
+    if (!tracks_seen() || (rows_[r].flags & seen_flag) != 0) return;
+    rows_[r].flags |= seen_flag;
     seen_.push_back(r);
   }
-  void unmark_seen(std::uint32_t r) noexcept { flags_[r] &= static_cast<std::uint8_t>(~seen_flag); }
+  void unmark_seen(std::uint32_t r) noexcept { rows_[r].flags &= static_cast<std::uint8_t>(~seen_flag); }
 
   /// Rebuilds the cache with the lowest live rows (sparing the current
   /// step's with `spare_current`), at most `k` and about k / 2, in
@@ -177,7 +186,7 @@ class EvictionOrder {
   /// the rows keeps those at or below it, and a sort orders them; should
   /// more than k pass, a bounded max-heap keeps the k lowest. `threshold_`
   /// is then such that every row outside the cache lies above it.
-  void build_cache(const RowMeta& m, std::size_t k, bool spare_current) {
+  void build_cache(std::uint64_t step, std::size_t k, bool spare_current) {
     cached_ = false;
     cache_.clear();
     extra_.clear();
@@ -185,11 +194,11 @@ class EvictionOrder {
     for (std::uint32_t r : seen_) unmark_seen(r);
     seen_.clear();
     if (k == 0) return;
-    const auto eligible = [&](std::uint32_t r) { return live(r) && !(spare_current && m.last[r] == m.step); };
+    const auto eligible = [&](std::uint32_t r) { return live(r) && !(spare_current && rows_[r].last == step); };
     // The sample, in cache_'s storage: every stride-th row.
     const std::size_t stride = std::max<std::size_t>(1, capacity_ / std::min<std::size_t>(k, sample_rows));
     for (std::size_t i = 0; i < capacity_; i += stride)
-      if (eligible(static_cast<std::uint32_t>(i))) cache_.push_back(candidate(m, static_cast<std::uint32_t>(i)));
+      if (eligible(static_cast<std::uint32_t>(i))) cache_.push_back(candidate(static_cast<std::uint32_t>(i)));
     const std::size_t pick = k / 2 / stride;  // each sampled row stands for `stride` rows
     const bool bounded = pick < cache_.size();
     Candidate cut{};
@@ -202,11 +211,11 @@ class EvictionOrder {
     for (std::size_t i = 0; i < capacity_; ++i) {
       const auto r = static_cast<std::uint32_t>(i);
       if (!live(r)) continue;
-      if (spare_current && m.last[r] == m.step) {
+      if (spare_current && rows_[r].last == step) {
         mark_seen(r);  // may fall below the threshold once its step has passed
         continue;
       }
-      const Candidate c = candidate(m, r);
+      const Candidate c = candidate(r);
       if (bounded && before(cut, c)) continue;
       if (cache_.size() < k) {
         cache_.push_back(c);
@@ -240,7 +249,7 @@ class EvictionOrder {
   /// Rows seen since the cache was built whose place now lies at or below
   /// its threshold join it (a min-heap beside the sorted cache); when
   /// more than the cache holds would, the cache is dropped and rebuilt.
-  void catch_up(const RowMeta& m, bool spare_current) {
+  void catch_up(std::uint64_t step, bool spare_current) {
     std::size_t kept = 0;
     for (std::size_t i = 0; i < seen_.size(); ++i) {
       const std::uint32_t r = seen_[i];
@@ -248,12 +257,12 @@ class EvictionOrder {
         unmark_seen(r);
         continue;
       }
-      if (spare_current && m.last[r] == m.step) {
+      if (spare_current && rows_[r].last == step) {
         seen_[kept++] = r;  // not a candidate until its step has passed
         continue;
       }
       unmark_seen(r);
-      const Candidate c = candidate(m, r);
+      const Candidate c = candidate(r);
       if (before(threshold_, c)) continue;
       if (extra_.size() == extra_.capacity()) {  // rebuilt at once: every row is looked at again
         cached_ = false;
@@ -268,7 +277,7 @@ class EvictionOrder {
   }
 
   /// The lowest current entry of the cache, removed from it; false when none is left.
-  bool next_victim(const RowMeta& m, Candidate& out) {
+  bool next_victim(Candidate& out) {
     for (;;) {
       const bool in_cache = at_ < cache_.size(), in_extra = !extra_.empty();
       if (!in_cache && !in_extra) return false;
@@ -279,43 +288,53 @@ class EvictionOrder {
       } else {
         out = cache_[at_++];
       }
-      if (current(m, out)) return true;
+      if (current(out)) return true;
     }
   }
 
   /// LRU's queue: whether queue_[p] is its row's current entry.
   bool current_at(std::size_t p) const noexcept {
     const std::uint32_t r = queue_[p];
-    return live(r) && place_[r] == p;
+    return live(r) && rows_[r].place == p;
+  }
+  /// Asks for the record current_at(p + ahead) reads, where the queue has
+  /// that entry: the queue is read in order, its rows lie anywhere.
+  static constexpr std::size_t ahead = 8;
+  void prefetch_entry(std::size_t p) const noexcept {
+    if (p + ahead < tail_) prefetch_row(queue_[p + ahead]);
   }
   void append(std::uint32_t r) {
     if (sorted_open_) sorted_end_ = head_;  // r may join the sorted step: sort it again
     sorted_open_ = false;
     if (tail_ == queue_.size()) compact();
     queue_[tail_] = r;
-    place_[r] = static_cast<std::uint32_t>(tail_);
+    rows_[r].place = static_cast<std::uint32_t>(tail_);
     ++tail_;
   }
   /// Moves the current entries to the front, in order.
   void compact() noexcept {
     std::size_t w = 0;
-    for (std::size_t p = head_; p < tail_; ++p)
+    for (std::size_t p = head_; p < tail_; ++p) {
+      prefetch_entry(p);
       if (current_at(p)) {
         const std::uint32_t r = queue_[p];
         queue_[w] = r;
-        place_[r] = static_cast<std::uint32_t>(w++);
+        rows_[r].place = static_cast<std::uint32_t>(w++);
       }
+    }
     head_ = sorted_end_ = 0;
     tail_ = w;
   }
   /// The queue anew from the live rows, by (last step, key): after an import.
-  void rebuild_queue(const RowMeta& m) {
+  void rebuild_queue() {
     tail_ = 0;
     for (std::size_t r = 0; r < capacity_; ++r)
       if (live(r)) queue_[tail_++] = static_cast<std::uint32_t>(r);
-    std::sort(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(tail_),
-              [&](std::uint32_t a, std::uint32_t b) { return m.last[a] != m.last[b] ? m.last[a] < m.last[b] : m.keys[a] < m.keys[b]; });
-    for (std::size_t p = 0; p < tail_; ++p) place_[queue_[p]] = static_cast<std::uint32_t>(p);
+    std::sort(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(tail_), [&](std::uint32_t a, std::uint32_t b) {
+      const RowRecord &x = rows_[a], &y = rows_[b];
+      return x.last != y.last ? x.last < y.last : x.key < y.key;
+    });
+    for (std::size_t p = 0; p < tail_; ++p) rows_[queue_[p]].place = static_cast<std::uint32_t>(p);
     head_ = sorted_end_ = 0;  // sort_head() reads the first step off again
     sorted_open_ = stale_ = false;
   }
@@ -323,31 +342,37 @@ class EvictionOrder {
   /// head (the ones of later steps stay behind them). Current entries lie
   /// in the queue in the order of their last step, each at the step it was
   /// appended. False when the queue holds no current entry.
-  bool sort_head(const RowMeta& m) {
-    while (head_ < tail_ && !current_at(head_)) ++head_;
+  bool sort_head(std::uint64_t step) {
+    for (std::size_t p = head_; p < std::min(head_ + ahead, tail_); ++p) prefetch_row(queue_[p]);
+    for (; head_ < tail_; ++head_) {
+      prefetch_entry(head_);
+      if (current_at(head_)) break;
+    }
     if (head_ == tail_) return false;
-    sorted_step_ = m.last[queue_[head_]];
+    sorted_step_ = rows_[queue_[head_]].last;
     std::size_t w = head_;
     for (std::size_t p = head_; p < tail_; ++p) {
+      prefetch_entry(p);
       if (!current_at(p)) continue;
       const std::uint32_t r = queue_[p];
-      if (m.last[r] != sorted_step_) break;
-      queue_[w++] = r;  // the entries it passes over are stale: place_ points to none of them
+      if (rows_[r].last != sorted_step_) break;
+      queue_[w++] = r;  // the entries it passes over are stale: no place points to them
     }
     std::sort(queue_.begin() + static_cast<std::ptrdiff_t>(head_), queue_.begin() + static_cast<std::ptrdiff_t>(w),
-              [&](std::uint32_t a, std::uint32_t b) { return m.keys[a] < m.keys[b]; });
-    for (std::size_t p = head_; p < w; ++p) place_[queue_[p]] = static_cast<std::uint32_t>(p);
+              [&](std::uint32_t a, std::uint32_t b) { return rows_[a].key < rows_[b].key; });
+    for (std::size_t p = head_; p < w; ++p) rows_[queue_[p]].place = static_cast<std::uint32_t>(p);
     sorted_end_ = w;
-    sorted_open_ = sorted_step_ >= m.step;
+    sorted_open_ = sorted_step_ >= step;
     return true;
   }
-  bool next_in_queue(const RowMeta& m, bool spare_current, std::uint64_t& key) {
+  bool next_in_queue(std::uint64_t step, bool spare_current, std::uint64_t& key) {
     for (;;) {  // begin() rebuilt a stale queue
-      if (head_ >= sorted_end_ && !sort_head(m)) return false;
-      if (spare_current && sorted_step_ == m.step) return false;  // every row left was seen at this step
+      if (head_ >= sorted_end_ && !sort_head(step)) return false;
+      if (spare_current && sorted_step_ == step) return false;  // every row left was seen at this step
       const std::size_t p = head_++;
+      if (p + ahead < sorted_end_) prefetch_row(queue_[p + ahead]);
       if (!current_at(p)) continue;
-      key = m.keys[queue_[p]];
+      key = rows_[queue_[p]].key;
       return true;
     }
   }
@@ -355,24 +380,24 @@ class EvictionOrder {
   Evict evict_ = Evict::lru;
   ScoreFn score_;
   std::size_t capacity_ = 0, cache_rows_ = 0;
-  // Per row whether it is live and whether it is in seen_; the cache of
-  // the lowest rows in ascending order, read from at_, with extra_ (a
-  // min-heap) for rows that fell below threshold_ after it was built, and
-  // seen_, the rows seen since (LFU and score).
+  // The rows' records (flags: live, and in seen_); the cache of the lowest
+  // rows in ascending order, read from at_, with extra_ (a min-heap) for
+  // rows that fell below threshold_ after it was built, and seen_, the rows
+  // seen since (LFU and score).
   static constexpr std::uint8_t live_flag = 1, seen_flag = 2;
-  std::vector<std::uint8_t> flags_;
+  std::vector<RowRecord> rows_;
   std::vector<Candidate> cache_, extra_;
   std::vector<std::uint32_t> seen_;
   Candidate threshold_{};
   std::size_t at_ = 0;
   static constexpr std::size_t sample_rows = 1024;  // build_cache's sample of the rows
   bool cached_ = false;
-  // LRU: the queue of rows by last step, current entries at place_[row];
+  // LRU: the queue of rows by last step, each row's current entry at its record's place;
   // [head_, sorted_end_) is the head's step (sorted_step_) in key order,
   // [sorted_end_, tail_) the later appends. sorted_open_: the sorted step
   // is the current one, which appends may still join. stale_: rebuilt
   // before use.
-  std::vector<std::uint32_t> queue_, place_;
+  std::vector<std::uint32_t> queue_;
   std::size_t head_ = 0, sorted_end_ = 0, tail_ = 0;
   std::uint64_t sorted_step_ = 0;
   bool sorted_open_ = false, stale_ = false;

@@ -11,12 +11,13 @@
 ///     tombstones), at most `max_load` full when the table is;
 ///   * per row (`capacity` of them): `cols` values, `slots` optimizer state
 ///     rows of `cols` values each (laid out as optim::State lays out a
-///     variable's, one array per slot, row r at r * cols), its key, the step
-///     it was last seen and how often it was seen;
+///     variable's, one array per slot, row r at r * cols), and a 32-byte
+///     record (RowRecord: its key, the step it was last seen, how often it
+///     was seen, whether it is live, its place in LRU's queue);
 ///   * a free list of rows, and the eviction order (EvictionOrder,
-///     eviction.hpp): a byte of flags per row, a cache of a quarter of the
-///     capacity of the lowest rows, and for LFU and a user score the rows
-///     seen since it was built.
+///     eviction.hpp), which holds the records: for LRU a queue of 1.5
+///     entries a row, for LFU and a user score a cache of a quarter of the
+///     capacity of the lowest rows and the rows seen since it was built.
 /// A row's initial values are a pure function of (initializer, name, key,
 /// column), its state starts at the optimizer's slot_initial: the same key
 /// gets the same fresh row on any rank, in any order, after any eviction.
@@ -171,9 +172,6 @@ class Table {
     index_.assign(buckets_, Bucket{0, none, 0});
     values_.assign(op.capacity * op.cols, T(0));
     for (int k = 0; k < op.slots; ++k) state_[k].assign(op.capacity * op.cols, T(0));
-    keys_.assign(op.capacity, 0);
-    last_.assign(op.capacity, 0);
-    count_.assign(op.capacity, 0);
     free_.resize(op.capacity);
     // Row 0 is handed out first.
     for (std::size_t r = 0; r < op.capacity; ++r) free_[r] = static_cast<std::uint32_t>(op.capacity - 1 - r);
@@ -300,18 +298,19 @@ class Table {
     rows.reserve(size_);
     for (const Bucket& b : index_)
       if (b.row != none) rows.push_back(b.row);
-    std::sort(rows.begin(), rows.end(), [&](std::uint32_t a, std::uint32_t b) { return keys_[a] < keys_[b]; });
+    std::sort(rows.begin(), rows.end(), [&](std::uint32_t a, std::uint32_t b) { return order_.row(a).key < order_.row(b).key; });
     const std::size_t cols = options_.cols;
     s.keys.reserve(rows.size());
     s.rows.reserve(rows.size() * cols);
     for (int k = 0; k < s.slots; ++k) s.state[k].reserve(rows.size() * cols);
     for (std::uint32_t r : rows) {
-      s.keys.push_back(keys_[r]);
+      const RowRecord& x = order_.row(r);
+      s.keys.push_back(x.key);
       s.rows.insert(s.rows.end(), values_.begin() + r * cols, values_.begin() + (r + 1) * cols);
       for (int k = 0; k < s.slots; ++k)
         s.state[k].insert(s.state[k].end(), state_[k].begin() + r * cols, state_[k].begin() + (r + 1) * cols);
-      s.counts.push_back(count_[r]);
-      s.last_steps.push_back(last_[r]);
+      s.counts.push_back(x.count);
+      s.last_steps.push_back(x.last);
     }
     return s;
   }
@@ -346,8 +345,8 @@ class Table {
       const std::uint32_t r = p.found ? index_[p.bucket].row : take_row(p, key);
       std::copy_n(s.rows.begin() + i * cols, cols, values_.begin() + r * cols);
       for (int k = 0; k < s.slots; ++k) std::copy_n(s.state[k].begin() + i * cols, cols, state_[k].begin() + r * cols);
-      count_[r] = s.counts[i];
-      last_[r] = s.last_steps[i];
+      order_.row(r).count = s.counts[i];
+      order_.row(r).last = s.last_steps[i];
       step_ = std::max(step_, s.last_steps[i]);
       ++taken;
     }
@@ -376,19 +375,18 @@ class Table {
   T* row(index_t r) noexcept { return values_.data() + static_cast<std::size_t>(r) * options_.cols; }
   const T* row(index_t r) const noexcept { return values_.data() + static_cast<std::size_t>(r) * options_.cols; }
   T* state(int k, index_t r) noexcept { return state_[k].data() + static_cast<std::size_t>(r) * options_.cols; }
-  std::uint64_t key_of(index_t r) const noexcept { return keys_[static_cast<std::size_t>(r)]; }
+  std::uint64_t key_of(index_t r) const noexcept { return order_.row(static_cast<std::size_t>(r)).key; }
   /// Whether row r (in [0, capacity)) is live and holds `key`.
   bool holds(index_t r, std::uint64_t key) const noexcept {
-    return order_.live(static_cast<std::size_t>(r)) && keys_[static_cast<std::size_t>(r)] == key;
+    return order_.live(static_cast<std::size_t>(r)) && order_.row(static_cast<std::size_t>(r)).key == key;
   }
   /// Asks for what holds(r, key) reads; a negative r asks for nothing.
   void prefetch_holds(index_t r) const noexcept {
     if (r < 0) return;
-    prefetch_bytes(&keys_[static_cast<std::size_t>(r)], sizeof(std::uint64_t));
-    order_.prefetch_flags(static_cast<std::size_t>(r));
+    order_.prefetch_row(static_cast<std::size_t>(r));
   }
-  std::uint64_t count_of(index_t r) const noexcept { return count_[static_cast<std::size_t>(r)]; }
-  std::uint64_t last_step_of(index_t r) const noexcept { return last_[static_cast<std::size_t>(r)]; }
+  std::uint64_t count_of(index_t r) const noexcept { return order_.row(static_cast<std::size_t>(r)).count; }
+  std::uint64_t last_step_of(index_t r) const noexcept { return order_.row(static_cast<std::size_t>(r)).last; }
   /// The whole value array (capacity x cols) and state slot k's, as a
   /// policy's row kernels address them by slot.
   T* values() noexcept { return values_.data(); }
@@ -405,18 +403,18 @@ class Table {
   /// The bytes the table holds, all allocated at construction.
   std::size_t bytes() const noexcept {
     std::size_t b = index_.capacity() * sizeof(Bucket) + values_.capacity() * sizeof(T) +
-                    (keys_.capacity() + last_.capacity() + count_.capacity()) * sizeof(std::uint64_t) +
                     free_.capacity() * sizeof(std::uint32_t) + victims_.capacity() * sizeof(std::uint64_t) +
                     order_.bytes() + sketch_.bytes();
     for (const auto& s : state_) b += s.capacity() * sizeof(T);
     return b;
   }
 
-  /// The bytes of `capacity` rows alone (values, state, key and metadata):
-  /// bytes() less the index, the free list, the scratch and the sketch.
+  /// The bytes of `capacity` rows alone (values, state and records):
+  /// bytes() less the index, the free list, the eviction order's queue or
+  /// cache, the scratch and the sketch.
   std::size_t row_bytes() const noexcept {
-    return options_.capacity * (options_.cols * (1 + static_cast<std::size_t>(options_.slots)) * sizeof(T) +
-                                3 * sizeof(std::uint64_t));
+    return options_.capacity *
+           (options_.cols * (1 + static_cast<std::size_t>(options_.slots)) * sizeof(T) + sizeof(RowRecord));
   }
 
  private:
@@ -429,14 +427,20 @@ class Table {
   std::size_t home(std::uint64_t key) const noexcept {
     return static_cast<std::size_t>(detail::reduce(detail::mix(key, detail::index_salt), buckets_));
   }
-  void prefetch_home(std::uint64_t key) const noexcept { prefetch_bytes(&index_[home(key)], sizeof(Bucket)); }
-  /// The last step and count of `key`'s row where its home bucket holds it
-  /// (most hits: the probe run is short).
+  /// The home bucket of `key` and the line after it: a probe for an absent
+  /// key, and a deletion's backward shift, run on past the home's line at
+  /// the index's usual loads (about 6 buckets at 0.7).
+  void prefetch_home(std::uint64_t key) const noexcept {
+    const std::size_t h = home(key);
+    prefetch_bytes(&index_[h], sizeof(Bucket));
+    if (h + 4 < buckets_) prefetch_bytes(&index_[h + 4], sizeof(Bucket));
+  }
+  /// The record of `key`'s row where its home bucket holds it (most hits:
+  /// the probe run is short).
   void prefetch_meta(std::uint64_t key) const noexcept {
     const Bucket& b = index_[home(key)];
     if (b.row == none || b.key != key) return;
-    prefetch_bytes(&last_[b.row], sizeof(std::uint64_t));
-    prefetch_bytes(&count_[b.row], sizeof(std::uint64_t));
+    order_.prefetch_row(b.row);
   }
   /// The arrays of the row an insert a few inserts from now takes (the
   /// free list hands rows out from its back).
@@ -446,9 +450,7 @@ class Table {
     const std::size_t r = free_[free_.size() - 1 - ahead], cols = options_.cols;
     prefetch_bytes(values_.data() + r * cols, cols * sizeof(T));
     for (int k = 0; k < options_.slots; ++k) prefetch_bytes(state_[k].data() + r * cols, cols * sizeof(T));
-    prefetch_bytes(&keys_[r], sizeof(std::uint64_t));
-    prefetch_bytes(&last_[r], sizeof(std::uint64_t));
-    prefetch_bytes(&count_[r], sizeof(std::uint64_t));
+    order_.prefetch_row(r);
   }
 
   /// Where a key is, or where it would go: `dist` buckets from its home.
@@ -473,9 +475,10 @@ class Table {
     std::uint32_t r = index_[p.bucket].row;
     if (p.found) {
       ++stats_.hits;
-      const bool fresh = last_[r] != step;
-      last_[r] = step;
-      ++count_[r];
+      RowRecord& x = order_.row(r);
+      const bool fresh = x.last != step;
+      x.last = step;
+      ++x.count;
       order_.seen(r, fresh);
       return static_cast<index_t>(r);
     }
@@ -496,8 +499,9 @@ class Table {
     initial_row(key, values_.data() + r * cols);
     for (int k = 0; k < options_.slots; ++k)
       std::fill_n(state_[k].data() + r * cols, cols, static_cast<T>(options_.slot_initial[k]));
-    last_[r] = step;
-    count_[r] = 1;
+    RowRecord& x = order_.row(r);
+    x.last = step;
+    x.count = 1;
     order_.seen(r, true);
     ++stats_.inserts;
     stats_.size = size_;
@@ -521,7 +525,7 @@ class Table {
     const std::uint32_t r = free_.back();
     free_.pop_back();
     index_[p.bucket] = Bucket{key, r, p.dist};
-    keys_[r] = key;
+    order_.row(r).key = key;
     order_.set_live(r);
     ++size_;
     return r;
@@ -553,16 +557,15 @@ class Table {
   /// `spare_current`, rows seen at the current step stay (EvictionOrder
   /// keeps its cache from call to call); without (evict()), a one-off cache.
   std::size_t evict_lowest(std::size_t n, bool spare_current) {
-    const RowMeta m{keys_.data(), last_.data(), count_.data(), step_};
     std::size_t gone = 0;
-    order_.begin(m, spare_current);
+    order_.begin(step_, spare_current);
     if (order_.takes_ahead()) {
       // The victims a batch at a time, their buckets asked for before the
       // first is removed: each lies anywhere in the index.
       for (bool more = true; more && gone < n;) {
         std::size_t k = 0;
         for (std::uint64_t key = 0; k < victims_.size() && gone + k < n; ++k) {
-          if (!order_.next(m, spare_current, n - gone - k, key)) {
+          if (!order_.next(step_, spare_current, n - gone - k, key)) {
             more = false;
             break;
           }
@@ -573,7 +576,7 @@ class Table {
         gone += k;
       }
     } else {
-      for (std::uint64_t key = 0; gone < n && order_.next(m, spare_current, n - gone, key); ++gone)
+      for (std::uint64_t key = 0; gone < n && order_.next(step_, spare_current, n - gone, key); ++gone)
         remove_bucket(locate(key).bucket);
     }
     order_.end(spare_current);
@@ -588,10 +591,9 @@ class Table {
   std::vector<Bucket> index_;
   std::vector<T> values_;
   std::vector<T> state_[optim::max_slots];
-  std::vector<std::uint64_t> keys_, last_, count_;
   std::vector<std::uint32_t> free_;
   std::vector<std::uint64_t> victims_;  // evict_lowest's batch, where the order takes it ahead
-  EvictionOrder order_;  // which rows are live, and which go first
+  EvictionOrder order_;  // the rows' records (which are live), and which go first
   CountMinSketch sketch_;
   std::size_t size_ = 0;
   std::uint64_t step_ = 0;
