@@ -23,6 +23,18 @@
 // dies (SIGKILL from the launcher's cleanup) dies with it
 // (PR_SET_PDEATHSIG).
 //
+// A stopped rank (SIGSTOP: a hung process, a fault drill's victim) acts on
+// nothing but SIGKILL: a termination request stays pending until the rank is
+// continued. So the monitor continues the rank after forwarding SIGINT,
+// SIGTERM, SIGHUP or SIGQUIT, as a shell does for a stopped job it kills;
+// and a monitor whose launcher is gone (its parent process changed: the
+// proxy was killed, or ended when it lost the job's launcher) kills the
+// rank, stopped or not, and ends: no one is left to report to, and an
+// orphaned rank would hold its memory and its GPU, unseen. The monitor
+// checks its parent every quarter second (a parent-death signal would fire
+// when the launcher's forking *thread* ends, which a multi-threaded launcher
+// may do while the job runs).
+//
 // Started only under a multi-rank launcher (PMI_SIZE, OMPI_COMM_WORLD_SIZE
 // or SLURM_NTASKS above 1) and only by the Context that initialises MPI;
 // PARALLAX_EXIT_MONITOR=0 turns it off (for a debugger or profiler that
@@ -71,6 +83,7 @@ class ExitMonitor {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) return;
     std::fflush(nullptr);  // nothing buffered is written twice
+    const pid_t launcher = getppid();
     const pid_t parent = getpid();
     const pid_t child = fork();
     if (child < 0) {
@@ -86,7 +99,7 @@ class ExitMonitor {
       return;
     }
     close(fds[1]);
-    monitor(child, fds[0]);
+    monitor(child, fds[0], launcher);
   }
 
   /// Tells the monitor this rank's number (for its messages).
@@ -123,10 +136,12 @@ class ExitMonitor {
   }
 
   static void forward(int sig) {
-    if (child_pid() > 0) kill(child_pid(), sig);
+    if (child_pid() <= 0) return;
+    kill(child_pid(), sig);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT) kill(child_pid(), SIGCONT);
   }
 
-  [[noreturn]] static void monitor(pid_t child, int read_fd) {
+  [[noreturn]] static void monitor(pid_t child, int read_fd, pid_t launcher) {
     child_pid() = child;
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCONT, SIGALRM}) {
       struct sigaction sa {};
@@ -135,9 +150,26 @@ class ExitMonitor {
       sa.sa_flags = SA_RESTART;
       sigaction(sig, &sa, nullptr);
     }
+    // Waits for the rank, waking on SIGCHLD (blocked, so none is lost
+    // between the check and the wait) or every quarter second to look at
+    // the launcher.
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, nullptr);
     int status = 0;
-    while (waitpid(child, &status, 0) < 0) {
-      if (errno != EINTR) _exit(1);
+    for (;;) {
+      const pid_t done = waitpid(child, &status, WNOHANG);
+      if (done == child) break;
+      if (done < 0 && errno != EINTR) _exit(1);
+      if (getppid() != launcher) {
+        kill(child, SIGKILL);
+        while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+        }
+        _exit(1);
+      }
+      const timespec tick{0, 250'000'000};
+      sigtimedwait(&chld, nullptr, &tick);
     }
     // Everything the rank sent is in the pipe now; the rank's end closed it.
     std::string said;
