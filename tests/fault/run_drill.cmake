@@ -3,14 +3,23 @@
 #         -D BOUND=<seconds> -D "EXPECT=<regex>;..." -D EXPECT_VICTIM_EXIT=ON|OFF
 #         [-D EXPECT_ZERO=ON] -P run_drill.cmake
 # Fails unless the job ends within BOUND seconds, with a non-zero status
-# (or zero with EXPECT_ZERO), and its output matches every EXPECT regex.
+# (or zero with EXPECT_ZERO), its output matches every EXPECT regex, and no
+# process of the job is left once mpiexec has returned (leftovers.sh finds
+# them by a tag in their environment, lists them and kills them).
 string(TIMESTAMP t0 "%s")
+string(RANDOM LENGTH 16 tag)
+set(ENV{PARALLAX_DRILL_TAG} "${tag}")
 execute_process(COMMAND ${MPIEXEC} -print-all-exitcodes -n ${NP} ${DRILL} ${ARGS}
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 280)
 string(TIMESTAMP t1 "%s")
+unset(ENV{PARALLAX_DRILL_TAG})
 math(EXPR elapsed "${t1} - ${t0}")
 set(all "${out}\n${err}")
 message("exit status ${rc} after ${elapsed} s\n---- output ----\n${all}\n----------------")
+execute_process(COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/leftovers.sh ${tag} 10 RESULT_VARIABLE left_rc OUTPUT_VARIABLE left)
+if(NOT left_rc EQUAL 0)
+  message(FATAL_ERROR "the job ended after ${elapsed} s (bound ${BOUND} s) with processes of it still running 10 s later (now killed):\n${left}")
+endif()
 if(EXPECT_ZERO)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "expected success, got exit status ${rc}")
@@ -19,19 +28,7 @@ elseif(rc EQUAL 0)
   message(FATAL_ERROR "the job exited 0 although a rank failed")
 endif()
 if(elapsed GREATER BOUND)
-  # What was still running when the job overran (its launcher killed by the
-  # timeout above): the drill's processes and launcher proxies, with their
-  # state (T: stopped) and the kernel function they wait in.
-  get_filename_component(drill_name "${DRILL}" NAME)
-  execute_process(COMMAND ps -eo pid,ppid,pgid,stat,wchan:32,etimes,args OUTPUT_VARIABLE table ERROR_QUIET)
-  string(REPLACE "\n" ";" rows "${table}")
-  set(left "")
-  foreach(row IN LISTS rows)
-    if(row MATCHES "PID|${drill_name}|hydra_pmi_proxy")
-      string(APPEND left "${row}\n")
-    endif()
-  endforeach()
-  message(FATAL_ERROR "the job took ${elapsed} s; the bound is ${BOUND} s. Processes of the drill left:\n${left}")
+  message(FATAL_ERROR "the job took ${elapsed} s; the bound is ${BOUND} s")
 endif()
 foreach(re IN LISTS EXPECT)
   if(NOT all MATCHES "${re}")
