@@ -8,10 +8,7 @@
 # Run it without the tag in its own environment.
 tag=$1; wait_s=$2
 tagged() {
-  for env in /proc/[0-9]*/environ; do
-    pid=${env#/proc/}; pid=${pid%/environ}
-    if { tr '\0' '\n' < "$env"; } 2>/dev/null | grep -qx "PARALLAX_DRILL_TAG=$tag"; then echo "$pid"; fi
-  done
+  grep -lzx "PARALLAX_DRILL_TAG=$tag" /proc/[0-9]*/environ 2>/dev/null | sed 's|^/proc/\([0-9]*\)/environ$|\1|'
 }
 end=$(( $(date +%s) + wait_s ))
 left=$(tagged)
