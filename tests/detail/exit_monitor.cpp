@@ -68,7 +68,7 @@ char state_of(pid_t pid) {
 
 bool wait_stopped(pid_t pid, std::chrono::milliseconds within) {
   for (const auto until = Clock::now() + within; Clock::now() < until;) {
-    if (state_of(pid) == 't' || state_of(pid) == 'T') return true;
+    if (const char s = state_of(pid); s == 't' || s == 'T') return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;

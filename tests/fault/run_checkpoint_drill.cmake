@@ -8,6 +8,7 @@
 # if fewer than ROUNDS rounds ended in a kill, if a process of a round's job
 # outlived its mpiexec (leftovers.sh), or if the whole took longer than
 # BOUND seconds.
+include(${CMAKE_CURRENT_LIST_DIR}/leftovers.cmake)
 string(TIMESTAMP t0 "%s")
 file(REMOVE_RECURSE "${DIR}")
 file(MAKE_DIRECTORY "${DIR}")
@@ -22,15 +23,10 @@ foreach(round RANGE 0 ${last})
   if(round EQUAL ROUNDS)
     set(extra --check-only)
   endif()
-  string(RANDOM LENGTH 16 tag)
-  set(ENV{PARALLAX_DRILL_TAG} "${tag}")
+  drill_tag_job(tag)
   execute_process(COMMAND ${MPIEXEC} -n ${NP} ${DRILL} --dir ${DIR} --round ${round} --seed ${SEED} ${extra}
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
-  unset(ENV{PARALLAX_DRILL_TAG})
-  execute_process(COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/leftovers.sh ${tag} 10 RESULT_VARIABLE left_rc OUTPUT_VARIABLE left)
-  if(NOT left_rc EQUAL 0)
-    message(FATAL_ERROR "round ${round}: processes of the job still running 10 s after mpiexec returned (now killed):\n${left}")
-  endif()
+  drill_check_leftovers(${tag} "round ${round}")
   set(all "${out}\n${err}")
   string(REGEX MATCH
     "drill-check: round ${round}: listed ([0-9]+), unrestorable ([0-9]+), unlisted before the save ([0-9]+), leftovers ([0-9]+)"

@@ -6,20 +6,16 @@
 # (or zero with EXPECT_ZERO), its output matches every EXPECT regex, and no
 # process of the job is left once mpiexec has returned (leftovers.sh finds
 # them by a tag in their environment, lists them and kills them).
+include(${CMAKE_CURRENT_LIST_DIR}/leftovers.cmake)
 string(TIMESTAMP t0 "%s")
-string(RANDOM LENGTH 16 tag)
-set(ENV{PARALLAX_DRILL_TAG} "${tag}")
+drill_tag_job(tag)
 execute_process(COMMAND ${MPIEXEC} -print-all-exitcodes -n ${NP} ${DRILL} ${ARGS}
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 280)
 string(TIMESTAMP t1 "%s")
-unset(ENV{PARALLAX_DRILL_TAG})
 math(EXPR elapsed "${t1} - ${t0}")
 set(all "${out}\n${err}")
 message("exit status ${rc} after ${elapsed} s\n---- output ----\n${all}\n----------------")
-execute_process(COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/leftovers.sh ${tag} 10 RESULT_VARIABLE left_rc OUTPUT_VARIABLE left)
-if(NOT left_rc EQUAL 0)
-  message(FATAL_ERROR "the job ended after ${elapsed} s (bound ${BOUND} s) with processes of it still running 10 s later (now killed):\n${left}")
-endif()
+drill_check_leftovers(${tag} "the job ended after ${elapsed} s (bound ${BOUND} s)")
 if(EXPECT_ZERO)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "expected success, got exit status ${rc}")
