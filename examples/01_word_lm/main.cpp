@@ -258,6 +258,7 @@ int main(int argc, char** argv) {
     if (problem.empty()) problem = examples::check_precision(a.precision);
   }
   if (const int code = examples::report_command_line(cl, problem, ctx, about, desc); code >= 0) return code;
+  examples::warn_about_blas(ctx);
 
   if (ctx.is_root()) {
     std::printf("01_word_lm: vocab %zu, dim %zu, context %zu, %zu sampled classes/step, batch %zu words per rank "

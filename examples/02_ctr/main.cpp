@@ -335,6 +335,7 @@ int main(int argc, char** argv) {
   if (cl.ok() && problem.empty() && a.dynamic.on && !a.data.empty())
     problem = "--dynamic trains on its own stream of ids; leave out --data";
   if (const int code = examples::report_command_line(cl, problem, ctx, about, desc); code >= 0) return code;
+  examples::warn_about_blas(ctx);
   if (a.dynamic.on) return ctr::dynamic::run(ctx, a.common, a.model, a.dynamic, a.eval_examples, a.pass_ratio);
   // Criteo's records hold one value per feature: multi-hot is synthetic only.
   a.model.multi_hot = ctr::largest_features(a.model.table_rows, a.data.empty() ? a.multi_hot : 0);

@@ -120,6 +120,7 @@ int main(int argc, char** argv) {
   if (problem.empty() && cl.ok() && (a.model.inputs == 0 || a.model.hidden == 0 || a.model.classes < 2 || a.eval_examples == 0))
     problem = "--inputs, --hidden and --eval-examples must be at least 1, --classes at least 2";
   if (const int code = examples::report_command_line(cl, problem, ctx, about, desc); code >= 0) return code;
+  examples::warn_about_blas(ctx);
 
   if (ctx.is_root()) {
     const auto& m = a.model;

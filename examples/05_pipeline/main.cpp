@@ -267,6 +267,7 @@ int main(int argc, char** argv) {
                 std::to_string(a.stages) + " stages";
   }
   if (const int code = examples::report_command_line(cl, problem, ctx, about, desc); code >= 0) return code;
+  examples::warn_about_blas(ctx);
   if (ctx.is_root()) {
     const auto& m = a.model;
     std::printf("05_pipeline: residual MLP %zu-(%zu x %zu blocks)-%zu, %zu layers, %zu parameters; batch %zu per rank "

@@ -16,6 +16,7 @@
 #include <parallax/parallax.hpp>
 
 #include <cstddef>
+#include <cstdio>
 #include <string>
 #include <type_traits>
 
@@ -24,6 +25,13 @@ namespace examples {
 namespace px = parallax;
 
 using px::nn::Op;
+
+/// On rank 0, nn::host_blas_warning() to stderr where there is one: a run
+/// whose matrix products use generic kernels is no measure of anything.
+inline void warn_about_blas(const px::Context& ctx) {
+  if (!ctx.is_root()) return;
+  if (const std::string w = px::nn::host_blas_warning(); !w.empty()) std::fprintf(stderr, "warning: %s\n", w.c_str());
+}
 
 /// nn::gemm's call, timed as Part::gemm: the type DenseLayer (layers.hpp)
 /// runs its products with. On a device the stream is synchronised around

@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -105,4 +106,43 @@ TEST_CASE("gemm: another thread count rounds the sums differently, within float 
                                               " threads where two were asked for: nothing to compare"))
     return;
   for (std::size_t i = 0; i < one.size(); ++i) CHECK(one[i] == Approx(two[i]).epsilon(1e-5).margin(1e-4));
+}
+
+// OpenBLAS picks its kernels when it is loaded, from OPENBLAS_CORETYPE where
+// set: CTest runs this case alone with OPENBLAS_CORETYPE=Prescott
+// (nn_gemm_needs_blas_prescott_np1), the generic kernels OpenBLAS before
+// 0.3.25 falls back to on Intel models it does not know.
+TEST_CASE("host_blas_warning: generic kernels on a CPU with AVX2 or AVX-512 name the kernels to ask for",
+          "[nn][gemm][needs-blas-prescott]") {
+#if !PARALLAX_NN_OPENBLAS || !defined(__x86_64__)
+  SKIP("the CBLAS is not OpenBLAS on x86-64: it names no kernels");
+#else
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  if (test::skip_unless(forced && std::string(forced) == "Prescott", "run it with OPENBLAS_CORETYPE=Prescott")) return;
+  CHECK(parallax::nn::host_blas_core() == "Prescott");
+  const std::string warning = parallax::nn::host_blas_warning();
+  INFO(warning);
+  if (__builtin_cpu_supports("avx512f")) {
+    CHECK(warning.find("OPENBLAS_CORETYPE=SkylakeX") != std::string::npos);
+    CHECK(warning.find("AVX-512") != std::string::npos);
+  } else if (__builtin_cpu_supports("avx2")) {
+    CHECK(warning.find("OPENBLAS_CORETYPE=Haswell") != std::string::npos);
+  } else {
+    CHECK(warning.empty());  // nothing wider to run
+  }
+#endif
+}
+
+// Run alone with OPENBLAS_CORETYPE=Haswell (nn_gemm_needs_blas_haswell_np1):
+// kernels for the CPU's AVX2, nothing to warn about.
+TEST_CASE("host_blas_warning: kernels for the CPU's vector units give no warning", "[nn][gemm][needs-blas-haswell]") {
+#if !PARALLAX_NN_OPENBLAS || !defined(__x86_64__)
+  SKIP("the CBLAS is not OpenBLAS on x86-64: it names no kernels");
+#else
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  if (test::skip_unless(forced && std::string(forced) == "Haswell", "run it with OPENBLAS_CORETYPE=Haswell")) return;
+  if (test::skip_unless(__builtin_cpu_supports("avx2"), "this CPU has no AVX2 for Haswell's kernels")) return;
+  CHECK(parallax::nn::host_blas_core() == "Haswell");
+  CHECK(parallax::nn::host_blas_warning().empty());
+#endif
 }

@@ -41,6 +41,7 @@
 #endif
 
 #include <algorithm>
+#include <cctype>
 #include <cstddef>
 #include <cstdio>
 #include <string>
@@ -59,6 +60,42 @@ namespace parallax::nn {
 
 /// op(X) of a gemm operand: X itself or its transpose.
 enum class Op { none, transpose };
+
+/// The kernels the host CBLAS picked for this CPU, as it names them
+/// (OpenBLAS: openblas_get_corename(), e.g. "SkylakeX", "Haswell", "Zen"),
+/// or "" where the CBLAS does not say.
+inline std::string host_blas_core() {
+#if PARALLAX_NN_OPENBLAS
+  const char* name = openblas_get_corename();
+  return name ? std::string(name) : std::string();
+#else
+  return {};
+#endif
+}
+
+/// A warning where the host CBLAS runs generic SSE3 kernels on a CPU with
+/// AVX2 or AVX-512, naming the fix; "" otherwise. OpenBLAS's runtime CPU
+/// detection before 0.3.25 (OpenBLAS issue 4267) takes Intel models it does
+/// not know, Emerald Rapids among them (Debian 12's 0.3.21), for Prescott,
+/// whose sgemm ran 02_ctr's products at about half the speed of its AVX-512
+/// kernels there (docs/benchmarks.md, "BLAS kernels"). The variable it names
+/// must be set before the program starts: OpenBLAS picks its kernels when
+/// it is loaded.
+inline std::string host_blas_warning() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  std::string core = host_blas_core();
+  std::transform(core.begin(), core.end(), core.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (core != "prescott") return {};
+  const char* better = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : nullptr;
+  if (!better) return {};
+  return std::string("the BLAS (OpenBLAS) runs its generic Prescott (SSE3) kernels on this CPU, which has ") +
+         (std::string(better) == "SkylakeX" ? "AVX-512" : "AVX2") +
+         ": matrix products run at a fraction of their speed. OpenBLAS before 0.3.25 does not know this CPU model; "
+         "run with OPENBLAS_CORETYPE=" + better + " in the environment";
+#else
+  return {};
+#endif
+}
 
 namespace detail {
 
