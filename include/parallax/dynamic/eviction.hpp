@@ -350,17 +350,25 @@ class EvictionOrder {
     }
     if (head_ == tail_) return false;
     sorted_step_ = rows_[queue_[head_]].last;
-    std::size_t w = head_;
+    // The step's rows with their keys beside them, so that the sort
+    // compares keys in its own array, not through the scattered records.
+    by_key_.clear();
     for (std::size_t p = head_; p < tail_; ++p) {
       prefetch_entry(p);
-      if (!current_at(p)) continue;
+      if (!current_at(p)) continue;  // stale entries are passed over: no place points to them
       const std::uint32_t r = queue_[p];
       if (rows_[r].last != sorted_step_) break;
-      queue_[w++] = r;  // the entries it passes over are stale: no place points to them
+      by_key_.emplace_back(rows_[r].key, r);
     }
-    std::sort(queue_.begin() + static_cast<std::ptrdiff_t>(head_), queue_.begin() + static_cast<std::ptrdiff_t>(w),
-              [&](std::uint32_t a, std::uint32_t b) { return rows_[a].key < rows_[b].key; });
-    for (std::size_t p = head_; p < w; ++p) rows_[queue_[p]].place = static_cast<std::uint32_t>(p);
+    std::sort(by_key_.begin(), by_key_.end(),
+              [](const std::pair<std::uint64_t, std::uint32_t>& a, const std::pair<std::uint64_t, std::uint32_t>& b) {
+                return a.first < b.first;
+              });
+    std::size_t w = head_;
+    for (const auto& [key, r] : by_key_) {
+      queue_[w] = r;
+      rows_[r].place = static_cast<std::uint32_t>(w++);
+    }
     sorted_end_ = w;
     sorted_open_ = sorted_step_ >= step;
     return true;
@@ -398,6 +406,10 @@ class EvictionOrder {
   // is the current one, which appends may still join. stale_: rebuilt
   // before use.
   std::vector<std::uint32_t> queue_;
+  // sort_head()'s scratch: (key, row) of the head's step, at most the rows
+  // one step saw (the batch's working set, not the table's: it grows to the
+  // largest step, not with the keys streamed through).
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> by_key_;
   std::size_t head_ = 0, sorted_end_ = 0, tail_ = 0;
   std::uint64_t sorted_step_ = 0;
   bool sorted_open_ = false, stale_ = false;
