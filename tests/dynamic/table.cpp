@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <random>
 #include <set>
@@ -52,6 +53,35 @@ px::index_t one(pd::Table<float>& t, std::uint64_t key, std::uint64_t step) {
 }
 
 }  // namespace
+
+TEMPLATE_TEST_CASE("fresh rows are the initializer's values of splitmix64(key) + column, bit for bit", "[dynamic][table]",
+                   float, double) {
+  // The uniform rule's row is computed a column a lane (dynamic::detail::
+  // uniform_row, built for each ISA level): it must give InitRule::value's
+  // bits, whatever the width, tail lanes included.
+  const std::size_t cols = GENERATE(std::size_t{1}, std::size_t{3}, std::size_t{8}, std::size_t{16}, std::size_t{37});
+  const px::Init init = GENERATE(px::Init{px::init::Uniform{-0.5f, 0.5f, 7}}, px::Init{px::init::Uniform{0.0f, 3.0f, 1}},
+                                 px::Init{px::init::Normal{0.0f, 0.1f, 3}});
+  pd::Options o;
+  o.capacity = 4;
+  o.cols = cols;
+  o.init = init;
+  o.name = "emb";
+  const pd::Table<TestType> t(o);
+  const px::detail::InitRule rule = px::detail::make_init_rule(init, "emb", px::Shape{o.capacity, cols});
+  std::vector<TestType> row(cols);
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 2000; ++i) {
+    const std::uint64_t key = i < 4 ? std::uint64_t{0} - static_cast<std::uint64_t>(i) : rng();  // ends of the range too
+    t.initial_row(key, row.data());
+    const std::uint64_t base = px::detail::splitmix64(key);
+    for (std::size_t c = 0; c < cols; ++c) {
+      const auto want = static_cast<TestType>(rule.value(base + c));
+      INFO("key " << key << ", column " << c);
+      REQUIRE(std::memcmp(&row[c], &want, sizeof want) == 0);
+    }
+  }
+}
 
 TEST_CASE("fresh rows depend on the key alone, not on order or capacity", "[dynamic][table]") {
   std::vector<std::uint64_t> keys;

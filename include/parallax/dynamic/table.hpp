@@ -28,6 +28,7 @@
 #include <parallax/error.hpp>
 #include <parallax/init.hpp>
 #include <parallax/optim/optimizer.hpp>
+#include <parallax/space.hpp>
 #include <parallax/types.hpp>
 
 #include <algorithm>
@@ -105,6 +106,28 @@ struct Snapshot {
   std::vector<std::uint64_t> last_steps;
   std::size_t size() const noexcept { return keys.size(); }
 };
+
+namespace detail {
+
+/// out[c] = InitRule::value(base + c) of a uniform rule on [low, low + span)
+/// with `key`, for c < cols: the same arithmetic (two splitmix64, the top 53
+/// bits scaled to [0, 1), one multiply and one add in double), a column a
+/// lane. An insert's cost: built for each ISA level (AVX-512 has the 64-bit
+/// multiplies and conversions the hashes need), and the same bits at every
+/// level (integer hashing; a 53-bit integer converts exactly; no FMA is
+/// formed: PARALLAX_HOST_ISA_CLONES).
+template <class T>
+PARALLAX_HOST_ISA_CLONES void uniform_row(std::uint64_t key, std::uint64_t base, double low, double span, T* out,
+                                          std::size_t cols) {
+#pragma omp simd
+  for (std::size_t c = 0; c < cols; ++c) {
+    const std::uint64_t h = parallax::detail::splitmix64(key ^ parallax::detail::splitmix64(base + c));
+    const double u = static_cast<double>(static_cast<std::int64_t>(h >> 11)) * (1.0 / 9007199254740992.0);
+    out[c] = static_cast<T>(low + span * u);
+  }
+}
+
+}  // namespace detail
 
 /// Throws parallax::error naming what is wrong with `op`; `what` starts the
 /// message (the table's kind and name).
@@ -354,17 +377,14 @@ class Table {
     return taken;
   }
 
-  /// out[0, cols) <- the initial row of `key`.
+  /// out[0, cols) <- the initial row of `key`: the rule's values of
+  /// elements splitmix64(key) + c.
   void initial_row(std::uint64_t key, T* out) const {
     namespace pd = parallax::detail;
     const std::uint64_t base = pd::splitmix64(key);
     const std::size_t cols = options_.cols;
     if (rule_.kind == pd::InitRule::uniform) {
-      // InitRule::value's uniform case with the switch out of the loop (an
-      // insert's cost): the same arithmetic, so the same values.
-      const double low = rule_.a, span = rule_.b - rule_.a;
-      for (std::size_t c = 0; c < cols; ++c)
-        out[c] = static_cast<T>(low + span * pd::unit(pd::splitmix64(rule_.key ^ pd::splitmix64(base + c))));
+      detail::uniform_row(rule_.key, base, rule_.a, rule_.b - rule_.a, out, cols);
       return;
     }
     for (std::size_t c = 0; c < cols; ++c) out[c] = static_cast<T>(rule_.value(base + c));
