@@ -332,7 +332,7 @@ TEST_CASE("a step with more distinct keys than the capacity is an error; evict()
   bad = small(4);
   bad.evict = pd::Evict::score;
   REQUIRE_THROWS_WITH(pd::Table<float>(bad), Catch::Contains("score function"));
-  bad = small(3'100'000'000);  // a valid capacity, but 0.7 load needs 2^32 buckets: refused before allocating
+  bad = small(3'100'000'000);  // a valid capacity, but 0.5 load needs 2^32 buckets: refused before allocating
   REQUIRE_THROWS_WITH(pd::Table<float>(bad), Catch::Contains("index buckets"));
 }
 

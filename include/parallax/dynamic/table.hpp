@@ -65,7 +65,9 @@ struct Options {
   /// row): the batch whose keys are the lowest at that moment.
   double evict_fraction = 0.01;
   /// The index's load when every row is taken: buckets = capacity / max_load.
-  double max_load = 0.7;
+  /// A full table inserts and evicts at this load, each walking a probe run
+  /// (about 2.5 buckets at 0.5, 6 at 0.7; docs/design.md, "Layout").
+  double max_load = 0.5;
   std::variant<admit::Always, admit::CountMin, admit::Probability> admission = admit::Always{};
   Unadmitted unadmitted = Unadmitted::zeros;
 
@@ -448,8 +450,7 @@ class Table {
     return static_cast<std::size_t>(detail::reduce(detail::mix(key, detail::index_salt), buckets_));
   }
   /// The home bucket of `key` and the line after it: a probe for an absent
-  /// key, and a deletion's backward shift, run on past the home's line at
-  /// the index's usual loads (about 6 buckets at 0.7).
+  /// key, and a deletion's backward shift, may run on past the home's line.
   void prefetch_home(std::uint64_t key) const noexcept {
     const std::size_t h = home(key);
     prefetch_bytes(&index_[h], sizeof(Bucket));
