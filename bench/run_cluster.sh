@@ -5,7 +5,7 @@
 # "Real hosts" tables. Needs root and network namespaces.
 #
 #   bench/run_cluster.sh [BUILD=build/host] [ROUNDS=3] [STEPS=60] [CONFIGS="word_lm:2:1gbit ..."]
-#       [PINGPONG=1]
+#       [PINGPONG=1] [CPUS=1]
 #
 # 01_word_lm at the demo's vocabulary and width with a global batch of 32
 # words (16 per rank on 2 hosts, 8 on 4), one rank per host, at 1 Gbit/s and
@@ -15,7 +15,9 @@
 # "measure" (the link timed at start-up), and prints the plan's predicted step
 # against the measured one. CONFIGS (MODEL:HOSTS:RATE
 # words) picks some of the configurations; PINGPONG=0 leaves the links out.
-# Every host is a namespace of this one machine: all ranks share its cores.
+# Every host is a namespace of this one machine: all ranks share its cores,
+# or, with CPUS=1 (scripts/cluster.sh up --cpus), each host has CPUs of its
+# own (nproc / hosts of them).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BUILD:-$root/build/host}"
@@ -67,7 +69,7 @@ configs+=("ctr:4:1gbit")
 [ -z "${CONFIGS:-}" ] || read -r -a configs <<<"$CONFIGS"
 for c in "${configs[@]}"; do
   IFS=: read -r model hosts rate <<<"$c"
-  "$cluster" up "$hosts" --rate "$rate" >/dev/null
+  "$cluster" up "$hosts" --rate "$rate" ${CPUS:+--cpus} >/dev/null
   label="$model.$hosts.$rate"
   echo "== $label: $rounds rounds, hybrid and allreduce alternated"
   for i in $(seq 1 "$rounds"); do

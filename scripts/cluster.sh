@@ -9,8 +9,10 @@
 # exactly as on a cluster: a host file, and a launcher that enters a host's
 # namespaces where it would ssh to it.
 #
-#   scripts/cluster.sh up N [--rate 1gbit] [--delay 1ms] [--loss 0.1%]
-#                                    # N hosts px0..pxN-1 at 198.18.0.1..N; again: rebuilt
+#   scripts/cluster.sh up N [--rate 1gbit] [--delay 1ms] [--loss 0.1%] [--cpus]
+#                                    # N hosts px0..pxN-1 at 198.18.0.1..N; again: rebuilt;
+#                                    # --cpus: each host's processes on CPUs of its own
+#                                    # (nproc / N each, at least one; taskset)
 #   scripts/cluster.sh shape HOST [--rate R|none] [--delay D] [--loss L]   # while a job runs
 #   scripts/cluster.sh cut HOST | heal HOST   # HOST: px1 or 1
 #   scripts/cluster.sh run [--ppn K] -- <mpiexec arguments>   # hydra across the hosts
@@ -164,7 +166,14 @@ cmd_up() {
   local n="${1:-}"
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 250 ] || die "up needs a host count from 1 to 250, e.g. 'up 2'"
   shift
-  parse_shape "$@"
+  local pin="" shape=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --cpus) pin=1; shift ;;
+      *) shape+=("$1"); shift ;;
+    esac
+  done
+  parse_shape ${shape[@]+"${shape[@]}"}
   local why
   why=$(why_not)
   [ -z "$why" ] || die "cannot make hosts here: $why"
@@ -195,6 +204,17 @@ cmd_up() {
     in_host "$i" sh -c "ip link set lo up && ip link set pxv${i}h name eth0 && ip addr add $net.$((i + 1))/24 dev eth0 && ip link set eth0 up"
     echo "px$i $net.$((i + 1))" >>"$state/hosts.txt"
     apply_shape "$i" "$rate" "$delay" "$loss"
+    if [ -n "$pin" ]; then
+      # Hosts of their own cores, as real machines have: host i gets CPUs
+      # [i x per, (i + 1) x per) with per = nproc / N (one each, shared
+      # round the CPUs, when there are more hosts than CPUs).
+      local ncpu per first
+      ncpu=$(nproc)
+      per=$((ncpu / n))
+      [ "$per" -ge 1 ] || per=1
+      first=$(((i * per) % ncpu))
+      echo "$first-$((first + per - 1))" >"$state/host$i.cpus"
+    fi
   done
   # The launcher hydra calls where it would call ssh: `enter -x HOST CMD`.
   cat >"$state/enter" <<EOF
@@ -204,11 +224,13 @@ while [ \$# -gt 0 ]; do case "\$1" in -*) shift ;; *) break ;; esac; done
 host="\$1"; shift
 i="\${host#px}"
 [ -f "$state/host\$i.pid" ] || { echo "cluster: no host \$host" >&2; exit 255; }
-exec nsenter -t "\$(cat "$state/host\$i.pid")" --net --uts --ipc --mount -- sh -c "\$*"
+pin=""
+[ -f "$state/host\$i.cpus" ] && pin="taskset -c \$(cat "$state/host\$i.cpus")"
+exec nsenter -t "\$(cat "$state/host\$i.pid")" --net --uts --ipc --mount -- \$pin sh -c "\$*"
 EOF
   chmod +x "$state/enter"
   echo "$n" >"$state/size"
-  echo "cluster: $n hosts up (px0..px$((n - 1)), $net.1..$net.$n, bridge $bridge at $net.254), link ${rate:-unshaped}${delay:+, delay $delay}${loss:+, loss $loss}"
+  echo "cluster: $n hosts up (px0..px$((n - 1)), $net.1..$net.$n, bridge $bridge at $net.254), link ${rate:-unshaped}${delay:+, delay $delay}${loss:+, loss $loss}${pin:+, CPUs $(cat "$state"/host*.cpus | tr '\n' ' ' | sed 's/ $//')}"
 }
 
 require_up() { [ -f "$state/size" ] || die "the cluster is not up: scripts/cluster.sh up N"; }
