@@ -68,6 +68,14 @@ PARALLAX_HOST_DEVICE inline double unit(std::uint64_t h) noexcept {
   return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0);
 }
 
+/// The uniform initializer's value of `element` on [low, low + span) with
+/// `key`: InitRule::value's uniform case, and dynamic tables' fresh rows
+/// (dynamic::detail::uniform_row) a column a lane.
+PARALLAX_HOST_DEVICE inline double uniform_value(std::uint64_t key, std::uint64_t element, double low,
+                                                 double span) noexcept {
+  return low + span * unit(splitmix64(key ^ splitmix64(element)));
+}
+
 /// The initializer reduced to numbers a kernel can use.
 struct InitRule {
   enum Kind : int { zeros, constant, uniform, normal } kind = zeros;
@@ -78,7 +86,7 @@ struct InitRule {
     switch (kind) {
       case zeros: return 0.0;
       case constant: return a;
-      case uniform: return a + (b - a) * unit(splitmix64(key ^ splitmix64(element)));
+      case uniform: return uniform_value(key, element, a, b - a);
       case normal: {
         const double u1 = 1.0 - unit(splitmix64(key ^ splitmix64(2 * element)));
         const double u2 = unit(splitmix64(key ^ splitmix64(2 * element + 1)));

@@ -115,7 +115,7 @@ TEST_CASE("gemm: another thread count rounds the sums differently, within float 
 TEST_CASE("host_blas_warning: generic kernels on a CPU with AVX2 or AVX-512 name the kernels to ask for",
           "[nn][gemm][needs-blas-prescott]") {
 #if !PARALLAX_NN_OPENBLAS || !defined(__x86_64__)
-  SKIP("the CBLAS is not OpenBLAS on x86-64: it names no kernels");
+  test::skip_unless(false, "the CBLAS is not OpenBLAS on x86-64: it names no kernels");
 #else
   const char* forced = std::getenv("OPENBLAS_CORETYPE");
   if (test::skip_unless(forced && std::string(forced) == "Prescott", "run it with OPENBLAS_CORETYPE=Prescott")) return;
@@ -137,7 +137,7 @@ TEST_CASE("host_blas_warning: generic kernels on a CPU with AVX2 or AVX-512 name
 // kernels for the CPU's AVX2, nothing to warn about.
 TEST_CASE("host_blas_warning: kernels for the CPU's vector units give no warning", "[nn][gemm][needs-blas-haswell]") {
 #if !PARALLAX_NN_OPENBLAS || !defined(__x86_64__)
-  SKIP("the CBLAS is not OpenBLAS on x86-64: it names no kernels");
+  test::skip_unless(false, "the CBLAS is not OpenBLAS on x86-64: it names no kernels");
 #else
   const char* forced = std::getenv("OPENBLAS_CORETYPE");
   if (test::skip_unless(forced && std::string(forced) == "Haswell", "run it with OPENBLAS_CORETYPE=Haswell")) return;

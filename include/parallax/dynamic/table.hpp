@@ -111,22 +111,16 @@ struct Snapshot {
 
 namespace detail {
 
-/// out[c] = InitRule::value(base + c) of a uniform rule on [low, low + span)
-/// with `key`, for c < cols: the same arithmetic (two splitmix64, the top 53
-/// bits scaled to [0, 1), one multiply and one add in double), a column a
-/// lane. An insert's cost: built for each ISA level (AVX-512 has the 64-bit
-/// multiplies and conversions the hashes need), and the same bits at every
-/// level (integer hashing; a 53-bit integer converts exactly; no FMA is
-/// formed: PARALLAX_HOST_ISA_CLONES).
+/// out[c] = parallax::detail::uniform_value(key, base + c, low, span) for
+/// c < cols, a column a lane. An insert's cost: built for each ISA level
+/// (AVX-512 has the 64-bit multiplies and conversions the hashes need), and
+/// the same bits at every level (integer hashing; a 53-bit integer converts
+/// exactly; no FMA is formed: PARALLAX_HOST_ISA_CLONES).
 template <class T>
 PARALLAX_HOST_ISA_CLONES void uniform_row(std::uint64_t key, std::uint64_t base, double low, double span, T* out,
                                           std::size_t cols) {
 #pragma omp simd
-  for (std::size_t c = 0; c < cols; ++c) {
-    const std::uint64_t h = parallax::detail::splitmix64(key ^ parallax::detail::splitmix64(base + c));
-    const double u = static_cast<double>(static_cast<std::int64_t>(h >> 11)) * (1.0 / 9007199254740992.0);
-    out[c] = static_cast<T>(low + span * u);
-  }
+  for (std::size_t c = 0; c < cols; ++c) out[c] = static_cast<T>(parallax::detail::uniform_value(key, base + c, low, span));
 }
 
 }  // namespace detail

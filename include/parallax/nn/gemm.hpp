@@ -86,12 +86,12 @@ inline std::string host_blas_warning() {
   std::string core = host_blas_core();
   std::transform(core.begin(), core.end(), core.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (core != "prescott") return {};
-  const char* better = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : nullptr;
-  if (!better) return {};
+  const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
+  if (!avx512 && !avx2) return {};
   return std::string("the BLAS (OpenBLAS) runs its generic Prescott (SSE3) kernels on this CPU, which has ") +
-         (std::string(better) == "SkylakeX" ? "AVX-512" : "AVX2") +
+         (avx512 ? "AVX-512" : "AVX2") +
          ": matrix products run at a fraction of their speed. OpenBLAS before 0.3.25 does not know this CPU model; "
-         "run with OPENBLAS_CORETYPE=" + better + " in the environment";
+         "run with OPENBLAS_CORETYPE=" + (avx512 ? "SkylakeX" : "Haswell") + " in the environment";
 #else
   return {};
 #endif
