@@ -48,7 +48,8 @@ long setting(const char* name, long fallback) {
 
 struct Settings {
   unsigned long polls = static_cast<unsigned long>(setting("PARALLAX_YIELD_POLLS", 16));
-  long sleep_ns = setting("PARALLAX_YIELD_SLEEP_US", 50) * 1000;
+  long sleep_us = setting("PARALLAX_YIELD_SLEEP_US", 50);
+  timespec pause{sleep_us / 1000000, (sleep_us % 1000000) * 1000};
 };
 
 const Settings& settings() {
@@ -70,12 +71,9 @@ extern "C" __attribute__((visibility("default"))) unsigned ucp_worker_progress(v
     return progressed;
   }
   const Settings& s = settings();
-  if (s.sleep_ns == 0 || ++idle_polls <= s.polls) {
+  if (s.sleep_us == 0 || ++idle_polls <= s.polls)
     sched_yield();
-  } else {
-    timespec pause{0, s.sleep_ns % 1000000000L};
-    pause.tv_sec = s.sleep_ns / 1000000000L;
-    nanosleep(&pause, nullptr);
-  }
+  else
+    nanosleep(&s.pause, nullptr);
   return progressed;
 }
