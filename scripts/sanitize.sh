@@ -92,7 +92,14 @@ fi
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=86"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$supp/ubsan.supp"
-export LSAN_OPTIONS="suppressions=$supp/lsan.supp:fast_unwind_on_malloc=0:print_suppressions=0"
+# Allocation stacks are unwound by frame pointers (ASan's default): the
+# suppressions name the module of the allocating frame, which that finds
+# without frame pointers in MPICH; the DWARF unwinder took the stage's tests
+# from 126 to 206 s of CPU (docs/testing.md, "Sanitizers").
+# SANITIZE_FULL_STACKS=1 unwinds every frame, to read a report's whole stack.
+unwind=1
+[ -z "${SANITIZE_FULL_STACKS:-}" ] || unwind=0
+export LSAN_OPTIONS="suppressions=$supp/lsan.supp:fast_unwind_on_malloc=$unwind:print_suppressions=0"
 # The 3- and 4-rank runs of the same tests add oversubscription, not code
 # paths, and cost most of the time under ASan; the fault drills (4 ranks)
 # stay: they are the paths that abort. Packaging and header checks only
