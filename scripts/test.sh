@@ -44,17 +44,22 @@ cuda_build() {
   # parallax's depends on __CUDA_ARCH__, and a second architecture took the
   # stage's time up by 70% (tests/policy/sharded_ps.cpp's twin: 124 s for
   # sm_80 and sm_90, 72 s for sm_90). scripts/gpu-check.sh builds Release for
-  # PARALLAX_CUDA_ARCHITECTURES (80;90) in build/cuda.
+  # PARALLAX_CUDA_ARCHITECTURES (80;90) in build/cuda. nvcc's host compiler
+  # here is clang, the sanitizer stage's, whose passes take less time than
+  # gcc's (docs/testing.md, "Build time"); gpu-check.sh's build, which runs,
+  # keeps gcc.
+  "$root/scripts/setup.sh" clang >/dev/null
   cmake -S "$root" -B "$root/build/cuda-check" -DCMAKE_BUILD_TYPE=None -DCMAKE_CUDA_FLAGS=-O0 \
-    -DCMAKE_CXX_FLAGS=-O0 -DCMAKE_CUDA_ARCHITECTURES=90 -DPARALLAX_ENABLE_CUDA=ON >/dev/null
+    -DCMAKE_CXX_FLAGS=-O0 -DCMAKE_CUDA_ARCHITECTURES=90 -DPARALLAX_ENABLE_CUDA=ON \
+    -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CUDA_HOST_COMPILER=clang++ >/dev/null
   cmake --build "$root/build/cuda-check" -j "$jobs"
 }
 bench_build() {
   # The benchmark programs only compile and link here (bench_soak, which a
   # test runs, is in the host build), so they build at -O0 in a tree of
   # their own, without the tests and examples, with clang (the sanitizer
-  # stage's compiler): 0.62x the CPU of gcc at -O0, itself about half of -O3
-  # (docs/testing.md, "Build time").
+  # stage's compiler), which compiles them faster than gcc (docs/testing.md,
+  # "Build time").
   "$root/scripts/setup.sh" clang >/dev/null
   cmake -S "$root" -B "$root/build/bench-check" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=None \
     -DCMAKE_CXX_FLAGS=-O0 -DPARALLAX_ENABLE_CUDA=OFF -DPARALLAX_BUILD_TESTS=OFF -DPARALLAX_BUILD_EXAMPLES=OFF >/dev/null
