@@ -14,7 +14,7 @@
 // Rank 0 prints "result: steps=S final_loss=<x> final_loss_hex=<a> model=<a>"
 // (model: the sum of every value, as a hex float) and each rank "job: rank R
 // (HOST) finished"; a rank that gives up prints "job: rank R (HOST) gave up".
-#include <parallax/parallax.hpp>
+#include <parallax/trainers.hpp>  // the common trainers, from parallax::trainers where built
 
 #include <unistd.h>
 

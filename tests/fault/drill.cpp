@@ -13,7 +13,7 @@
 // and Context end normally) while the others train on. Each rank prints
 // how long after the fault's step began it finished or stopped. --async S
 // trains asynchronously (arch::Async, staleness S) instead of arch::Hybrid.
-#include <parallax/parallax.hpp>
+#include <parallax/trainers.hpp>  // the common trainers, from parallax::trainers where built
 
 #include <unistd.h>
 
