@@ -6,6 +6,7 @@
 #
 #   scripts/sanitize.sh                  # tests at 1 and 2 ranks, fault drills
 #   SANITIZE_LABELS='host' scripts/sanitize.sh   # every host test (slower)
+#   SANITIZE_FULL_STACKS=1 scripts/sanitize.sh   # whole allocation stacks in reports (slower)
 #   SANITIZER=thread scripts/sanitize.sh # the asynchronous-training and overlap tests under
 #                                        # ThreadSanitizer, at 1-4 ranks
 #   scripts/sanitize.sh build            # only build (scripts/test.sh builds ahead, at idle
