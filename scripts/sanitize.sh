@@ -95,8 +95,8 @@ export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=86"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$supp/ubsan.supp"
 # Allocation stacks are unwound by frame pointers (ASan's default): the
 # suppressions name the module of the allocating frame, which that finds
-# without frame pointers in MPICH; the DWARF unwinder took the stage's tests
-# from 126 to 206 s of CPU (docs/testing.md, "Sanitizers").
+# without frame pointers in MPICH, and the DWARF unwinder costs much of the
+# stage's time (docs/testing.md, "Sanitizers").
 # SANITIZE_FULL_STACKS=1 unwinds every frame, to read a report's whole stack.
 unwind=1
 [ -z "${SANITIZE_FULL_STACKS:-}" ] || unwind=0

@@ -38,12 +38,11 @@ cmake --build "$root/build/host" -j "$jobs"
 ahead="$root/build/ahead"
 rm -rf "$ahead" && mkdir -p "$ahead"
 cuda_build() {
-  # Nothing built here runs, so host code is compiled at -O0: nvcc spends
-  # about half its time in the host compiler at -O3 (tests/trainer.cpp: 47 of
-  # 89 s), 21 s at -O0. Device code is compiled for sm_90 alone: no code of
-  # parallax's depends on __CUDA_ARCH__, and a second architecture took the
-  # stage's time up by 70% (tests/policy/sharded_ps.cpp's twin: 124 s for
-  # sm_80 and sm_90, 72 s for sm_90). scripts/gpu-check.sh builds Release for
+  # Nothing built here runs, so host code is compiled at -O0, where the host
+  # compiler's share of nvcc's time is much smaller than at -O3. Device code
+  # is compiled for sm_90 alone: no code of parallax's depends on
+  # __CUDA_ARCH__, and each architecture more compiles the device code again
+  # (docs/testing.md, "Build time"). scripts/gpu-check.sh builds Release for
   # PARALLAX_CUDA_ARCHITECTURES (80;90) in build/cuda. nvcc's host compiler
   # here is clang, the sanitizer stage's, whose passes take less time than
   # gcc's (docs/testing.md, "Build time"); gpu-check.sh's build, which runs,
