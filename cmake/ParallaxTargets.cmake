@@ -16,6 +16,16 @@
 # target: `cmake --build <dir> --target <name>` builds it.
 #
 # parallax_host_only(<target>...) applies that rule to targets made otherwise.
+#
+# PARALLAX_CUDA_TWINS_COMPILE_ONLY=ON (CI's CUDA build, which runs nothing)
+# makes each twin an object library whose sources nvcc takes through both
+# front ends only (-cuda: cudafe++ on the host side, cicc and ptxas on the
+# device side), without the host compiler's pass over cudafe++'s output or a
+# link: no program, and no test, is made of a twin. The GPU-only tests, 04 and
+# bench_gpu still compile whole and link (docs/testing.md, "Build time").
+#
+# parallax_is_program(<target> <var>) sets <var> to whether <target> is an
+# executable this configuration builds, so that tests are added only for those.
 
 set(PARALLAX_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wno-unknown-pragmas)
 include(CheckCXXCompilerFlag)
@@ -51,6 +61,20 @@ option(PARALLAX_NO_MATH_ERRNO "Build parallax's own programs with -fno-math-errn
 if(PARALLAX_NO_MATH_ERRNO)
   check_cxx_compiler_flag("-fno-math-errno" PARALLAX_HAVE_NO_MATH_ERRNO)
 endif()
+
+option(PARALLAX_CUDA_TWINS_COMPILE_ONLY
+  "In a CUDA configuration, compile the CUDA twins through nvcc's front ends only (no host pass, no link, no tests)" OFF)
+
+function(parallax_is_program target var)
+  set(_is FALSE)
+  if(TARGET ${target})
+    get_target_property(_type ${target} TYPE)
+    if(_type STREQUAL "EXECUTABLE")
+      set(_is TRUE)
+    endif()
+  endif()
+  set(${var} ${_is} PARENT_SCOPE)
+endfunction()
 
 option(PARALLAX_CUDA_BUILD_HOST_COPIES
   "In a CUDA configuration, also build by default the C++ copies of executables that have a CUDA twin" OFF)
@@ -108,7 +132,12 @@ function(parallax_add_executable name)
       configure_file("${_abs}" "${_cu}" COPYONLY)
       list(APPEND _cu_sources "${_cu}")
     endforeach()
-    add_executable(${name}_cuda ${_cu_sources})
+    if(PARALLAX_CUDA_TWINS_COMPILE_ONLY)
+      add_library(${name}_cuda OBJECT ${_cu_sources})
+      target_compile_options(${name}_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-cuda>)
+    else()
+      add_executable(${name}_cuda ${_cu_sources})
+    endif()
     _parallax_configure_target(${name}_cuda)
     list(REMOVE_DUPLICATES _src_dirs)
     target_include_directories(${name}_cuda PRIVATE ${_src_dirs})

@@ -5,8 +5,8 @@
 # tests again under AddressSanitizer + UndefinedBehaviorSanitizer and the
 # asynchronous-training and overlap tests under ThreadSanitizer (scripts/sanitize.sh),
 # runs every libFuzzer target for a bounded time
-# (scripts/fuzz.sh), then compiles and links the CUDA configuration when nvcc
-# is present (its tests need a GPU: scripts/gpu-check.sh runs them).
+# (scripts/fuzz.sh), then compiles the CUDA configuration when nvcc is
+# present (its tests need a GPU: scripts/gpu-check.sh builds and runs them).
 #
 #   scripts/test.sh                          # everything
 #   PARALLAX_SKIP_CUDA=1 scripts/test.sh     # skip a stage: also
@@ -46,11 +46,13 @@ cuda_build() {
   # PARALLAX_CUDA_ARCHITECTURES (80;90) in build/cuda. nvcc's host compiler
   # here is clang, the sanitizer stage's, whose passes take less time than
   # gcc's (docs/testing.md, "Build time"); gpu-check.sh's build, which runs,
-  # keeps gcc.
+  # keeps gcc. The CUDA twins of tests and examples stop after nvcc's front
+  # ends (PARALLAX_CUDA_TWINS_COMPILE_ONLY: no host pass, no link); the
+  # GPU-only tests, 04 and bench_gpu compile whole and link.
   "$root/scripts/setup.sh" clang >/dev/null
   cmake -S "$root" -B "$root/build/cuda-check" -DCMAKE_BUILD_TYPE=None -DCMAKE_CUDA_FLAGS=-O0 \
     -DCMAKE_CXX_FLAGS=-O0 -DCMAKE_CUDA_ARCHITECTURES=90 -DPARALLAX_ENABLE_CUDA=ON \
-    -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CUDA_HOST_COMPILER=clang++ >/dev/null
+    -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CUDA_HOST_COMPILER=clang++ -DPARALLAX_CUDA_TWINS_COMPILE_ONLY=ON >/dev/null
   cmake --build "$root/build/cuda-check" -j "$jobs"
 }
 bench_build() {
@@ -132,7 +134,7 @@ fi
 stage "benchmark programs (compile and link only)"
 ahead_wait "benchmark programs"
 if [ -z "${PARALLAX_SKIP_CUDA:-}" ] && command -v nvcc >/dev/null; then
-  stage "CUDA build (compile and link only; no GPU needed)"
+  stage "CUDA build (compile only, GPU-only programs linked; no GPU needed)"
   ahead_wait "CUDA build"
 fi
 wait "$ahead_pid"
