@@ -49,15 +49,27 @@ if [ "${SANITIZER:-address}" = thread ]; then
   # tsan_run <ranks> <test program> [filter]: every rank passes, no report.
   # Runs of more ranks than cores preload tools/yield (as the CTest entries
   # do): MPICH's blocking calls then give the core away when idle.
+  # Each rank's output goes to files of its own (hydra's -outfile-pattern):
+  # the ranks' streams interleave character by character on one terminal,
+  # which split "All tests passed" and failed a passing run.
   tsan_run() {
-    local n=$1 out passed preload=()
+    local n=$1 dir passed rank preload=()
     shift
     [ "$n" -le "$(nproc)" ] || preload=(-genv LD_PRELOAD "$build/tools/yield/libparallax_yield.so")
-    out=$(mpiexec -n "$n" "${preload[@]}" "$@" 2>&1 || true)
-    passed=$(printf '%s\n' "$out" | grep -c "All tests passed" || true)
-    if printf '%s\n' "$out" | grep -q "ThreadSanitizer" || [ "$passed" -ne "$n" ]; then
-      printf '%s\n' "$out"
-      echo "sanitize (thread): $(basename "$1") ${2:-} FAILED at $n ranks"
+    dir="$build/runs/$(basename "$1")-np$n"
+    rm -rf "$dir" && mkdir -p "$dir"
+    mpiexec -n "$n" -outfile-pattern "$dir/out.%r" -errfile-pattern "$dir/err.%r" "${preload[@]}" "$@" \
+      >/dev/null 2>&1 || true
+    passed=0
+    for ((rank = 0; rank < n; ++rank)); do
+      grep -qs "All tests passed" "$dir/out.$rank" && passed=$((passed + 1))
+    done
+    if cat "$dir"/* 2>/dev/null | grep -q "ThreadSanitizer" || [ "$passed" -ne "$n" ]; then
+      for ((rank = 0; rank < n; ++rank)); do
+        echo "--- rank $rank:"
+        cat "$dir/out.$rank" "$dir/err.$rank" 2>/dev/null || true
+      done
+      echo "sanitize (thread): $(basename "$1") ${2:-} FAILED at $n ranks ($passed of $n ranks passed every case)"
       exit 1
     fi
     echo "sanitize (thread): $(basename "$1") ${2:-}, $n ranks: every rank passed every case, no report"
