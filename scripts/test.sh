@@ -27,10 +27,10 @@ stage "host build (HostSpace, engine::Mpi)"
 # The benchmark programs (but bench_soak, which a test runs) are built ahead
 # (below), in a tree of their own, not in this stage. The tests compile at
 # -O1, not Release's -O3: the optimiser still inlines, allocates registers
-# and removes dead code, in 0.6x the CPU (most of CI's time is compiling),
-# and the tests ran 1.1x as long (docs/testing.md, "Build time"). Hence a
-# tree of its own: build/host is Release, which the demo and the benchmark
-# scripts build and time.
+# and removes dead code, at much less CPU, and most of CI's time is
+# compiling (docs/testing.md, "Build time"). Hence a tree of its own:
+# build/host is Release, which the demo and the benchmark scripts build and
+# time.
 cmake -S "$root" -B "$root/build/test" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
   -DPARALLAX_ENABLE_CUDA=OFF -DPARALLAX_BENCH_IN_ALL=OFF >/dev/null
 cmake --build "$root/build/test" -j "$jobs"
